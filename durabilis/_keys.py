@@ -1,0 +1,131 @@
+"""The ONLY place that builds Redis key names.
+
+Rules (DESIGN §3):
+- every key starts with the namespace, so an ACL user can be limited to
+  ``<namespace>:*`` and two apps can share one Redis;
+- all keys one script touches share ONE hash tag (the ``{...}`` part), so
+  every script runs on Redis Cluster;
+- names are readable in ``redis-cli``: ``durabilis:cb:{memory_service}``.
+
+Free-form parts (task ids, agent ids) are percent-escaped so that ``:`` inside
+a part can never make two different tuples build the same key.
+"""
+
+from __future__ import annotations
+
+import re
+
+from durabilis.errors import ConfigError
+
+_NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+
+
+def escape_part(part: str) -> str:
+    """Percent-escape ``%``, ``:``, ``{`` and ``}`` so parts never collide or split a tag."""
+    return (
+        part.replace("%", "%25").replace(":", "%3A").replace("{", "%7B").replace("}", "%7D")
+    )
+
+
+def escape_tag(text: str) -> str:
+    """Percent-escape ``%``, ``{`` and ``}`` only: safe inside a hash tag, ``:`` kept readable."""
+    return text.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+
+def validate_namespace(namespace: str) -> str:
+    """Return ``namespace`` if it is 1-64 chars of ``[A-Za-z0-9_.-]``.
+
+    Raises:
+        ConfigError: Otherwise (field ``namespace``).
+    """
+    if not isinstance(namespace, str) or not _NAMESPACE_RE.match(namespace):
+        raise ConfigError(
+            "namespace", f"must be 1-64 characters of [A-Za-z0-9_.-], got {namespace!r}"
+        )
+    return namespace
+
+
+class KeySpace:
+    """Builds every key of one namespace."""
+
+    __slots__ = ("namespace",)
+
+    def __init__(self, namespace: str) -> None:
+        self.namespace = validate_namespace(namespace)
+
+    def pattern(self) -> str:
+        """Glob matching every key of this namespace (for SCAN and ACLs)."""
+        return f"{self.namespace}:*"
+
+    # --- idempotency: one key per record, the record key is its own tag -----
+
+    def idem(self, key: str) -> str:
+        """The hash holding one idempotency record."""
+        return f"{self.namespace}:idem:{{{escape_tag(key)}}}"
+
+    def idem_pattern(self) -> str:
+        return f"{self.namespace}:idem:*"
+
+    # --- circuit breaker: every key of one breaker tagged by its name -------
+
+    def breaker(self, name: str) -> str:
+        """The hash holding a breaker's state."""
+        return f"{self.namespace}:cb:{{{escape_part(name)}}}"
+
+    def breaker_window(self, name: str) -> str:
+        """The sorted set holding a breaker's sliding window of results."""
+        return f"{self.breaker(name)}:window"
+
+    def breaker_probes(self, name: str) -> str:
+        """The hash of in-flight probe permits of a breaker."""
+        return f"{self.breaker(name)}:probes"
+
+    def breaker_events(self, name: str) -> str:
+        """The capped stream of a breaker's state transitions."""
+        return f"{self.breaker(name)}:events"
+
+    def breaker_config(self, name: str) -> str:
+        """The hash holding a breaker's config (shared by the fleet)."""
+        return f"{self.breaker(name)}:config"
+
+    def breaker_reporters(self, name: str) -> str:
+        """The sorted set of distinct replicas that reported failures recently."""
+        return f"{self.breaker(name)}:reporters"
+
+    def breaker_names(self) -> str:
+        """The set of every breaker name that has state in this namespace."""
+        return f"{self.namespace}:cb-names"
+
+    # --- retry budget: one tag per operation type ---------------------------
+
+    def retry_budget(self, operation_type: str) -> str:
+        """The sorted set of recent calls/retries for an operation type's budget."""
+        return f"{self.namespace}:retry:{{{escape_part(operation_type)}}}:budget"
+
+    # --- checkpoints: one tag for the namespace's checkpoints ---------------
+    # One slot holds them all so the fleet-wide ``max_checkpoints`` cap is one
+    # atomic step (evicting the oldest of ANY task) even on Cluster.
+
+    def ckpt(self, *parts: str) -> str:
+        """A checkpoint-pillar key: ``<ns>:ckpt:{ckpt}:<part>:<part>...``."""
+        tail = ":".join(escape_part(p) for p in parts)
+        return f"{self.namespace}:ckpt:{{ckpt}}:{tail}" if tail else f"{self.namespace}:ckpt:{{ckpt}}"
+
+    # --- dead-letter queue: one tag for the namespace's DLQ -----------------
+
+    def dlq(self, *parts: str) -> str:
+        """A DLQ key: ``<ns>:dlq:{dlq}:<part>...`` (the stream is ``dlq("stream")``)."""
+        tail = ":".join(escape_part(p) for p in parts)
+        return f"{self.namespace}:dlq:{{dlq}}:{tail}" if tail else f"{self.namespace}:dlq:{{dlq}}"
+
+    # --- the composed layer --------------------------------------------------
+
+    def layer(self, *parts: str) -> str:
+        """A key of the composed layer: ``<ns>:layer:{layer}:<part>...``."""
+        tail = ":".join(escape_part(p) for p in parts)
+        return f"{self.namespace}:layer:{{layer}}:{tail}"
+
+    def config(self, *parts: str) -> str:
+        """A key of the fleet-wide configuration: ``<ns>:config:{config}:<part>...``."""
+        tail = ":".join(escape_part(p) for p in parts)
+        return f"{self.namespace}:config:{{config}}:{tail}"

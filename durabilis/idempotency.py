@@ -1,0 +1,448 @@
+"""Idempotency: the tracking number that stops the same parcel shipping twice.
+
+``check_and_record`` is ONE Lua script: exactly one of any number of
+concurrent callers, in any number of processes, gets :class:`New` (with a
+fencing token); everybody else gets :class:`Duplicate`. Claims are leases: a
+claim whose owner died is taken over after ``in_progress_ttl_seconds``.
+
+Round trips: ``check_and_record``, ``record``, ``release`` and ``check`` are
+one round trip each (one EVALSHA); ``record_count`` is a SCAN.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Union
+
+from durabilis import _codec
+from durabilis._keys import KeySpace
+from durabilis._scripts import ScriptCall
+from durabilis._store import AsyncStore, Store
+from durabilis.errors import (
+    ConfigError,
+    CorruptData,
+    InvalidKey,
+    KeyReuseMismatch,
+    LeaseLost,
+)
+
+__all__ = [
+    "AsyncIdempotencyGuard",
+    "CheckResult",
+    "Duplicate",
+    "IdempotencyConfig",
+    "IdempotencyGuard",
+    "IdempotencyKey",
+    "New",
+]
+
+
+def _escape(part: str) -> str:
+    return part.replace("%", "%25").replace(":", "%3A")
+
+
+def fingerprint(payload: Any) -> str:
+    """The payload fingerprint stored with caller-supplied keys (SHA-256 hex)."""
+    return hashlib.sha256(_codec.content_bytes(payload)).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyKey:
+    """A deterministic idempotency key: ``{agent_id}:{operation_type}:{hash32}``.
+
+    Build it with :meth:`new` (content-addressed) or :meth:`from_raw`
+    (caller-supplied, e.g. an HTTP ``Idempotency-Key`` header).
+
+    Attributes:
+        value: The key text.
+        fingerprint: The payload's fingerprint for caller-supplied keys, checked
+            on every claim (reuse with another payload raises
+            :class:`~durabilis.KeyReuseMismatch`); ``None`` for content keys.
+    """
+
+    value: str
+    fingerprint: str | None = None
+
+    @classmethod
+    def new(cls, agent_id: str, operation_type: str, content: Any) -> IdempotencyKey:
+        """Content-addressed key.
+
+        ``hash32`` is the first 32 hex chars of SHA-256 of the content: bytes as
+        they are, ``str`` as UTF-8, anything else as sorted-key compact JSON.
+        ``:`` and ``%`` in ``agent_id`` / ``operation_type`` are percent-escaped
+        so parts never collide.
+
+        Raises:
+            InvalidKey: An empty ``agent_id`` or ``operation_type``.
+            InvalidPayload: Content that is not bytes, str or JSON-compatible.
+        """
+        for name, part in (("agent_id", agent_id), ("operation_type", operation_type)):
+            if not isinstance(part, str) or not part:
+                raise InvalidKey(str(part), f"{name} must be a non-empty string")
+        digest = hashlib.sha256(_codec.content_bytes(content)).hexdigest()[:32]
+        return cls(f"{_escape(agent_id)}:{_escape(operation_type)}:{digest}")
+
+    @classmethod
+    def from_raw(cls, key: str, *, payload: Any = None) -> IdempotencyKey:
+        """A caller-supplied key, optionally bound to its payload's fingerprint.
+
+        Raises:
+            InvalidKey: An empty key or one that is not a string.
+        """
+        if not isinstance(key, str) or not key:
+            raise InvalidKey(str(key), "an idempotency key must be a non-empty string")
+        return cls(key, None if payload is None else fingerprint(payload))
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __len__(self) -> int:
+        """Length in UTF-8 bytes (what ``max_key_length`` limits)."""
+        return len(self.value.encode("utf-8", errors="surrogatepass"))
+
+
+def _positive_number(name: str, value: Any, *, integer: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ok and integer:
+        ok = isinstance(value, int)
+    if not ok or not math.isfinite(value) or value <= 0:
+        kind = "a positive integer" if integer else "a positive finite number"
+        raise ConfigError(name, f"must be {kind}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyConfig:
+    """Settings of the idempotency pillar.
+
+    Attributes:
+        enabled: ``False`` turns dedup off: every claim is :class:`New`, nothing
+            is stored.
+        dedup_window_seconds: How long a claim/result dedups, counted from the claim.
+        max_key_length: Longest key in UTF-8 bytes; longer raises ``InvalidKey``
+            (the seed silently turned dedup off instead).
+        in_progress_ttl_seconds: Lease of an in-progress claim; after it a dead
+            owner's claim is taken over.
+        max_value_bytes: Largest encoded placeholder/result stored.
+    """
+
+    enabled: bool = True
+    dedup_window_seconds: float = 3600
+    max_key_length: int = 256
+    in_progress_ttl_seconds: float = 300
+    max_value_bytes: int = 1024 * 1024
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raises ``ConfigError`` naming the first invalid field."""
+        if not isinstance(self.enabled, bool):
+            raise ConfigError("enabled", f"must be a bool, got {self.enabled!r}")
+        _positive_number("dedup_window_seconds", self.dedup_window_seconds)
+        _positive_number("max_key_length", self.max_key_length, integer=True)
+        _positive_number("in_progress_ttl_seconds", self.in_progress_ttl_seconds)
+        _positive_number("max_value_bytes", self.max_value_bytes, integer=True)
+        if self.dedup_window_seconds * 1000 < 1 or self.in_progress_ttl_seconds * 1000 < 1:
+            raise ConfigError("dedup_window_seconds", "windows shorter than 1 ms are meaningless")
+
+
+@dataclass(frozen=True, slots=True)
+class New:
+    """This caller won the claim and must run the operation.
+
+    Attributes:
+        token: Fencing token: pass it to ``record``/``release`` (and forward it
+            downstream); ``None`` when idempotency is disabled. Tokens of
+            successive claims of one key increase.
+        claimed_at: When the claim was made (Redis server clock, UTC).
+        dedup_window_expires_at: When the dedup window of this claim ends.
+        taken_over: The key was held by a dead owner whose lease expired.
+    """
+
+    token: str | None
+    claimed_at: datetime | None = None
+    dedup_window_expires_at: datetime | None = None
+    taken_over: bool = False
+
+    @property
+    def is_new(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class Duplicate:
+    """The key is already claimed (in progress) or done.
+
+    Attributes:
+        original_result: The recorded result, or while ``in_progress`` the
+            winner's placeholder (as in the seed).
+        original_timestamp: When the original claim was made (UTC).
+        dedup_window_expires_at: When the dedup window ends (UTC).
+        in_progress: The original operation has not recorded its result yet.
+    """
+
+    original_result: Any
+    original_timestamp: datetime
+    dedup_window_expires_at: datetime
+    in_progress: bool = False
+    lease_expired: bool = field(default=False, compare=False)
+
+    @property
+    def is_new(self) -> bool:
+        return False
+
+
+CheckResult = Union[New, Duplicate]
+"""What :meth:`IdempotencyGuard.check_and_record` returns."""
+
+
+# --- pure operations: build calls, decode replies (no I/O) --------------------
+
+
+class _IdemOps:
+    """Builds each script call and decodes its reply; shared by both twins."""
+
+    __slots__ = ("config", "keys")
+
+    def __init__(self, keys: KeySpace, config: IdempotencyConfig) -> None:
+        self.keys = keys
+        self.config = config
+
+    def validate_key(self, key: IdempotencyKey | str) -> IdempotencyKey:
+        if isinstance(key, str):
+            key = IdempotencyKey.from_raw(key)
+        elif not isinstance(key, IdempotencyKey):
+            raise InvalidKey(repr(key), "expected an IdempotencyKey or str")
+        if not key.value:
+            raise InvalidKey(key.value, "an idempotency key must not be empty")
+        if len(key) > self.config.max_key_length:
+            raise InvalidKey(
+                key.value,
+                f"idempotency key is {len(key)} bytes, over max_key_length="
+                f"{self.config.max_key_length}",
+            )
+        return key
+
+    @property
+    def window_ms(self) -> int:
+        return max(1, int(self.config.dedup_window_seconds * 1000))
+
+    @property
+    def lease_ms(self) -> int:
+        return max(1, int(self.config.in_progress_ttl_seconds * 1000))
+
+    def pack_value(self, value: Any, what: str) -> bytes:
+        return _codec.pack(value, what=what, limit=self.config.max_value_bytes)
+
+    def claim(
+        self, key: IdempotencyKey, placeholder: Any, payload: bytes = b""
+    ) -> ScriptCall:
+        packed = b"" if placeholder is None else self.pack_value(placeholder, "placeholder")
+        return ScriptCall(
+            "idem_claim",
+            [self.keys.idem(key.value)],
+            [self.window_ms, self.lease_ms, packed, key.fingerprint or "", payload],
+        )
+
+    def decode_claim(self, key: IdempotencyKey, reply: Any) -> CheckResult:
+        rkey = self.keys.idem(key.value)
+        tag = _tag(reply, rkey)
+        if tag == "new":
+            return New(
+                token=_codec.as_text(reply[1], key=rkey, field="tok"),
+                claimed_at=_codec.ms_to_datetime(_codec.as_int(reply[2], key=rkey, field="ts")),
+                dedup_window_expires_at=_codec.ms_to_datetime(
+                    _codec.as_int(reply[3], key=rkey, field="ts")
+                ),
+                taken_over=bool(int(reply[4])),
+            )
+        if tag == "dup":
+            return self._duplicate(rkey, reply[1:6], lease_expired=False)
+        if tag == "mismatch":
+            raise KeyReuseMismatch(key.value)
+        raise _corrupt(rkey, reply)
+
+    def _duplicate(self, rkey: str, parts: Any, *, lease_expired: bool) -> Duplicate:
+        state = _codec.as_text(parts[0], key=rkey, field="s")
+        raw = parts[1]
+        value = _codec.unpack(raw, key=rkey) if raw else None
+        return Duplicate(
+            original_result=value,
+            original_timestamp=_codec.ms_to_datetime(_codec.as_int(parts[2], key=rkey, field="ts")),
+            dedup_window_expires_at=_codec.ms_to_datetime(
+                _codec.as_int(parts[3], key=rkey, field="w")
+            ),
+            in_progress=state == "p",
+            lease_expired=lease_expired,
+        )
+
+    def record(self, key: IdempotencyKey, result: Any, token: str | None) -> ScriptCall:
+        return ScriptCall(
+            "idem_record",
+            [self.keys.idem(key.value)],
+            [self.pack_value(result, "result"), token or "", self.window_ms],
+        )
+
+    def decode_record(self, key: IdempotencyKey, reply: Any) -> None:
+        rkey = self.keys.idem(key.value)
+        tag = _tag(reply, rkey)
+        if tag == "ok":
+            return
+        if tag == "lost":
+            raise LeaseLost(key.value)
+        raise _corrupt(rkey, reply)
+
+    def release(self, key: IdempotencyKey, token: str) -> ScriptCall:
+        if not isinstance(token, str) or not token:
+            raise InvalidKey(str(token), "release needs the token returned by the claim")
+        return ScriptCall("idem_release", [self.keys.idem(key.value)], [token])
+
+    def check(self, key: IdempotencyKey) -> ScriptCall:
+        return ScriptCall("idem_check", [self.keys.idem(key.value)], [])
+
+    def decode_check(self, key: IdempotencyKey, reply: Any) -> Duplicate | None:
+        rkey = self.keys.idem(key.value)
+        tag = _tag(reply, rkey)
+        if tag == "none":
+            return None
+        if tag == "dup":
+            return self._duplicate(rkey, reply[1:6], lease_expired=bool(int(reply[6])))
+        raise _corrupt(rkey, reply)
+
+
+def _tag(reply: Any, rkey: str) -> str:
+    try:
+        return _codec.as_text(reply[0], key=rkey, field="reply")
+    except (TypeError, IndexError, KeyError) as exc:
+        raise CorruptData(rkey, f"unexpected script reply {reply!r}") from exc
+
+
+def _corrupt(rkey: str, reply: Any) -> CorruptData:
+    detail = reply[1] if len(reply) > 1 else reply[0]
+    if isinstance(detail, bytes):
+        detail = detail.decode("utf-8", "replace")
+    return CorruptData(rkey, str(detail))
+
+
+# --- the twins: thin I/O shells ------------------------------------------------
+
+
+class IdempotencyGuard:
+    """Deduplicates operations across every process sharing the store.
+
+    Args:
+        store: From :func:`durabilis.connect`.
+        config: Settings; the seed's defaults when omitted.
+    """
+
+    def __init__(self, store: Store, config: IdempotencyConfig | None = None) -> None:
+        self.store = store
+        self.config = config or IdempotencyConfig()
+        self._ops = _IdemOps(store.keys, self.config)
+
+    def check_and_record(
+        self, key: IdempotencyKey | str, placeholder: Any = None
+    ) -> CheckResult:
+        """Claim ``key`` atomically: :class:`New` for exactly one caller.
+
+        Args:
+            key: The idempotency key (a ``str`` is taken as a raw key).
+            placeholder: Shown to duplicates as ``original_result`` while in progress.
+
+        Returns:
+            :class:`New` (run the operation, then ``record`` or ``release``) or
+            :class:`Duplicate`.
+
+        Raises:
+            InvalidKey: Empty or longer than ``max_key_length`` (before any I/O).
+            KeyReuseMismatch: A raw key reused with another payload fingerprint.
+            CorruptData: Foreign data at the key. StorageUnavailable: Redis down.
+        """
+        key = self._ops.validate_key(key)
+        if not self.config.enabled:
+            return New(token=None)
+        return self._ops.decode_claim(key, self.store.run(self._ops.claim(key, placeholder)))
+
+    def record(self, key: IdempotencyKey | str, result: Any, token: str | None = None) -> None:
+        """Store the real result (the window still counts from the claim).
+
+        Raises:
+            LeaseLost: ``token`` no longer holds the claim; nothing was written.
+        """
+        key = self._ops.validate_key(key)
+        if not self.config.enabled:
+            return
+        self._ops.decode_record(key, self.store.run(self._ops.record(key, result, token)))
+
+    def release(self, key: IdempotencyKey | str, token: str) -> bool:
+        """Give an in-progress claim back so a later retry can run.
+
+        Returns:
+            ``True`` if released; ``False`` if ``token`` did not hold an
+            in-progress claim (already recorded, taken over or expired).
+        """
+        key = self._ops.validate_key(key)
+        if not self.config.enabled:
+            return False
+        return bool(self.store.run(self._ops.release(key, token)))
+
+    def check(self, key: IdempotencyKey | str) -> Duplicate | None:
+        """Read-only look-up: the existing record as a :class:`Duplicate`, or ``None``."""
+        key = self._ops.validate_key(key)
+        if not self.config.enabled:
+            return None
+        return self._ops.decode_check(key, self.store.run(self._ops.check(key)))
+
+    def record_count(self) -> int:
+        """How many records (in progress or done) are live in this namespace."""
+        return int(self.store.scan_count(self.store.keys.idem_pattern()))
+
+
+class AsyncIdempotencyGuard:
+    """The asyncio twin of :class:`IdempotencyGuard` (same methods, awaited)."""
+
+    def __init__(self, store: AsyncStore, config: IdempotencyConfig | None = None) -> None:
+        self.store = store
+        self.config = config or IdempotencyConfig()
+        self._ops = _IdemOps(store.keys, self.config)
+
+    async def check_and_record(
+        self, key: IdempotencyKey | str, placeholder: Any = None
+    ) -> CheckResult:
+        """See :meth:`IdempotencyGuard.check_and_record`."""
+        key = self._ops.validate_key(key)
+        if not self.config.enabled:
+            return New(token=None)
+        return self._ops.decode_claim(
+            key, await self.store.run(self._ops.claim(key, placeholder))
+        )
+
+    async def record(
+        self, key: IdempotencyKey | str, result: Any, token: str | None = None
+    ) -> None:
+        """See :meth:`IdempotencyGuard.record`."""
+        key = self._ops.validate_key(key)
+        if not self.config.enabled:
+            return
+        self._ops.decode_record(key, await self.store.run(self._ops.record(key, result, token)))
+
+    async def release(self, key: IdempotencyKey | str, token: str) -> bool:
+        """See :meth:`IdempotencyGuard.release`."""
+        key = self._ops.validate_key(key)
+        if not self.config.enabled:
+            return False
+        return bool(await self.store.run(self._ops.release(key, token)))
+
+    async def check(self, key: IdempotencyKey | str) -> Duplicate | None:
+        """See :meth:`IdempotencyGuard.check`."""
+        key = self._ops.validate_key(key)
+        if not self.config.enabled:
+            return None
+        return self._ops.decode_check(key, await self.store.run(self._ops.check(key)))
+
+    async def record_count(self) -> int:
+        """See :meth:`IdempotencyGuard.record_count`."""
+        return int(await self.store.scan_count(self.store.keys.idem_pattern()))

@@ -1,0 +1,29 @@
+--[[ idem_check: read an idempotency record (read-only), judged by the server clock.
+
+KEYS[1]  the record hash            (<ns>:idem:{<key>})
+
+Returns one of
+  {"none"}
+  {"dup", state ("p"|"d"), value ("" = none), claimed_ms, window_expires_ms,
+   lease_expired (0|1)}
+  {"corrupt", detail}
+]]
+local key = KEYS[1]
+local kind = redis.call("TYPE", key)["ok"]
+if kind == "none" then return {"none"} end
+if kind ~= "hash" then
+  return {"corrupt", "a " .. kind .. " where an idempotency record (hash) belongs"}
+end
+local t = redis.call("TIME")
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local f = redis.call("HMGET", key, "s", "ts", "le", "w", "ph", "r")
+local state, ts, le, window = f[1], tonumber(f[2]), tonumber(f[3]), tonumber(f[4])
+if (state ~= "p" and state ~= "d") or not ts or not window then
+  return {"corrupt", "record hash without a valid state, claim time or window"}
+end
+if state == "d" then
+  return {"dup", "d", f[6] or "", ts, ts + window, 0}
+end
+local expired = 0
+if le and now >= le then expired = 1 end
+return {"dup", "p", f[5] or "", ts, ts + window, expired}

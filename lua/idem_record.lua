@@ -1,0 +1,48 @@
+--[[ idem_record: store the real result of a claimed operation.
+
+With a token, only the current owner may record: a stale owner (whose lease
+expired and was taken over, or who released) is refused and overwrites
+nothing. Without a token the result is stored as is (the seed's record()).
+
+KEYS[1]  the record hash            (<ns>:idem:{<key>})
+ARGV[1]  result                     msgpack bytes
+ARGV[2]  token                      fencing token from the claim, "" = none
+ARGV[3]  window_ms                  dedup window, used when no claim exists
+
+Returns one of
+  {"ok", claimed_ms, window_expires_ms}
+  {"lost"}                          the token does not hold the claim
+  {"corrupt", detail}
+]]
+local key = KEYS[1]
+local token = ARGV[2]
+local t = redis.call("TIME")
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local kind = redis.call("TYPE", key)["ok"]
+if kind == "none" then
+  if token ~= "" then return {"lost"} end
+  local window = tonumber(ARGV[3])
+  redis.call("HSET", key, "s", "d", "tok", "", "ts", now, "w", window, "r", ARGV[1])
+  redis.call("PEXPIREAT", key, now + window)
+  return {"ok", now, now + window}
+end
+if kind ~= "hash" then
+  return {"corrupt", "a " .. kind .. " where an idempotency record (hash) belongs"}
+end
+
+local f = redis.call("HMGET", key, "s", "tok", "ts", "w")
+local state, tok, ts, window = f[1], f[2], tonumber(f[3]), tonumber(f[4])
+if (state ~= "p" and state ~= "d") or not ts or not window then
+  return {"corrupt", "record hash without a valid state, claim time or window"}
+end
+if token ~= "" and tok ~= token then
+  return {"lost"}
+end
+redis.call("HSET", key, "s", "d", "r", ARGV[1])
+redis.call("HDEL", key, "ph", "le", "pl")
+-- The window counts from the claim; a result recorded after the window has
+-- already passed (a very slow operation) is still kept for one second.
+local expires = math.max(ts + window, now + 1000)
+redis.call("PEXPIREAT", key, expires)
+return {"ok", ts, ts + window}
