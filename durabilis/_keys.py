@@ -99,7 +99,7 @@ class KeySpace:
     # --- retry budget: one tag per operation type ---------------------------
 
     def retry_budget(self, operation_type: str) -> str:
-        """The sorted set of recent calls/retries for an operation type's budget."""
+        """The hash of bucketed call/retry counts of an operation type's retry budget."""
         return f"{self.namespace}:retry:{{{escape_part(operation_type)}}}:budget"
 
     # --- checkpoints: one tag for the namespace's checkpoints ---------------
@@ -109,7 +109,8 @@ class KeySpace:
     def ckpt(self, *parts: str) -> str:
         """A checkpoint-pillar key: ``<ns>:ckpt:{ckpt}:<part>:<part>...``."""
         tail = ":".join(escape_part(p) for p in parts)
-        return f"{self.namespace}:ckpt:{{ckpt}}:{tail}" if tail else f"{self.namespace}:ckpt:{{ckpt}}"
+        base = f"{self.namespace}:ckpt:{{ckpt}}"
+        return f"{base}:{tail}" if tail else base
 
     # --- dead-letter queue: one tag for the namespace's DLQ -----------------
 

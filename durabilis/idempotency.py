@@ -15,7 +15,7 @@ import hashlib
 import math
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Union
+from typing import Any
 
 from durabilis import _codec
 from durabilis._keys import KeySpace
@@ -195,7 +195,7 @@ class Duplicate:
         return False
 
 
-CheckResult = Union[New, Duplicate]
+CheckResult = New | Duplicate
 """What :meth:`IdempotencyGuard.check_and_record` returns."""
 
 
@@ -260,7 +260,7 @@ class _IdemOps:
                 taken_over=bool(int(reply[4])),
             )
         if tag == "dup":
-            return self._duplicate(rkey, reply[1:6], lease_expired=False)
+            return self._duplicate(rkey, reply[1:5], lease_expired=False)
         if tag == "mismatch":
             raise KeyReuseMismatch(key.value)
         raise _corrupt(rkey, reply)
@@ -309,7 +309,7 @@ class _IdemOps:
         if tag == "none":
             return None
         if tag == "dup":
-            return self._duplicate(rkey, reply[1:6], lease_expired=bool(int(reply[6])))
+            return self._duplicate(rkey, reply[1:5], lease_expired=bool(int(reply[5])))
         raise _corrupt(rkey, reply)
 
 

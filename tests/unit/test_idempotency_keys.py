@@ -1,0 +1,116 @@
+"""IdempotencyKey and IdempotencyConfig: pure behaviour, no Redis."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+import durabilis
+from durabilis import ConfigError, IdempotencyConfig, IdempotencyKey, InvalidKey, InvalidPayload
+
+
+def test_seed_vector_for_bytes_content() -> None:
+    key = IdempotencyKey.new("agent-1", "wiki_write", b"hello")
+    assert str(key) == "agent-1:wiki_write:2cf24dba5fb0a30e26e83b2ac5b9e29e"
+
+
+def test_str_content_hashes_as_its_utf8_bytes() -> None:
+    assert IdempotencyKey.new("a", "op", "héllo") == IdempotencyKey.new(
+        "a", "op", "héllo".encode()
+    )
+
+
+def test_json_content_is_canonical_whatever_the_key_order() -> None:
+    one = IdempotencyKey.new("a", "op", {"b": 1, "a": [1, 2, {"y": None, "x": True}]})
+    two = IdempotencyKey.new("a", "op", {"a": [1, 2, {"x": True, "y": None}], "b": 1})
+    assert one == two
+    expected = hashlib.sha256(b'{"a":[1,2,{"x":true,"y":null}],"b":1}').hexdigest()[:32]
+    assert str(one).endswith(":" + expected)
+
+
+def test_colon_and_percent_in_parts_are_escaped_so_parts_never_collide() -> None:
+    one = IdempotencyKey.new("a:b", "c", b"x")
+    two = IdempotencyKey.new("a", "b:c", b"x")
+    assert one != two
+    assert str(one).startswith("a%3Ab:c:")
+    assert str(IdempotencyKey.new("100%", "op", b"x")).startswith("100%25:op:")
+    # A literal escape sequence never collides with the escaped character.
+    assert IdempotencyKey.new("a%3Ab", "c", b"x") != one
+
+
+def test_len_counts_utf8_bytes() -> None:
+    key = IdempotencyKey.from_raw("é" * 10)
+    assert len(key) == 20
+
+
+def test_empty_parts_and_keys_are_rejected() -> None:
+    with pytest.raises(InvalidKey):
+        IdempotencyKey.new("", "op", b"x")
+    with pytest.raises(InvalidKey):
+        IdempotencyKey.new("a", "", b"x")
+    with pytest.raises(InvalidKey):
+        IdempotencyKey.from_raw("")
+
+
+def test_non_json_content_is_a_typed_error() -> None:
+    with pytest.raises(InvalidPayload):
+        IdempotencyKey.new("a", "op", {"x": object()})
+    with pytest.raises(InvalidPayload):
+        IdempotencyKey.new("a", "op", float("nan"))
+
+
+def test_from_raw_binds_the_payload_fingerprint() -> None:
+    a = IdempotencyKey.from_raw("req-1", payload={"amount": 5})
+    b = IdempotencyKey.from_raw("req-1", payload={"amount": 6})
+    assert a.fingerprint and b.fingerprint and a.fingerprint != b.fingerprint
+    assert IdempotencyKey.from_raw("req-1").fingerprint is None
+
+
+def test_seed_defaults() -> None:
+    cfg = IdempotencyConfig()
+    assert cfg.enabled is True
+    assert cfg.dedup_window_seconds == 3600
+    assert cfg.max_key_length == 256
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("dedup_window_seconds", 0),
+        ("dedup_window_seconds", -1),
+        ("dedup_window_seconds", float("nan")),
+        ("max_key_length", 0),
+        ("max_key_length", 2.5),
+        ("in_progress_ttl_seconds", float("inf")),
+        ("max_value_bytes", -5),
+        ("enabled", "yes"),
+    ],
+)
+def test_invalid_config_names_the_field(field: str, value: object) -> None:
+    with pytest.raises(ConfigError) as info:
+        IdempotencyConfig(**{field: value})  # type: ignore[arg-type]
+    assert info.value.field == field
+
+
+def test_overlong_key_is_rejected_before_any_redis_call() -> None:
+    # Port 1 on loopback has no server: any I/O would raise StorageUnavailable.
+    store = durabilis.connect("redis://127.0.0.1:1/0", namespace="t", socket_connect_timeout=0.2)
+    guard = durabilis.IdempotencyGuard(store, IdempotencyConfig(max_key_length=16))
+    with pytest.raises(InvalidKey):
+        guard.check_and_record("k" * 17)
+    with pytest.raises(durabilis.StorageUnavailable):
+        guard.check_and_record("k" * 16)
+
+
+def test_unknown_url_scheme_and_sentinel_are_clear_errors() -> None:
+    with pytest.raises(durabilis.UnsupportedUrl, match="not supported yet"):
+        durabilis.connect("redis+sentinel://127.0.0.1:26379/mymaster")
+    with pytest.raises(durabilis.UnsupportedUrl, match="unknown scheme"):
+        durabilis.connect("postgres://x")
+
+
+def test_invalid_namespace_is_a_config_error() -> None:
+    with pytest.raises(ConfigError) as info:
+        durabilis.connect("memory://", namespace="bad ns with spaces")
+    assert info.value.field == "namespace"
