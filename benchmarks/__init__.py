@@ -1,0 +1,1 @@
+"""durabilis benchmarks: run with `python -m benchmarks` (see benchmarks/README.md)."""
