@@ -36,11 +36,22 @@ from durabilis.idempotency import (
     IdempotencyKey,
     New,
 )
+from durabilis.retry import (
+    AsyncRetryEngine,
+    RetryBudget,
+    RetryEngine,
+    RetryOutcome,
+    RetryPolicy,
+    error_code,
+    register_error_code,
+    retry,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AsyncIdempotencyGuard",
+    "AsyncRetryEngine",
     "AsyncStore",
     "CheckResult",
     "CheckpointConflict",
@@ -63,11 +74,18 @@ __all__ = [
     "OperationError",
     "OperationInProgress",
     "PayloadTooLarge",
+    "RetryBudget",
+    "RetryEngine",
     "RetryExhausted",
+    "RetryOutcome",
+    "RetryPolicy",
     "StorageUnavailable",
     "Store",
     "UnsupportedUrl",
     "__version__",
     "connect",
     "connect_async",
+    "error_code",
+    "register_error_code",
+    "retry",
 ]

@@ -4,19 +4,25 @@
   sharing one Redis never see each other's data.
 - :func:`start_redis_server` starts a private ``redis-server`` on a free
   loopback port (the helper durabilis's own suite uses).
+- :func:`instant_retries` makes retries instant (and optionally fewer) in
+  your own tests, like stamina's ``set_testing``.
 """
 
 from __future__ import annotations
 
 import uuid
+from types import TracebackType
 
+from durabilis._retry_core import TESTING
 from durabilis._server import INSTALL_HINT, RedisServer, find_redis_server, free_port
+from durabilis.errors import ConfigError
 
 __all__ = [
     "INSTALL_HINT",
     "RedisServer",
     "find_redis_server",
     "free_port",
+    "instant_retries",
     "isolated_namespace",
     "start_redis_server",
 ]
@@ -34,3 +40,51 @@ def start_redis_server(data_dir: str, **options: object) -> RedisServer:
         FileNotFoundError: No redis-server on PATH (the message says how to install it).
     """
     return RedisServer(data_dir, **options).start()  # type: ignore[arg-type]
+
+
+class instant_retries:
+    """Make every retry engine of this process skip its sleeps (for users' tests).
+
+    Takes effect at once and lasts until :meth:`restore` or the end of the
+    ``with`` block, which put back the previous setting (so it nests)::
+
+        with instant_retries():            # as a context manager
+            outcome = engine.execute("mcp_call", flaky)
+
+        instant_retries(max_attempts=1)    # or for the whole session (e.g. in conftest.py)
+
+    Delays are still computed, logged and counted as elapsed, so deadlines and
+    events behave as in real time; only the waiting is skipped. Retry budgets
+    (Redis) still apply.
+
+    Args:
+        enabled: ``False`` turns instant retries off (inside an enclosing block).
+        max_attempts: Also cap every policy's ``max_attempts`` at this (>= 1).
+
+    Raises:
+        ConfigError: ``max_attempts`` below 1.
+    """
+
+    def __init__(self, enabled: bool = True, *, max_attempts: int | None = None) -> None:
+        if max_attempts is not None and (
+            isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
+        ):
+            raise ConfigError("max_attempts", f"must be an integer >= 1, got {max_attempts!r}")
+        self._previous = (TESTING.instant, TESTING.max_attempts)
+        TESTING.instant = bool(enabled)
+        TESTING.max_attempts = max_attempts if enabled else None
+
+    def restore(self) -> None:
+        """Put back the setting in force before this one."""
+        TESTING.instant, TESTING.max_attempts = self._previous
+
+    def __enter__(self) -> instant_retries:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.restore()

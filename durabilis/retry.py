@@ -1,0 +1,588 @@
+"""Retry: redelivery attempts with exponential backoff, jitter and a fleet-wide budget.
+
+The decisions (classification, backoff, deadline, stop reasons) are pure
+functions in :mod:`durabilis._retry_core`; :class:`RetryEngine` and
+:class:`AsyncRetryEngine` are the two thin loops acting on them (the same
+lines, with and without ``await``). The loop needs no Redis: only a policy
+with a :class:`RetryBudget` makes I/O, one script call per decision:
+
+- one ``retry_budget`` call ("call" mode) before the first attempt;
+- one per planned retry ("retry" mode), which grants or refuses it.
+
+Events (structlog, logger ``"durabilis"``), none on success:
+``durability_retry_attempt`` (a retry is scheduled) and
+``durability_retry_exhausted`` / ``durability_retry_non_retryable`` (the loop stops).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+import structlog
+
+from durabilis import _codec
+from durabilis._keys import KeySpace
+from durabilis._retry_core import (
+    DEADLINE_EXCEEDED,
+    EXHAUSTED,
+    NON_RETRYABLE,
+    RETRY_BUDGET_EXHAUSTED,
+    TESTING,
+    RetryBudget,
+    RetryDecision,
+    RetryOutcome,
+    RetryPolicy,
+    StopReason,
+    backoff_delay,
+    decide,
+    error_code,
+    register_error_code,
+    retry_after_of,
+    succeeded,
+)
+from durabilis._scripts import ScriptCall
+from durabilis._store import AsyncStore, Store
+from durabilis.errors import ConfigError, CorruptData
+
+__all__ = [
+    "DEADLINE_EXCEEDED",
+    "EXHAUSTED",
+    "NON_RETRYABLE",
+    "RETRY_BUDGET_EXHAUSTED",
+    "AsyncRetryEngine",
+    "BudgetState",
+    "RetryBudget",
+    "RetryDecision",
+    "RetryEngine",
+    "RetryOutcome",
+    "RetryPolicy",
+    "StopReason",
+    "backoff_delay",
+    "decide",
+    "default_policies",
+    "error_code",
+    "register_error_code",
+    "retry",
+    "retry_after_of",
+]
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+_log = structlog.get_logger("durabilis")
+
+_BUCKETS = 10
+"""Buckets per budget window: an event counts for 90-100 % of the window."""
+
+
+def default_policies() -> list[RetryPolicy]:
+    """The seed's five policies (multiplier 2.0, jitter on)."""
+    transient = ("NETWORK_TIMEOUT", "SERVICE_UNAVAILABLE")
+    return [
+        RetryPolicy(
+            "mcp_call", 3, 500, 10_000,
+            retryable_errors=(*transient, "RATE_LIMITED"),
+            non_retryable_errors=("PERMISSION_DENIED", "INVALID_SCHEMA", "NOT_FOUND"),
+        ),
+        RetryPolicy(
+            "memory_write", 5, 200, 5_000,
+            retryable_errors=transient,
+            non_retryable_errors=("PERMISSION_DENIED", "INVALID_SCHEMA"),
+        ),
+        RetryPolicy(
+            "wiki_write", 3, 1_000, 30_000,
+            retryable_errors=(*transient, "RATE_LIMITED"),
+            non_retryable_errors=("PERMISSION_DENIED", "INVALID_SCHEMA"),
+        ),
+        RetryPolicy(
+            "message_send", 2, 1_000, 5_000,
+            retryable_errors=("NETWORK_TIMEOUT",),
+            non_retryable_errors=("PERMISSION_DENIED",),
+        ),
+        RetryPolicy(
+            "external_api", 3, 1_000, 60_000,
+            retryable_errors=(*transient, "RATE_LIMITED"),
+            non_retryable_errors=("PERMISSION_DENIED", "INVALID_SCHEMA"),
+        ),
+    ]
+
+
+# --- the budget: pure build/decode of its one script ---------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetState:
+    """A budget script's answer.
+
+    Attributes:
+        allowed: The call was recorded / the retry was granted.
+        calls: Calls in the window (after this step).
+        retries: Retries in the window (after this step).
+    """
+
+    allowed: bool
+    calls: int
+    retries: int
+
+
+class _BudgetOps:
+    """Builds ``retry_budget`` calls and decodes their replies (no I/O)."""
+
+    __slots__ = ("keys",)
+
+    def __init__(self, keys: KeySpace) -> None:
+        self.keys = keys
+
+    def _call(self, mode: str, operation_type: str, budget: RetryBudget) -> ScriptCall:
+        window_ms = max(1, round(budget.window_seconds * 1000))
+        bucket_ms = max(1, round(window_ms / _BUCKETS))
+        return ScriptCall(
+            "retry_budget",
+            [self.keys.retry_budget(operation_type)],
+            [
+                mode,
+                bucket_ms,
+                math.ceil(window_ms / bucket_ms),
+                round(budget.ratio * 1_000_000),
+                budget.min_retries,
+            ],
+        )
+
+    def record_call(self, operation_type: str, budget: RetryBudget) -> ScriptCall:
+        """Count one call (an operation started) in the window."""
+        return self._call("call", operation_type, budget)
+
+    def spend_retry(self, operation_type: str, budget: RetryBudget) -> ScriptCall:
+        """Ask for one retry: granted and counted only if the budget allows it."""
+        return self._call("retry", operation_type, budget)
+
+    def decode(self, operation_type: str, reply: Any) -> BudgetState:
+        """Decode either call's reply.
+
+        Raises:
+            CorruptData: Foreign data at the budget key.
+        """
+        rkey = self.keys.retry_budget(operation_type)
+        try:
+            tag = _codec.as_text(reply[0], key=rkey, field="reply")
+        except (TypeError, IndexError, KeyError) as exc:
+            raise CorruptData(rkey, f"unexpected script reply {reply!r}") from exc
+        if tag in ("ok", "denied") and len(reply) == 3:
+            return BudgetState(
+                tag == "ok",
+                _codec.as_int(reply[1], key=rkey, field="calls"),
+                _codec.as_int(reply[2], key=rkey, field="retries"),
+            )
+        detail = reply[1] if tag == "corrupt" and len(reply) > 1 else reply
+        if isinstance(detail, bytes):
+            detail = detail.decode("utf-8", "replace")
+        raise CorruptData(rkey, str(detail))
+
+
+# --- events ----------------------------------------------------------------------------
+
+
+def emit_retry_attempt(operation_type: str, decision: RetryDecision) -> None:
+    """Log ``durability_retry_attempt``: attempt ``attempt_number`` (1-based) failed, retrying."""
+    _log.warning(
+        "durability_retry_attempt",
+        operation_type=operation_type,
+        attempt_number=decision.attempts,
+        max_attempts=decision.max_attempts,
+        delay_ms=round(decision.delay * 1000.0, 3),
+        error_code=decision.error_code,
+    )
+
+
+def emit_retry_stop(operation_type: str, decision: RetryDecision) -> None:
+    """Log why a retry loop stopped without success.
+
+    ``durability_retry_non_retryable`` for a non-retryable error, otherwise
+    ``durability_retry_exhausted`` with the ``reason`` (``EXHAUSTED``,
+    ``DEADLINE_EXCEEDED`` or ``RETRY_BUDGET_EXHAUSTED``).
+    """
+    event = (
+        "durability_retry_non_retryable"
+        if decision.stop_reason == NON_RETRYABLE
+        else "durability_retry_exhausted"
+    )
+    _log.error(
+        event,
+        operation_type=operation_type,
+        attempts=decision.attempts,
+        max_attempts=decision.max_attempts,
+        error_code=decision.error_code,
+        reason=decision.stop_reason,
+        sent_to_dlq=decision.sent_to_dlq,
+    )
+
+
+# --- the engines -------------------------------------------------------------------------
+
+
+def _deadline(deadline_seconds: float | None) -> None:
+    if deadline_seconds is not None and (
+        isinstance(deadline_seconds, bool)
+        or not isinstance(deadline_seconds, (int, float))
+        or not deadline_seconds > 0
+    ):
+        raise ConfigError(
+            "deadline_seconds", f"must be a positive number or None, got {deadline_seconds!r}"
+        )
+
+
+class _EngineBase:
+    """What both twins share: the policy table, validation and the budget ops."""
+
+    def __init__(
+        self,
+        store: Store | AsyncStore | None,
+        policies: Iterable[RetryPolicy] | None,
+        clock: Callable[[], float] | None,
+        rng: Callable[[], float] | None,
+    ) -> None:
+        self.store = store
+        self._ops = None if store is None else _BudgetOps(store.keys)
+        self._clock = clock or time.monotonic
+        self._rng = rng or random.random
+        self._policies: dict[str, RetryPolicy] = {}
+        for policy in default_policies() if policies is None else policies:
+            self.upsert_policy(policy)
+
+    def upsert_policy(self, policy: RetryPolicy) -> None:
+        """Add or replace the policy of ``policy.operation_type`` (hot reload).
+
+        Raises:
+            ConfigError: An invalid policy, or one with a budget on an engine
+                without a store.
+        """
+        if not isinstance(policy, RetryPolicy):
+            raise ConfigError("policy", f"must be a RetryPolicy, got {policy!r}")
+        policy.validate()
+        if policy.budget is not None and self.store is None:
+            raise ConfigError(
+                "budget",
+                f"the policy of {policy.operation_type!r} has a retry budget, which is kept "
+                "in Redis: give the engine a store",
+            )
+        self._policies[policy.operation_type] = policy
+
+    def get_policy(self, operation_type: str) -> RetryPolicy | None:
+        """The policy of ``operation_type``: its own, else ``"*"``, else ``None``."""
+        policy = self._policies.get(operation_type)
+        return policy if policy is not None else self._policies.get("*")
+
+    @property
+    def policies(self) -> dict[str, RetryPolicy]:
+        """A copy of the policy table, by operation type."""
+        return dict(self._policies)
+
+    @staticmethod
+    def _check(operation_type: str, fn: object, deadline_seconds: float | None) -> None:
+        if not isinstance(operation_type, str) or not operation_type:
+            raise ConfigError(
+                "operation_type", f"must be a non-empty string, got {operation_type!r}"
+            )
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {fn!r}")
+        _deadline(deadline_seconds)
+
+    def _decide(
+        self,
+        policy: RetryPolicy | None,
+        attempt: int,
+        exc: Exception,
+        *,
+        start: float,
+        skipped: float,
+        deadline: float | None,
+    ) -> RetryDecision:
+        elapsed = self._clock() - start + skipped if deadline is not None else 0.0
+        return decide(policy, attempt, exc, elapsed=elapsed, deadline=deadline, rng=self._rng)
+
+    @staticmethod
+    def _stop(operation_type: str, decision: RetryDecision, exc: Exception) -> RetryOutcome[Any]:
+        emit_retry_stop(operation_type, decision)
+        return RetryOutcome.failed(decision, exc)
+
+
+class RetryEngine(_EngineBase):
+    """Runs operations under per-operation-type retry policies (synchronous).
+
+    Args:
+        store: Needed only by policies with a :class:`RetryBudget`.
+        policies: The policy table; the seed's five when omitted
+            (:meth:`empty` for none).
+        sleep: How to wait (``time.sleep``); tests inject their own.
+        clock: Monotonic seconds for deadlines (``time.monotonic``).
+        rng: Jitter source in ``[0, 1)`` (``random.random``).
+
+    Raises:
+        ConfigError: An invalid policy, or a budget without a store.
+        TypeError: An :class:`~durabilis.AsyncStore` (use :class:`AsyncRetryEngine`).
+    """
+
+    def __init__(
+        self,
+        store: Store | None = None,
+        *,
+        policies: Iterable[RetryPolicy] | None = None,
+        sleep: Callable[[float], object] | None = None,
+        clock: Callable[[], float] | None = None,
+        rng: Callable[[], float] | None = None,
+    ) -> None:
+        if isinstance(store, AsyncStore):
+            raise TypeError(
+                "RetryEngine needs a sync Store; use AsyncRetryEngine with an AsyncStore"
+            )
+        super().__init__(store, policies, clock, rng)
+        self.store: Store | None = store
+        self._sleep = sleep or time.sleep
+
+    @classmethod
+    def empty(cls, store: Store | None = None, **options: Any) -> RetryEngine:
+        """An engine with no policies (every operation type gets one attempt)."""
+        return cls(store, policies=(), **options)
+
+    def execute(
+        self,
+        operation_type: str,
+        fn: Callable[[], T],
+        *,
+        deadline_seconds: float | None = None,
+    ) -> RetryOutcome[T]:
+        """Run ``fn()`` under the policy of ``operation_type``.
+
+        Args:
+            operation_type: Selects the policy (exact, then ``"*"``; none: one attempt).
+            fn: The operation, called with no arguments.
+            deadline_seconds: Total time for this call, overriding the policy's
+                ``deadline_ms``; a retry whose delay would reach it is not made.
+
+        Returns:
+            A :class:`RetryOutcome`; failures are reported in it, not raised.
+
+        Raises:
+            ConfigError: A bad ``operation_type`` or ``deadline_seconds`` (before ``fn`` runs).
+            TypeError: ``fn`` is not callable.
+            StorageUnavailable: Only with a budget: its Redis is unreachable.
+            CorruptData: Only with a budget: foreign data at its key.
+        """
+        if deadline_seconds is not None or type(operation_type) is not str or not (
+            operation_type and callable(fn)
+        ):
+            self._check(operation_type, fn, deadline_seconds)  # raises on bad input
+        return self._run(operation_type, fn, (), {}, deadline_seconds)
+
+    def _run(
+        self,
+        operation_type: str,
+        fn: Callable[..., T],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        deadline: float | None,
+    ) -> RetryOutcome[T]:
+        policy = self._policies.get(operation_type) or self._policies.get("*")
+        budget = None if policy is None else policy.budget
+        if policy is not None and deadline is None:
+            deadline = policy._deadline_s
+        if budget is not None:
+            self._budget_call(operation_type, budget, spend=False)
+        start = self._clock() if deadline is not None else 0.0
+        skipped = 0.0
+        attempt = 0
+        while True:
+            try:
+                return succeeded(fn(*args, **kwargs), attempt + 1)
+            except Exception as exc:
+                last = exc
+                decision = self._decide(
+                    policy, attempt, exc, start=start, skipped=skipped, deadline=deadline
+                )
+            if decision.retry and budget is not None and not self._budget_call(
+                operation_type, budget, spend=True
+            ):
+                decision = decision.deny_budget()
+            if not decision.retry:
+                return self._stop(operation_type, decision, last)
+            emit_retry_attempt(operation_type, decision)
+            if TESTING.instant:
+                skipped += decision.delay
+            else:
+                self._sleep(decision.delay)
+            attempt += 1
+
+    def _budget_call(self, operation_type: str, budget: RetryBudget, *, spend: bool) -> bool:
+        assert self.store is not None and self._ops is not None  # upsert_policy ensures it
+        ops = self._ops
+        call = (ops.spend_retry if spend else ops.record_call)(operation_type, budget)
+        return ops.decode(operation_type, self.store.run(call)).allowed
+
+
+class AsyncRetryEngine(_EngineBase):
+    """The asyncio twin of :class:`RetryEngine` (``execute`` is a coroutine).
+
+    Args:
+        store: An :class:`~durabilis.AsyncStore`, needed only by budgeted policies.
+        policies: As :class:`RetryEngine`.
+        sleep: An async sleep (``asyncio.sleep``).
+        clock: As :class:`RetryEngine`.
+        rng: As :class:`RetryEngine`.
+    """
+
+    def __init__(
+        self,
+        store: AsyncStore | None = None,
+        *,
+        policies: Iterable[RetryPolicy] | None = None,
+        sleep: Callable[[float], Awaitable[object]] | None = None,
+        clock: Callable[[], float] | None = None,
+        rng: Callable[[], float] | None = None,
+    ) -> None:
+        if isinstance(store, Store):
+            raise TypeError("AsyncRetryEngine needs an AsyncStore; use RetryEngine with a Store")
+        super().__init__(store, policies, clock, rng)
+        self.store: AsyncStore | None = store
+        self._sleep = sleep or asyncio.sleep
+
+    @classmethod
+    def empty(cls, store: AsyncStore | None = None, **options: Any) -> AsyncRetryEngine:
+        """An engine with no policies (every operation type gets one attempt)."""
+        return cls(store, policies=(), **options)
+
+    async def execute(
+        self,
+        operation_type: str,
+        fn: Callable[[], Awaitable[T]],
+        *,
+        deadline_seconds: float | None = None,
+    ) -> RetryOutcome[T]:
+        """See :meth:`RetryEngine.execute`; ``fn()`` returns an awaitable."""
+        if deadline_seconds is not None or type(operation_type) is not str or not (
+            operation_type and callable(fn)
+        ):
+            self._check(operation_type, fn, deadline_seconds)  # raises on bad input
+        return await self._run(operation_type, fn, (), {}, deadline_seconds)
+
+    async def _run(
+        self,
+        operation_type: str,
+        fn: Callable[..., Awaitable[T]],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        deadline: float | None,
+    ) -> RetryOutcome[T]:
+        policy = self._policies.get(operation_type) or self._policies.get("*")
+        budget = None if policy is None else policy.budget
+        if policy is not None and deadline is None:
+            deadline = policy._deadline_s
+        if budget is not None:
+            await self._budget_call(operation_type, budget, spend=False)
+        start = self._clock() if deadline is not None else 0.0
+        skipped = 0.0
+        attempt = 0
+        while True:
+            try:
+                return succeeded(await fn(*args, **kwargs), attempt + 1)
+            except Exception as exc:
+                last = exc
+                decision = self._decide(
+                    policy, attempt, exc, start=start, skipped=skipped, deadline=deadline
+                )
+            if decision.retry and budget is not None and not await self._budget_call(
+                operation_type, budget, spend=True
+            ):
+                decision = decision.deny_budget()
+            if not decision.retry:
+                return self._stop(operation_type, decision, last)
+            emit_retry_attempt(operation_type, decision)
+            if TESTING.instant:
+                skipped += decision.delay
+            else:
+                await self._sleep(decision.delay)
+            attempt += 1
+
+    async def _budget_call(
+        self, operation_type: str, budget: RetryBudget, *, spend: bool
+    ) -> bool:
+        assert self.store is not None and self._ops is not None  # upsert_policy ensures it
+        ops = self._ops
+        call = (ops.spend_retry if spend else ops.record_call)(operation_type, budget)
+        return ops.decode(operation_type, await self.store.run(call)).allowed
+
+
+# --- the decorator -----------------------------------------------------------------------
+
+_default_sync: RetryEngine | None = None
+_default_async: AsyncRetryEngine | None = None
+
+
+def _default_engine(is_async: bool) -> RetryEngine | AsyncRetryEngine:
+    global _default_sync, _default_async  # noqa: PLW0603  (lazy process-wide defaults)
+    if is_async:
+        if _default_async is None:
+            _default_async = AsyncRetryEngine()
+        return _default_async
+    if _default_sync is None:
+        _default_sync = RetryEngine()
+    return _default_sync
+
+
+def retry(
+    operation_type: str,
+    *,
+    engine: RetryEngine | AsyncRetryEngine | None = None,
+    deadline_seconds: float | None = None,
+) -> Callable[[F], F]:
+    """Decorate a function (sync or ``async def``) to run under a retry policy.
+
+    The decorated function returns the result, or raises the last attempt's
+    exception unchanged (so ``except`` clauses keep working); use
+    ``engine.execute`` to get the full :class:`RetryOutcome` instead.
+
+    Args:
+        operation_type: Selects the policy.
+        engine: A :class:`RetryEngine` for sync functions or an
+            :class:`AsyncRetryEngine` for coroutine functions; default: a
+            process-wide engine with the seed's policies.
+        deadline_seconds: Total time per call (overrides the policy's).
+
+    Raises:
+        ConfigError: Bad ``operation_type`` or ``deadline_seconds``.
+        TypeError: An engine of the wrong kind for the function.
+    """
+    if not isinstance(operation_type, str) or not operation_type:
+        raise ConfigError("operation_type", f"must be a non-empty string, got {operation_type!r}")
+    _deadline(deadline_seconds)
+
+    def decorate(fn: F) -> F:
+        if inspect.iscoroutinefunction(fn):
+            if engine is not None and not isinstance(engine, AsyncRetryEngine):
+                raise TypeError(f"{fn.__qualname__} is async: decorate it with an AsyncRetryEngine")
+
+            @functools.wraps(fn)
+            async def run_async(*args: Any, **kwargs: Any) -> Any:
+                eng = cast(AsyncRetryEngine, engine or _default_engine(True))
+                outcome = await eng._run(operation_type, fn, args, kwargs, deadline_seconds)
+                return outcome.unwrap()
+
+            return cast(F, run_async)
+        if engine is not None and not isinstance(engine, RetryEngine):
+            raise TypeError(f"{fn.__qualname__} is not async: decorate it with a RetryEngine")
+
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            eng = cast(RetryEngine, engine or _default_engine(False))
+            return eng._run(operation_type, fn, args, kwargs, deadline_seconds).unwrap()
+
+        return cast(F, run)
+
+    return decorate

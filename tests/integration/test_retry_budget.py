@@ -1,0 +1,243 @@
+"""The fleet-wide retry budget against a real Redis (one script per decision)."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import time
+from typing import Any
+
+import pytest
+import redis
+
+import durabilis
+from durabilis.errors import CorruptData, OperationError, StorageUnavailable
+from durabilis.retry import (
+    EXHAUSTED,
+    RETRY_BUDGET_EXHAUSTED,
+    AsyncRetryEngine,
+    RetryBudget,
+    RetryEngine,
+    RetryPolicy,
+    retry,
+)
+from durabilis.testing import RedisServer
+from tests.integration._retry_workers import fail_every_call
+
+DOWN = OperationError("SERVICE_UNAVAILABLE", "down")
+
+
+def always_down() -> None:
+    raise DOWN
+
+
+def policy(op: str = "flaky_dep", **budget: Any) -> RetryPolicy:
+    return RetryPolicy(op, 3, 1, 1, jitter=False, budget=RetryBudget(**budget))
+
+
+def engine(store: durabilis.Store, *policies: RetryPolicy) -> RetryEngine:
+    return RetryEngine(store, policies=policies, sleep=lambda _s: None)
+
+
+def budget_counts(raw: redis.Redis, key: str) -> tuple[int, int]:
+    fields = {k.decode(): int(v) for k, v in raw.hgetall(key).items()}
+    calls = sum(v for k, v in fields.items() if k.startswith("c"))
+    retries = sum(v for k, v in fields.items() if k.startswith("r"))
+    return calls, retries
+
+
+# --- must show 3 -----------------------------------------------------------------------------
+
+
+def _run_fleet(
+    redis_url: str, namespace: str, budget: dict[str, Any] | None, calls: int
+) -> list[tuple[int, dict[str, int]]]:
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Barrier(4)
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=fail_every_call,
+            args=(redis_url, namespace, calls, budget, start, results),
+        )
+        for _ in range(4)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        got = [results.get(timeout=30) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    assert all(p.exitcode == 0 for p in procs)
+    return got
+
+
+def test_four_processes_failing_every_call_stay_within_the_fleet_budget(
+    redis_url: str, namespace: str, raw: redis.Redis, store: durabilis.Store
+) -> None:
+    calls_each = 60
+    budget = {"ratio": 0.25, "min_retries": 4, "window_seconds": 60.0}
+    got = _run_fleet(redis_url, namespace, budget, calls_each)
+
+    total_calls = 4 * calls_each
+    allowed = 0.25 * total_calls + 4  # 64 retries, out of the 480 the policy alone would make
+    total_retries = sum(r for r, _ in got)
+    assert allowed - 4 <= total_retries <= allowed + 4  # within the budget, ± one per process
+    assert total_retries <= allowed  # in fact the script never over-grants
+    assert sum(reasons.get(RETRY_BUDGET_EXHAUSTED, 0) for _, reasons in got) > 0
+    # Redis counted exactly what the workers saw.
+    assert budget_counts(raw, store.keys.retry_budget("flaky_dep")) == (total_calls, total_retries)
+
+
+def test_without_a_budget_four_failing_processes_retry_as_the_policy_says_and_touch_no_redis(
+    redis_url: str, namespace: str, raw: redis.Redis
+) -> None:
+    got = _run_fleet(redis_url, namespace, None, 30)
+    assert [r for r, _ in got] == [60, 60, 60, 60]  # 30 calls x (3 attempts - 1)
+    assert all(reasons == {EXHAUSTED: 30} for _, reasons in got)
+    assert list(raw.scan_iter(match=f"{namespace}:*")) == []
+
+
+# --- exact single-process behaviour ---------------------------------------------------------------
+
+
+def test_the_budget_grants_ratio_times_calls_plus_the_minimum_exactly(
+    store: durabilis.Store, raw: redis.Redis
+) -> None:
+    eng = engine(store, policy(ratio=0.5, min_retries=2, window_seconds=60))
+    outcomes = [eng.execute("flaky_dep", always_down) for _ in range(10)]
+    # call 1: 2 retries (<= 0.5*1+2); later calls get what 0.5 per call adds.
+    assert sum(o.attempts - 1 for o in outcomes) == 7  # 0.5 * 10 + 2
+    assert outcomes[0].attempts == 3 and outcomes[0].stop_reason == EXHAUSTED
+    denied = [o for o in outcomes if o.stop_reason == RETRY_BUDGET_EXHAUSTED]
+    assert denied and all(o.sent_to_dlq and o.final_error == "SERVICE_UNAVAILABLE" for o in denied)
+    assert budget_counts(raw, store.keys.retry_budget("flaky_dep")) == (10, 7)
+
+
+def test_successful_calls_earn_retries_for_later_failures(store: durabilis.Store) -> None:
+    eng = engine(store, policy(ratio=0.2, min_retries=0, window_seconds=60))
+    assert eng.execute("flaky_dep", always_down).attempts == 1  # no traffic yet: no budget
+    for _ in range(9):
+        assert eng.execute("flaky_dep", lambda: "ok").success
+    assert eng.execute("flaky_dep", always_down).attempts == 3  # 11 calls * 0.2 = 2.2
+
+
+def test_budgets_of_two_operation_types_are_independent(store: durabilis.Store) -> None:
+    eng = engine(store, policy("a", ratio=0, min_retries=1), policy("b", ratio=0, min_retries=1))
+    assert eng.execute("a", always_down).attempts == 2
+    assert eng.execute("a", always_down).attempts == 1
+    assert eng.execute("b", always_down).attempts == 2
+
+
+def test_the_window_slides_so_the_budget_comes_back(store: durabilis.Store) -> None:
+    eng = engine(store, policy(ratio=0, min_retries=1, window_seconds=0.3))
+    assert eng.execute("flaky_dep", always_down).attempts == 2
+    assert eng.execute("flaky_dep", always_down).stop_reason == RETRY_BUDGET_EXHAUSTED
+    time.sleep(0.4)
+    assert eng.execute("flaky_dep", always_down).attempts == 2
+
+
+def test_the_budget_key_expires_one_window_after_its_last_write(
+    store: durabilis.Store, raw: redis.Redis
+) -> None:
+    engine(store, policy(window_seconds=5)).execute("flaky_dep", always_down)
+    ttl = raw.pttl(store.keys.retry_budget("flaky_dep"))
+    assert 5000 < ttl <= 5500  # (10 + 1) buckets of 500 ms
+
+
+def test_a_changed_window_starts_the_budget_afresh(store: durabilis.Store) -> None:
+    first = engine(store, policy(ratio=0, min_retries=1, window_seconds=60))
+    first.execute("flaky_dep", always_down)
+    assert first.execute("flaky_dep", always_down).stop_reason == RETRY_BUDGET_EXHAUSTED
+    second = engine(store, policy(ratio=0, min_retries=1, window_seconds=30))
+    assert second.execute("flaky_dep", always_down).attempts == 2
+
+
+def test_a_success_after_a_retry_spends_one_retry(store: durabilis.Store, raw: redis.Redis) -> None:
+    steps: list[object] = [DOWN, "ok"]
+
+    def op() -> object:
+        step = steps.pop(0)
+        if isinstance(step, Exception):
+            raise step
+        return step
+
+    outcome = engine(store, policy(min_retries=5)).execute("flaky_dep", op)
+    assert (outcome.success, outcome.attempts) == (True, 2)
+    assert budget_counts(raw, store.keys.retry_budget("flaky_dep")) == (1, 1)
+
+
+def test_the_async_engine_shares_the_same_budget(redis_url: str, namespace: str) -> None:
+    async def main() -> list[int]:
+        astore = durabilis.connect_async(redis_url, namespace=namespace)
+        try:
+            eng = AsyncRetryEngine(
+                astore, policies=[policy(ratio=0, min_retries=3)], sleep=_no_sleep
+            )
+
+            async def down() -> None:
+                raise DOWN
+
+            return [(await eng.execute("flaky_dep", down)).attempts for _ in range(3)]
+        finally:
+            await astore.close()
+
+    assert asyncio.run(main()) == [3, 2, 1]
+
+
+async def _no_sleep(_s: float) -> None:
+    return None
+
+
+def test_the_decorator_applies_the_budget(store: durabilis.Store) -> None:
+    eng = engine(store, policy(ratio=0, min_retries=0))
+    attempts: list[int] = []
+
+    @retry("flaky_dep", engine=eng)
+    def op() -> None:
+        attempts.append(1)
+        raise DOWN
+
+    with pytest.raises(OperationError):
+        op()
+    assert attempts == [1]
+
+
+# --- foreign data and outages -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "plant",
+    [
+        lambda r, k: r.set(k, "x"),
+        lambda r, k: r.hset(k, mapping={"b": 1000, "zzz": 1}),
+        lambda r, k: r.hset(k, mapping={"b": 1000, "c5": "many"}),
+        lambda r, k: r.hset(k, mapping={"c5": 1}),
+    ],
+    ids=["string", "unknown-field", "non-numeric", "no-width"],
+)
+def test_foreign_data_at_the_budget_key_is_corrupt_data_naming_the_key(
+    store: durabilis.Store, raw: redis.Redis, plant: Any
+) -> None:
+    key = store.keys.retry_budget("flaky_dep")
+    plant(raw, key)
+    with pytest.raises(CorruptData) as info:
+        engine(store, policy(window_seconds=10)).execute("flaky_dep", always_down)
+    assert info.value.key == key
+
+
+def test_redis_down_with_a_budget_raises_before_running_the_operation(
+    private_redis: RedisServer,
+) -> None:
+    ran: list[int] = []
+    store = durabilis.connect(private_redis.url, namespace="down", socket_timeout=1)
+    try:
+        private_redis.stop(kill=True)
+        with pytest.raises(StorageUnavailable):
+            engine(store, policy()).execute("flaky_dep", lambda: ran.append(1))
+        assert ran == []
+    finally:
+        store.close()
