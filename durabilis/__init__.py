@@ -7,6 +7,15 @@ with their shared state in Redis so that every replica sees one view.
 from __future__ import annotations
 
 from durabilis._store import AsyncStore, Store, connect, connect_async
+from durabilis.checkpoint import (
+    NO_CHECKPOINT,
+    AsyncCheckpointManager,
+    AsyncTaskRun,
+    Checkpoint,
+    CheckpointConfig,
+    CheckpointManager,
+    TaskRun,
+)
 from durabilis.errors import (
     CheckpointConflict,
     CheckpointNotFound,
@@ -50,11 +59,17 @@ from durabilis.retry import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "NO_CHECKPOINT",
+    "AsyncCheckpointManager",
     "AsyncIdempotencyGuard",
     "AsyncRetryEngine",
     "AsyncStore",
+    "AsyncTaskRun",
     "CheckResult",
+    "Checkpoint",
+    "CheckpointConfig",
     "CheckpointConflict",
+    "CheckpointManager",
     "CheckpointNotFound",
     "CircuitOpen",
     "ConfigError",
@@ -81,6 +96,7 @@ __all__ = [
     "RetryPolicy",
     "StorageUnavailable",
     "Store",
+    "TaskRun",
     "UnsupportedUrl",
     "__version__",
     "connect",

@@ -1,0 +1,484 @@
+"""Checkpoint pillar against a real Redis: the seed's behaviours and durabilis's fixes."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import redis
+
+import durabilis
+from durabilis.checkpoint import (
+    NO_CHECKPOINT,
+    CheckpointConfig,
+    CheckpointManager,
+)
+from durabilis.errors import (
+    CheckpointConflict,
+    CheckpointNotFound,
+    CorruptData,
+    InvalidTtl,
+)
+
+
+@pytest.fixture
+def mgr(store: durabilis.Store) -> CheckpointManager:
+    return CheckpointManager(store)
+
+
+def ckpt_keys(raw: redis.Redis, namespace: str, tail: str = "*") -> list[str]:
+    return sorted(k.decode() for k in raw.scan_iter(match=f"{namespace}:ckpt:{{ckpt}}:{tail}"))
+
+
+# --- the seed's behaviours ----------------------------------------------------------
+
+
+def test_save_returns_every_field(mgr: CheckpointManager) -> None:
+    before = datetime.now(timezone.utc)
+    cp = mgr.save("task-123", "agent-1", "phase-2", {"step": 2, "items": [1, 2]}, ttl_seconds=3600)
+    assert len(cp.checkpoint_id) == 32
+    assert (cp.task_id, cp.agent_id, cp.phase) == ("task-123", "agent-1", "phase-2")
+    assert cp.state == {"step": 2, "items": [1, 2]}
+    assert cp.created_at.tzinfo is not None
+    assert abs(cp.created_at - before) < timedelta(seconds=5)
+    assert cp.expires_at - cp.created_at == timedelta(seconds=3600)
+    assert cp.parent_checkpoint_id is None
+
+
+def test_save_without_ttl_uses_the_default_ttl(store: durabilis.Store) -> None:
+    mgr = CheckpointManager(store, CheckpointConfig(default_ttl_seconds=120))
+    cp = mgr.save("t", "a", "p", 1)
+    assert cp.expires_at - cp.created_at == timedelta(seconds=120)
+
+
+def test_ttl_zero_raises_invalid_ttl_and_writes_nothing(
+    mgr: CheckpointManager, raw: redis.Redis, namespace: str
+) -> None:
+    with pytest.raises(InvalidTtl):
+        mgr.save("t", "a", "p", 1, ttl_seconds=0)
+    assert mgr.count() == 0
+    assert ckpt_keys(raw, namespace) == []
+
+
+def test_phases_are_independent(mgr: CheckpointManager) -> None:
+    mgr.save("t", "a", "phase-1", "one")
+    mgr.save("t", "a", "phase-2", "two")
+    mgr.save("t", "a", "phase-1", "one again")
+    assert mgr.restore("t", "a", "phase-1").state == "one again"
+    assert mgr.restore("t", "a", "phase-2").state == "two"
+    assert mgr.count() == 2
+
+
+def test_restore_without_phase_returns_the_newest_across_phases(mgr: CheckpointManager) -> None:
+    mgr.save("t", "a", "phase-1", 1)
+    newest = mgr.save("t", "a", "phase-2", 2)
+    assert mgr.restore("t", "a") == newest
+    again = mgr.save("t", "a", "phase-1", 3)
+    assert mgr.restore("t", "a") == again
+
+
+def test_restore_of_unknown_task_or_phase_raises_not_found(mgr: CheckpointManager) -> None:
+    with pytest.raises(CheckpointNotFound):
+        mgr.restore("nope", "a")
+    mgr.save("t", "a", "phase-1", 1)
+    with pytest.raises(CheckpointNotFound):
+        mgr.restore("t", "a", "phase-9")
+
+
+def test_restore_for_another_agent_raises_not_found(mgr: CheckpointManager) -> None:
+    mgr.save("t", "agent-1", "p", 1)
+    with pytest.raises(CheckpointNotFound):
+        mgr.restore("t", "agent-2")
+
+
+def test_clear_task_returns_how_many_current_checkpoints_it_removed(
+    mgr: CheckpointManager, raw: redis.Redis, namespace: str
+) -> None:
+    mgr.save("t", "a", "p1", 1)
+    replaced = mgr.save("t", "a", "p2", 2)
+    mgr.save("t", "a", "p2", 3)
+    mgr.save("t", "b", "p1", 4)
+    other = mgr.save("other", "a", "p1", 5)
+    assert mgr.clear_task("t") == 3
+    assert mgr.count() == 1
+    with pytest.raises(CheckpointNotFound):
+        mgr.restore("t", "a")
+    with pytest.raises(CheckpointNotFound):
+        mgr.get_by_id(replaced.checkpoint_id)  # replaced lineage records go too
+    assert mgr.restore("other", "a") == other
+    assert not [k for k in ckpt_keys(raw, namespace) if ":task:t" in k]
+    assert mgr.clear_task("t") == 0
+
+
+def test_cap_eviction_keeps_the_newest(
+    store: durabilis.Store, raw: redis.Redis, namespace: str
+) -> None:
+    mgr = CheckpointManager(store, CheckpointConfig(max_checkpoints=3))
+    saved = [mgr.save(f"task-{i}", "a", "p", i) for i in range(5)]
+    assert mgr.count() == 3
+    for old in saved[:2]:
+        with pytest.raises(CheckpointNotFound):
+            mgr.get_by_id(old.checkpoint_id)
+        with pytest.raises(CheckpointNotFound):
+            mgr.restore(old.task_id, "a")
+    for new in saved[2:]:
+        assert mgr.restore(new.task_id, "a") == new
+    assert len(ckpt_keys(raw, namespace, "rec:*")) == 3
+    # the evicted tasks' indexes were cleaned in the same step, not left behind
+    assert len(ckpt_keys(raw, namespace, "task:*")) == 3
+
+
+def test_cap_eviction_works_for_a_manager_that_never_saw_the_victims(
+    store: durabilis.Store, redis_url: str, namespace: str
+) -> None:
+    cfg = CheckpointConfig(max_checkpoints=4)
+    first = CheckpointManager(store, cfg)
+    for i in range(4):
+        first.save(f"t{i}", "a", "p", i)
+    with durabilis.connect(redis_url, namespace=namespace) as other_store:
+        fresh = CheckpointManager(other_store, cfg)
+        fresh.save("new", "a", "p", "x")
+        assert fresh.count() == 4
+    with pytest.raises(CheckpointNotFound):
+        first.restore("t0", "a")
+
+
+def test_lowering_the_cap_evicts_several_oldest_in_one_save(store: durabilis.Store) -> None:
+    CheckpointManager(store, CheckpointConfig(max_checkpoints=10)).save("t0", "a", "p", 0)
+    big = CheckpointManager(store, CheckpointConfig(max_checkpoints=10))
+    for i in range(1, 8):
+        big.save(f"t{i}", "a", "p", i)
+    small = CheckpointManager(store, CheckpointConfig(max_checkpoints=3))
+    small.save("t8", "a", "p", 8)
+    assert small.count() == 3
+    assert [small.restore(f"t{i}", "a").state for i in (6, 7, 8)] == [6, 7, 8]
+    with pytest.raises(CheckpointNotFound):
+        small.restore("t5", "a")
+
+
+def test_get_by_id(mgr: CheckpointManager) -> None:
+    cp = mgr.save("t", "a", "p", {"x": 1})
+    assert mgr.get_by_id(cp.checkpoint_id) == cp
+    with pytest.raises(CheckpointNotFound):
+        mgr.get_by_id("0" * 32)
+
+
+def test_fork_copies_under_a_new_id_with_parent_and_starts_a_new_lineage(
+    store: durabilis.Store,
+) -> None:
+    mgr = CheckpointManager(store, CheckpointConfig(default_ttl_seconds=500))
+    src = mgr.save("t", "agent-1", "phase-2", {"branch": "main"}, ttl_seconds=60)
+    fork = mgr.fork(src.checkpoint_id, "t-alt")
+    assert fork.checkpoint_id != src.checkpoint_id
+    assert fork.parent_checkpoint_id == src.checkpoint_id
+    assert (fork.task_id, fork.agent_id, fork.phase) == ("t-alt", "agent-1", "phase-2")
+    assert fork.state == {"branch": "main"}
+    assert fork.expires_at - fork.created_at == timedelta(seconds=500)  # the default TTL
+    assert mgr.restore("t-alt", "agent-1") == fork
+    assert mgr.restore("t", "agent-1") == src  # the source task is untouched
+    nxt = mgr.save("t-alt", "agent-1", "phase-3", {"branch": "alt"})
+    assert nxt.parent_checkpoint_id == fork.checkpoint_id
+    assert [c.checkpoint_id for c in mgr.history("t-alt", "agent-1")] == [
+        nxt.checkpoint_id, fork.checkpoint_id, src.checkpoint_id,
+    ]
+
+
+def test_fork_of_an_unknown_checkpoint_raises_not_found(mgr: CheckpointManager) -> None:
+    with pytest.raises(CheckpointNotFound):
+        mgr.fork("0" * 32, "t2")
+
+
+def test_rewind_restores_an_earlier_snapshot(mgr: CheckpointManager) -> None:
+    first = mgr.save("t", "a", "phase-1", {"v": 1})
+    mgr.save("t", "a", "phase-2", {"v": 2})
+    mgr.save("t", "a", "phase-3", {"v": 3})
+    back = mgr.rewind("t", first.checkpoint_id)
+    assert back.parent_checkpoint_id == first.checkpoint_id
+    assert (back.phase, back.state) == ("phase-1", {"v": 1})
+    assert mgr.restore("t", "a") == back
+    assert mgr.restore("t", "a", "phase-1") == back
+    # the replaced original stays reachable by id for lineage
+    assert mgr.get_by_id(first.checkpoint_id) == first
+
+
+def test_rewind_to_a_checkpoint_of_another_task_is_not_found(mgr: CheckpointManager) -> None:
+    mine = mgr.save("t", "a", "p", 1)
+    theirs = mgr.save("other", "a", "p", 2)
+    with pytest.raises(CheckpointNotFound):
+        mgr.rewind("t", theirs.checkpoint_id)
+    assert mgr.restore("t", "a") == mine
+
+
+# --- lineage ----------------------------------------------------------------------------
+
+
+def test_history_walks_through_replaced_records(mgr: CheckpointManager) -> None:
+    a = mgr.save("t", "a", "loop", 1)
+    b = mgr.save("t", "a", "loop", 2)
+    c = mgr.save("t", "a", "loop", 3)
+    assert mgr.count() == 1
+    assert [h.state for h in mgr.history("t", "a")] == [3, 2, 1]
+    assert c.parent_checkpoint_id == b.checkpoint_id
+    assert b.parent_checkpoint_id == a.checkpoint_id
+    assert mgr.get_by_id(a.checkpoint_id).state == 1
+    assert len(mgr.history("t", "a", limit=2)) == 2
+    assert mgr.history("t", "nobody") == []
+
+
+def test_replaced_record_keeps_its_own_ttl(
+    mgr: CheckpointManager, raw: redis.Redis, namespace: str
+) -> None:
+    old = mgr.save("t", "a", "p", 1, ttl_seconds=50)
+    mgr.save("t", "a", "p", 2, ttl_seconds=5000)
+    pttl = raw.pttl(f"{namespace}:ckpt:{{ckpt}}:rec:{old.checkpoint_id}")
+    assert 0 < pttl <= 50_000
+
+
+def test_lineage_ends_at_an_expired_ancestor(mgr: CheckpointManager) -> None:
+    mgr.save("t", "a", "p1", 1, ttl_seconds=0.2)
+    mid = mgr.save("t", "a", "p2", 2)
+    top = mgr.save("t", "a", "p3", 3)
+    time.sleep(0.3)
+    assert mgr.history("t", "a") == [top, mid]
+
+
+# --- expiry ------------------------------------------------------------------------------
+
+
+def test_expired_checkpoint_is_not_restored_counted_or_indexed(
+    mgr: CheckpointManager, raw: redis.Redis, namespace: str
+) -> None:
+    keep = mgr.save("t", "a", "p1", 1)
+    gone = mgr.save("t", "a", "p2", 2, ttl_seconds=0.6)
+    assert mgr.restore("t", "a") == gone
+    time.sleep(0.7)
+    assert mgr.restore("t", "a") == keep
+    with pytest.raises(CheckpointNotFound):
+        mgr.restore("t", "a", "p2")
+    with pytest.raises(CheckpointNotFound):
+        mgr.get_by_id(gone.checkpoint_id)
+    assert mgr.count() == 1
+    index = f"{namespace}:ckpt:{{ckpt}}:task:t"
+    assert raw.hlen(index) == 1  # the dead entry was dropped by the read
+    assert raw.zcard(f"{namespace}:ckpt:{{ckpt}}:live") == 1  # and pruned by count()
+
+
+def test_an_expired_latest_no_longer_satisfies_expected(mgr: CheckpointManager) -> None:
+    cp = mgr.save("t", "a", "p", 1, ttl_seconds=0.2)
+    time.sleep(0.3)
+    with pytest.raises(CheckpointConflict) as err:
+        mgr.save("t", "a", "p", 2, expected_checkpoint_id=cp.checkpoint_id)
+    assert err.value.actual is None
+    assert mgr.save("t", "a", "p", 2, expected_checkpoint_id=NO_CHECKPOINT).state == 2
+
+
+def test_every_key_carries_a_ttl_and_the_ckpt_hash_tag(
+    mgr: CheckpointManager, raw: redis.Redis, namespace: str
+) -> None:
+    mgr.save("t", "a", "p", 1)
+    mgr.save("t", "a", "p", 2)
+    mgr.save("u", "b", "q", 3, ttl_seconds=10)
+    keys = ckpt_keys(raw, namespace)
+    assert {k.split("{ckpt}:")[1].split(":")[0] for k in keys} == {
+        "rec", "task", "live", "order", "seq",
+    }
+    for key in keys:
+        assert raw.pttl(key) > 0, key
+
+
+def test_index_keys_live_as_long_as_their_longest_lived_record(
+    mgr: CheckpointManager, raw: redis.Redis, namespace: str
+) -> None:
+    mgr.save("t", "a", "p1", 1, ttl_seconds=1000)
+    mgr.save("t", "a", "p2", 1, ttl_seconds=10)
+    assert raw.pttl(f"{namespace}:ckpt:{{ckpt}}:task:t") > 900_000
+
+
+# --- safe concurrent writers ----------------------------------------------------------------
+
+
+def test_save_on_a_stale_expected_id_raises_conflict_and_writes_nothing(
+    mgr: CheckpointManager,
+) -> None:
+    base = mgr.save("t", "a", "p", {"n": 0})
+    winner = mgr.save("t", "a", "p", {"n": 1}, expected_checkpoint_id=base.checkpoint_id)
+    with pytest.raises(CheckpointConflict) as err:
+        mgr.save("t", "a", "p", {"n": 1}, expected_checkpoint_id=base.checkpoint_id)
+    assert (err.value.task_id, err.value.expected, err.value.actual) == (
+        "t", base.checkpoint_id, winner.checkpoint_id,
+    )
+    assert mgr.restore("t", "a") == winner
+    assert [h.state["n"] for h in mgr.history("t", "a")] == [1, 0]
+
+
+def test_expected_compares_with_the_tasks_latest_across_agents_and_phases(
+    mgr: CheckpointManager,
+) -> None:
+    mine = mgr.save("t", "a", "p1", 1)
+    theirs = mgr.save("t", "b", "p9", 2)
+    with pytest.raises(CheckpointConflict) as err:
+        mgr.save("t", "a", "p2", 3, expected_checkpoint_id=mine.checkpoint_id)
+    assert err.value.actual == theirs.checkpoint_id
+    ok = mgr.save("t", "a", "p2", 3, expected_checkpoint_id=theirs.checkpoint_id)
+    assert ok.parent_checkpoint_id == theirs.checkpoint_id
+
+
+def test_no_checkpoint_expectation_only_holds_on_an_empty_task(mgr: CheckpointManager) -> None:
+    mgr.save("t", "a", "p", 1, expected_checkpoint_id=NO_CHECKPOINT)
+    with pytest.raises(CheckpointConflict):
+        mgr.save("t", "a", "p", 2, expected_checkpoint_id=NO_CHECKPOINT)
+
+
+def test_without_expected_the_last_writer_wins(mgr: CheckpointManager) -> None:
+    base = mgr.save("t", "a", "p", 0)
+    mgr.save("t", "a", "p", 1)
+    last = mgr.save("t", "a", "p", 2)
+    assert mgr.restore("t", "a") == last
+    assert base.checkpoint_id != last.checkpoint_id
+
+
+def test_rewind_with_a_stale_expected_id_raises_conflict(mgr: CheckpointManager) -> None:
+    first = mgr.save("t", "a", "p1", 1)
+    mgr.save("t", "a", "p2", 2)
+    with pytest.raises(CheckpointConflict):
+        mgr.rewind("t", first.checkpoint_id, expected_checkpoint_id=first.checkpoint_id)
+
+
+# --- ids with separators, foreign data ---------------------------------------------------------
+
+
+def test_agents_and_phases_with_separators_never_collide(mgr: CheckpointManager) -> None:
+    a = mgr.save("t:1", "a", "b:c", "agent a, phase b:c")
+    b = mgr.save("t:1", "a:b", "c", "agent a:b, phase c")
+    pct = mgr.save("t:1", "50%{x}", "p", "percent")
+    assert mgr.restore("t:1", "a") == a
+    assert mgr.restore("t:1", "a:b") == b
+    assert mgr.restore("t:1", "50%{x}") == pct
+    assert mgr.count() == 3
+    forked = mgr.fork(b.checkpoint_id, "t:2")
+    assert mgr.restore("t:2", "a:b", "c") == forked
+
+
+def test_foreign_data_at_the_task_index_raises_corrupt_data_naming_it(
+    mgr: CheckpointManager, raw: redis.Redis, namespace: str
+) -> None:
+    index = f"{namespace}:ckpt:{{ckpt}}:task:t"
+    raw.set(index, "not a hash")
+    with pytest.raises(CorruptData) as err:
+        mgr.save("t", "a", "p", 1)
+    assert err.value.key == index
+    with pytest.raises(CorruptData) as err:
+        mgr.restore("t", "a")
+    assert err.value.key == index
+
+
+def test_foreign_record_raises_corrupt_data_naming_it(
+    mgr: CheckpointManager, raw: redis.Redis, namespace: str
+) -> None:
+    cp = mgr.save("t", "a", "p", 1)
+    rec = f"{namespace}:ckpt:{{ckpt}}:rec:{cp.checkpoint_id}"
+    raw.hset(rec, "s", b"\xc1")
+    with pytest.raises(CorruptData) as err:
+        mgr.get_by_id(cp.checkpoint_id)
+    assert err.value.key == rec
+    raw.delete(rec)
+    raw.rpush(rec, "x")
+    with pytest.raises(CorruptData) as err:
+        mgr.restore("t", "a")
+    assert err.value.key == rec
+
+
+def test_foreign_global_index_raises_corrupt_data(
+    mgr: CheckpointManager, raw: redis.Redis, namespace: str
+) -> None:
+    live = f"{namespace}:ckpt:{{ckpt}}:live"
+    raw.set(live, "x")
+    with pytest.raises(CorruptData) as err:
+        mgr.count()
+    assert err.value.key == live
+
+
+def test_a_record_deleted_behind_its_back_stops_being_counted(
+    mgr: CheckpointManager, raw: redis.Redis, namespace: str
+) -> None:
+    older = mgr.save("t", "a", "p1", 1)
+    cp = mgr.save("t", "a", "p2", 2)
+    raw.delete(f"{namespace}:ckpt:{{ckpt}}:rec:{cp.checkpoint_id}")  # e.g. volatile-lru
+    assert mgr.restore("t", "a") == older
+    assert mgr.count() == 1
+
+
+# --- the resume helper ----------------------------------------------------------------------
+
+
+def test_task_run_skips_completed_phases_and_returns_their_saved_state(
+    mgr: CheckpointManager,
+) -> None:
+    calls: list[str] = []
+
+    def step(name: str, value: object) -> object:
+        calls.append(name)
+        return value
+
+    with mgr.task("job", "agent") as run:
+        assert run.phase("fetch", lambda: step("fetch", (1, 2))) == [1, 2]
+        assert run.phase("parse", lambda: step("parse", {"n": 3})) == {"n": 3}
+    with mgr.task("job", "agent") as run:
+        assert set(run.completed) == {"fetch", "parse"}
+        assert run.phase("fetch", lambda: step("fetch again", 0)) == [1, 2]
+        assert run.phase("parse", lambda: step("parse again", 0)) == {"n": 3}
+        assert run.phase("store", lambda: step("store", "ok")) == "ok"
+    assert calls == ["fetch", "parse", "store"]
+    assert [h.phase for h in mgr.history("job", "agent")] == ["store", "parse", "fetch"]
+
+
+def test_task_run_after_a_rewind_reruns_the_later_phases(mgr: CheckpointManager) -> None:
+    with mgr.task("job", "agent") as run:
+        for name in ("one", "two", "three"):
+            run.phase(name, lambda n=name: n)
+    mgr.rewind("job", mgr.restore("job", "agent", "one").checkpoint_id)
+    ran: list[str] = []
+    with mgr.task("job", "agent") as run:
+        for name in ("one", "two", "three"):
+            run.phase(name, lambda n=name: ran.append(n) or n)
+    assert ran == ["two", "three"]
+
+
+def test_exclusive_task_run_conflicts_when_another_writer_saved_meanwhile(
+    mgr: CheckpointManager,
+) -> None:
+    run = mgr.task("job", "agent").load()
+    run.phase("one", lambda: 1)
+    mgr.save("job", "intruder", "x", 0)
+    with pytest.raises(CheckpointConflict):
+        run.phase("two", lambda: 2)
+    loose = mgr.task("job", "agent", exclusive=False).load()
+    assert loose.phase("two", lambda: 2) == 2
+
+
+def test_task_run_without_with_loads_on_the_first_phase(mgr: CheckpointManager) -> None:
+    mgr.save("job", "agent", "one", "saved")
+    run = mgr.task("job", "agent", ttl_seconds=30)
+    assert run.phase("one", lambda: "fresh") == "saved"
+    cp = mgr.get_by_id(mgr.restore("job", "agent").checkpoint_id)
+    assert cp.state == "saved"
+    two = run.phase("two", lambda: 2)
+    assert two == 2
+    latest = mgr.restore("job", "agent")
+    assert latest.expires_at - latest.created_at == timedelta(seconds=30)
+
+
+def test_a_foreign_member_in_the_global_order_raises_corrupt_data_and_writes_nothing(
+    store: durabilis.Store, raw: redis.Redis, namespace: str
+) -> None:
+    mgr = CheckpointManager(store, CheckpointConfig(max_checkpoints=1))
+    mgr.save("t", "a", "p", 1)
+    order = f"{namespace}:ckpt:{{ckpt}}:order"
+    live = f"{namespace}:ckpt:{{ckpt}}:live"
+    raw.zadd(order, {"garbage": 0})
+    raw.zadd(live, {"garbage": 9e15})
+    with pytest.raises(CorruptData) as err:
+        mgr.save("u", "a", "p", 2)
+    assert err.value.key == order
+    assert mgr.restore("t", "a").state == 1

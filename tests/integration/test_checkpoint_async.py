@@ -1,0 +1,96 @@
+"""The asyncio twin: the same behaviours through AsyncCheckpointManager and AsyncTaskRun."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import durabilis
+from durabilis.checkpoint import NO_CHECKPOINT, AsyncCheckpointManager, CheckpointConfig
+from durabilis.errors import CheckpointConflict, CheckpointNotFound, InvalidTtl
+
+
+def run(redis_url: str, namespace: str, body: Any, config: CheckpointConfig | None = None) -> Any:
+    async def main() -> Any:
+        store = durabilis.connect_async(redis_url, namespace=namespace)
+        try:
+            return await body(AsyncCheckpointManager(store, config))
+        finally:
+            await store.close()
+
+    return asyncio.run(main())
+
+
+def test_async_save_restore_history_fork_rewind_clear_and_count(
+    redis_url: str, namespace: str
+) -> None:
+    async def body(m: AsyncCheckpointManager) -> None:
+        with pytest.raises(InvalidTtl):
+            await m.save("t", "a", "p", 1, ttl_seconds=0)
+        one = await m.save("t", "a", "p1", {"v": 1}, expected_checkpoint_id=NO_CHECKPOINT)
+        two = await m.save("t", "a", "p2", {"v": 2}, expected_checkpoint_id=one.checkpoint_id)
+        with pytest.raises(CheckpointConflict):
+            await m.save("t", "a", "p3", 3, expected_checkpoint_id=one.checkpoint_id)
+        assert await m.restore("t", "a") == two
+        assert await m.restore("t", "a", "p1") == one
+        assert await m.get_by_id(two.checkpoint_id) == two
+        assert await m.history("t", "a") == [two, one]
+        fork = await m.fork(two.checkpoint_id, "t2")
+        assert fork.parent_checkpoint_id == two.checkpoint_id
+        assert await m.restore("t2", "a") == fork
+        back = await m.rewind("t", one.checkpoint_id)
+        assert (await m.restore("t", "a")).state == {"v": 1}
+        assert back.parent_checkpoint_id == one.checkpoint_id
+        with pytest.raises(CheckpointNotFound):
+            await m.rewind("t", fork.checkpoint_id)
+        assert await m.count() == 3
+        assert await m.clear_task("t") == 2
+        assert await m.count() == 1
+        with pytest.raises(CheckpointNotFound):
+            await m.get_by_id(one.checkpoint_id)
+        with pytest.raises(CheckpointNotFound):
+            await m.restore("t", "a")
+
+    run(redis_url, namespace, body)
+
+
+def test_async_cap_eviction_keeps_the_newest(redis_url: str, namespace: str) -> None:
+    async def body(m: AsyncCheckpointManager) -> None:
+        saved = [await m.save(f"t{i}", "a", "p", i) for i in range(5)]
+        assert await m.count() == 2
+        assert [(await m.restore(c.task_id, "a")).state for c in saved[3:]] == [3, 4]
+        with pytest.raises(CheckpointNotFound):
+            await m.restore("t2", "a")
+
+    run(redis_url, namespace, body, CheckpointConfig(max_checkpoints=2))
+
+
+def test_async_task_run_skips_completed_phases_and_awaits_async_phases(
+    redis_url: str, namespace: str
+) -> None:
+    ran: list[str] = []
+
+    async def fetch() -> Any:
+        ran.append("fetch")
+        await asyncio.sleep(0)
+        return (1, 2)
+
+    def parse() -> Any:
+        ran.append("parse")
+        return {"ok": True}
+
+    async def body(m: AsyncCheckpointManager) -> None:
+        async with m.task("job", "agent") as r:
+            assert await r.phase("fetch", fetch) == [1, 2]
+        async with m.task("job", "agent") as r:
+            assert set(r.completed) == {"fetch"}
+            assert await r.phase("fetch", fetch) == [1, 2]
+            assert await r.phase("parse", parse) == {"ok": True}
+        lazy = m.task("job", "agent")
+        assert await lazy.phase("parse", parse) == {"ok": True}
+        assert [h.phase for h in await m.history("job", "agent")] == ["parse", "fetch"]
+
+    run(redis_url, namespace, body)
+    assert ran == ["fetch", "parse"]
