@@ -1,0 +1,1581 @@
+"""Dead-letter queue: the returns warehouse where failed operations wait, never lost.
+
+An operation that exhausted its retries is parked here with everything needed
+to understand and re-ship it. Storage (all keys of a namespace share the hash
+tag ``{dlq}``, so every script runs on Redis Cluster):
+
+- ``<ns>:dlq:{dlq}:stream`` - a Redis Stream, the ordered append-only log of
+  failures, readable with ``redis-cli XRANGE``: plain text fields ``dlq_id``,
+  ``agent_id``, ``operation_type``, ``retry_count``, ``last_error``,
+  ``failed_at`` / ``expires_at`` (ISO-8601 UTC), ``original_operation`` (JSON
+  text; ``original_operation_msgpack`` when the value is not JSON-compatible)
+  and ``meta:<name>`` for caller metadata;
+- ``<ns>:dlq:{dlq}:rec:<dlq_id>`` - a hash per record with its mutable state
+  (status, replay attempts, replay error, claim), with a TTL = its expiry;
+- ``expiry`` / ``pending`` / ``pending-by-op`` sorted sets and a ``counts`` hash,
+  the indexes behind cleanup, listing and stats.
+
+Every state change (enqueue, claim, finish, failed replay, cleanup) is ONE Lua
+script. Replays claim a record first (a lease with a fencing token), so
+replicas replaying at once never run one record twice; a dead replayer's claim
+expires after ``claim_ttl_seconds``.
+
+Round trips: ``enqueue``, ``get``, ``mark_replayed``, ``abandon``, ``stats``
+and ``pending_count`` are one each; ``replay`` is three (claim, handler,
+finish); listings are two per page of up to 100 records; ``cleanup_expired``
+is two per batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import math
+import os
+import re
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import Enum
+from typing import Any, NamedTuple, TypeAlias, TypeVar
+
+import structlog
+
+from durabilis import _codec
+from durabilis._keys import KeySpace
+from durabilis._scripts import ScriptCall
+from durabilis._store import AsyncStore, Store
+from durabilis.errors import (
+    ConfigError,
+    CorruptData,
+    InvalidKey,
+    InvalidPayload,
+    InvalidTtl,
+    PayloadTooLarge,
+)
+
+__all__ = [
+    "AsyncDeadLetterQueue",
+    "DeadLetterQueue",
+    "DlqConfig",
+    "DlqListing",
+    "DlqRecord",
+    "DlqStats",
+    "DlqStatus",
+    "ReplayOutcome",
+    "ReplayResult",
+    "ReplaySummary",
+]
+
+_log = structlog.get_logger("durabilis")
+
+_PAGE = 100
+_JSON_FIELD = "original_operation"
+_MSGPACK_FIELD = "original_operation_msgpack"
+_META_PREFIX = "meta:"
+# Caller-chosen ids end up inside index members separated by "|": keep them plain.
+_ID_RE = re.compile(r"^[A-Za-z0-9_.:%\-]{1,200}$")
+_SID_RE = re.compile(r"^(\d{1,20})-(\d{1,20})$")
+
+
+class DlqStatus(str, Enum):
+    """Where a record is in its life: ``PENDING`` -> ``REPLAYED`` | ``ABANDONED`` (final)."""
+
+    PENDING = "pending"
+    REPLAYED = "replayed"
+    ABANDONED = "abandoned"
+
+
+def _check_number(name: str, value: Any, *, integer: bool = False, minimum: float = 0) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ok and integer:
+        ok = isinstance(value, int)
+    if not ok or not math.isfinite(value) or value < minimum or (minimum == 0 and value <= 0):
+        kind = "an integer" if integer else "a finite number"
+        bound = f">= {minimum}" if minimum else "> 0"
+        raise ConfigError(name, f"must be {kind} {bound}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class DlqConfig:
+    """Settings of the dead-letter queue.
+
+    Attributes:
+        default_ttl_seconds: Lifetime of a record when ``enqueue`` gives none
+            (the seed's 24 h). Every record, whatever its status, is removed
+            once its TTL has passed.
+        max_pending: Pending records above which ``enqueue`` logs the warning
+            event ``durability_dlq_max_pending_exceeded`` and ``stats()`` flags
+            it. Nothing is ever dropped to make room.
+        claim_ttl_seconds: How long a replay's claim holds a record; a replayer
+            that dies mid-replay releases it after this long. Keep it above the
+            longest replay handler: past it, another replica may replay the
+            same record.
+        max_payload_bytes: Largest encoded ``original_operation`` (plus
+            metadata) accepted; more raises ``PayloadTooLarge``.
+        max_error_bytes: Error texts longer than this (UTF-8) are truncated.
+        max_name_bytes: Longest ``agent_id`` / ``operation_type`` (UTF-8).
+        cleanup_batch_size: Records removed per script by ``cleanup_expired``.
+        purge_per_enqueue: Expired records each ``enqueue`` removes on the way
+            (0 turns it off), so the stream stays bounded without a cleanup job.
+    """
+
+    default_ttl_seconds: float = 86400
+    max_pending: int = 10_000
+    claim_ttl_seconds: float = 300
+    max_payload_bytes: int = 1024 * 1024
+    max_error_bytes: int = 8192
+    max_name_bytes: int = 256
+    cleanup_batch_size: int = 500
+    purge_per_enqueue: int = 2
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raises ``ConfigError`` naming the first invalid field."""
+        _check_number("default_ttl_seconds", self.default_ttl_seconds)
+        _check_number("max_pending", self.max_pending, integer=True, minimum=1)
+        _check_number("claim_ttl_seconds", self.claim_ttl_seconds)
+        _check_number("max_payload_bytes", self.max_payload_bytes, integer=True, minimum=1)
+        _check_number("max_error_bytes", self.max_error_bytes, integer=True, minimum=16)
+        _check_number("max_name_bytes", self.max_name_bytes, integer=True, minimum=1)
+        _check_number("cleanup_batch_size", self.cleanup_batch_size, integer=True, minimum=1)
+        if not (isinstance(self.purge_per_enqueue, int) and not isinstance(
+            self.purge_per_enqueue, bool
+        )) or self.purge_per_enqueue < 0:
+            raise ConfigError(
+                "purge_per_enqueue", f"must be an integer >= 0, got {self.purge_per_enqueue!r}"
+            )
+        if self.default_ttl_seconds * 1000 < 1 or self.claim_ttl_seconds * 1000 < 1:
+            raise ConfigError("default_ttl_seconds", "durations shorter than 1 ms are meaningless")
+
+
+@dataclass(frozen=True, slots=True)
+class DlqRecord:
+    """One parked operation, as read from Redis.
+
+    Attributes:
+        dlq_id: The record's id (32 hex chars, or the id the caller chose).
+        original_operation: The operation as enqueued (JSON-compatible values
+            come back as JSON decodes them; others through msgpack).
+        agent_id: Who ran the operation.
+        operation_type: Its type (``"wiki_write"``, ...).
+        retry_count: Attempts made before it was parked.
+        last_error: The latest error: the last failed replay's, else the one
+            that sent it here (``original_error``).
+        failed_at: When it was enqueued (Redis server clock, UTC).
+        expires_at: When it is removed, whatever its status.
+        status: :class:`DlqStatus`.
+        replay_attempts: Failed replays so far.
+        last_replay_at: When the last failed replay was reported.
+        replayed_at: When it was marked replayed; ``replayed_by`` who did it.
+        abandoned_at: When it was abandoned; ``abandoned_by`` who did it.
+        claimed_by: The replayer holding (or last holding) a claim, if any;
+            ``claim_expires_at`` when that claim ends.
+        metadata: The ``metadata`` given to ``enqueue``.
+        stream_id: The stream entry id: the enqueue order, and the cursor of
+            ``list_pending`` / ``list_all`` (``after=``).
+        original_error: The error that sent it to the DLQ.
+    """
+
+    dlq_id: str
+    original_operation: Any
+    agent_id: str
+    operation_type: str
+    retry_count: int
+    last_error: str
+    failed_at: datetime
+    expires_at: datetime
+    status: DlqStatus
+    replay_attempts: int = 0
+    last_replay_at: datetime | None = None
+    replayed_at: datetime | None = None
+    replayed_by: str | None = None
+    abandoned_at: datetime | None = None
+    abandoned_by: str | None = None
+    claimed_by: str | None = None
+    claim_expires_at: datetime | None = None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    stream_id: str = ""
+    original_error: str = ""
+
+
+class DlqListing(NamedTuple):
+    """What ``list_all`` returns: ``records, pending_count = dlq.list_all()``."""
+
+    records: list[DlqRecord]
+    pending_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class DlqStats:
+    """Counts of the live (not expired) records.
+
+    Attributes:
+        total: Live records.
+        by_status: Live records per status (every status present, maybe 0).
+        by_operation_type: Per operation type, live records per status.
+        oldest_pending_at: Enqueue time of the oldest pending record.
+        oldest_pending_age_seconds: Its age by the Redis server clock.
+        max_pending: The configured threshold.
+        over_max_pending: More than ``max_pending`` records are pending.
+        expired_awaiting_cleanup: Expired records whose entries
+            ``cleanup_expired`` (or the next enqueues) will remove.
+    """
+
+    total: int
+    by_status: dict[DlqStatus, int]
+    by_operation_type: dict[str, dict[DlqStatus, int]]
+    oldest_pending_at: datetime | None
+    oldest_pending_age_seconds: float | None
+    max_pending: int
+    over_max_pending: bool
+    expired_awaiting_cleanup: int
+
+    @property
+    def pending(self) -> int:
+        return self.by_status[DlqStatus.PENDING]
+
+    def pending_for(self, operation_type: str | None) -> int:
+        """Pending records of one operation type (all types when ``None``)."""
+        if operation_type is None:
+            return self.pending
+        return self.by_operation_type.get(operation_type, {}).get(DlqStatus.PENDING, 0)
+
+
+class ReplayOutcome(str, Enum):
+    """What one replay attempt did."""
+
+    REPLAYED = "replayed"
+    """The handler succeeded and the record is now replayed."""
+    FAILED = "failed"
+    """The handler raised: the record stays pending, ``replay_attempts`` + 1."""
+    NOT_FOUND = "not_found"
+    """No live record has this id (unknown, malformed, or expired)."""
+    NOT_PENDING = "not_pending"
+    """Already replayed or abandoned: the handler did not run."""
+    CLAIMED_ELSEWHERE = "claimed_elsewhere"
+    """Another replayer holds a live claim on it: the handler did not run."""
+    CLAIM_LOST = "claim_lost"
+    """The handler ran, but the claim was lost meanwhile (it expired and was
+    taken over, or an operator finished the record): nothing was recorded."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayResult:
+    """The result of :meth:`DeadLetterQueue.replay`.
+
+    Attributes:
+        dlq_id: The record.
+        outcome: :class:`ReplayOutcome`.
+        error: The handler's error text (``FAILED``), or who holds the claim
+            (``CLAIMED_ELSEWHERE``).
+        replay_attempts: Failed replays so far, when known.
+        status: The record's status afterwards, when known.
+    """
+
+    dlq_id: str
+    outcome: ReplayOutcome
+    error: str | None = None
+    replay_attempts: int | None = None
+    status: DlqStatus | None = None
+
+    @property
+    def replayed(self) -> bool:
+        return self.outcome is ReplayOutcome.REPLAYED
+
+
+@dataclass(frozen=True, slots=True)
+class ReplaySummary:
+    """The result of :meth:`DeadLetterQueue.replay_pending`.
+
+    Attributes:
+        replayed: Records whose handler succeeded and that are now replayed.
+        failed: Records whose handler raised (still pending).
+        skipped: Records seen but not run: claimed by another replayer,
+            finished or expired meanwhile.
+        lost: Records whose handler ran but whose claim was lost meanwhile.
+        failed_ids: The ids of the failed ones; ``lost_ids`` of the lost ones.
+    """
+
+    replayed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    lost: int = 0
+    failed_ids: tuple[str, ...] = ()
+    lost_ids: tuple[str, ...] = ()
+
+
+# --- helpers --------------------------------------------------------------------
+
+
+def sort_key(stream_id: str) -> str:
+    """The index form of a stream id whose byte order is the enqueue order.
+
+    ``"1700000000000-12"`` -> ``"001700000000000-b12"``: milliseconds padded to
+    15 digits, the sequence prefixed by a letter giving its digit count (so
+    ``-a9`` < ``-b10``). The Lua scripts compute the same.
+
+    Raises:
+        InvalidKey: ``stream_id`` is not a stream entry id.
+    """
+    match = _SID_RE.match(stream_id) if isinstance(stream_id, str) else None
+    if match is None:
+        raise InvalidKey(str(stream_id), "not a stream entry id (<ms>-<seq>)")
+    ms, seq = str(int(match[1])), str(int(match[2]))
+    return f"{ms.zfill(15)}-{chr(96 + len(seq))}{seq}"
+
+
+def _sort_key_ms(key: str) -> int:
+    return int(key.split("-", 1)[0])
+
+
+def error_text(exc: BaseException) -> str:
+    """How an exception is written down as ``last_error``.
+
+    An error with a ``code`` (e.g. :class:`~durabilis.OperationError`) keeps
+    its message as is (it starts with the code); others get their type name.
+    """
+    if getattr(exc, "code", None) is not None and str(exc):
+        return str(exc)
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _clean(text: str) -> str:
+    """``text`` with lone surrogates (from badly decoded bytes) replaced by ``?``.
+
+    Text written down for a failed operation must never make its enqueue fail.
+    """
+    return text.encode("utf-8", errors="replace").decode("utf-8")
+
+
+def _truncate(text: str, limit: int) -> str:
+    data = text.encode("utf-8", errors="replace")
+    if len(data) <= limit:
+        return data.decode("utf-8")
+    marker = " ...[truncated]"
+    return data[: limit - len(marker)].decode("utf-8", errors="ignore") + marker
+
+
+def _encode_operation(value: Any) -> tuple[str, bytes]:
+    """JSON text when the value survives a JSON round trip unchanged, else msgpack."""
+    text = _codec.json_text_or_none(value)
+    if text is not None:
+        try:
+            same = bool(json.loads(text) == value)
+        except Exception:  # a foreign __eq__ may raise anything
+            same = False
+        if same:
+            return _JSON_FIELD, text.encode("utf-8")
+    return _MSGPACK_FIELD, _codec.pack(value, what="original_operation")
+
+
+def _text(value: Any, key: str, name: str) -> str:
+    return _codec.as_text(value, key=key, field=name)
+
+
+def _flat_to_dict(flat: Any, key: str) -> dict[str, Any]:
+    if isinstance(flat, dict):
+        return {_text(k, key, "field name"): v for k, v in flat.items()}
+    if not isinstance(flat, (list, tuple)) or len(flat) % 2:
+        raise CorruptData(key, f"expected field/value pairs, got {type(flat).__name__}")
+    return {_text(flat[i], key, "field name"): flat[i + 1] for i in range(0, len(flat), 2)}
+
+
+def _tag(reply: Any, key: str) -> str:
+    try:
+        return _codec.as_text(reply[0], key=key, field="reply")
+    except (TypeError, IndexError, KeyError) as exc:
+        raise CorruptData(key, f"unexpected script reply {reply!r}") from exc
+
+
+def _corrupt(reply: Any, default_key: str) -> CorruptData:
+    """The ``{"corrupt", key, detail}`` reply as an error naming the key."""
+    try:
+        key = _codec.as_text(reply[1], key=default_key, field="key")
+        detail = _codec.as_text(reply[2], key=default_key, field="detail")
+    except (IndexError, TypeError, CorruptData):
+        return CorruptData(default_key, f"unexpected script reply {reply!r}")
+    return CorruptData(key, detail)
+
+
+class _Member(NamedTuple):
+    """A pending-index member: ``raw`` (the bytes to continue after) and its parts."""
+
+    raw: bytes
+    sort_key: str
+    dlq_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Enqueued:
+    """What the enqueue script did (for the composed layer's pipelines)."""
+
+    dlq_id: str
+    created: bool
+    stream_id: str
+    pending: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Claimed:
+    token: str
+    record: DlqRecord
+    taken_over: bool
+
+
+# --- the steps a plan asks its driver to do ---------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Command:
+    """A plain read command; ``key`` names the key in errors."""
+
+    args: tuple[Any, ...]
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Handle:
+    """Run the replay handler on ``record``; the driver sends back None or the exception."""
+
+    record: DlqRecord
+
+
+@dataclass(frozen=True, slots=True)
+class _Sleep:
+    seconds: float
+
+
+_Step: TypeAlias = ScriptCall | _Command | _Handle | _Sleep
+_T = TypeVar("_T")
+_Plan = Generator[_Step, Any, _T]
+
+
+class _Pacer:
+    """Spaces handler starts ``1 / max_per_second`` apart (pure: the caller sleeps)."""
+
+    __slots__ = ("_interval", "_next")
+
+    def __init__(self, max_per_second: float | None) -> None:
+        self._interval = 0.0 if max_per_second is None else 1.0 / max_per_second
+        self._next: float | None = None
+
+    def wait(self, now: float) -> float:
+        """Seconds to wait before the next claim attempt."""
+        if self._next is None:
+            return 0.0
+        return max(0.0, self._next - now)
+
+    def started(self, at: float) -> None:
+        """A handler started at ``at`` (monotonic seconds)."""
+        if self._interval:
+            self._next = at + self._interval
+
+
+class _Tally:
+    """Accumulates replay results into a :class:`ReplaySummary`."""
+
+    __slots__ = ("failed_ids", "lost_ids", "ran", "replayed", "skipped")
+
+    def __init__(self) -> None:
+        self.ran = self.replayed = self.skipped = 0
+        self.failed_ids: list[str] = []
+        self.lost_ids: list[str] = []
+
+    def add(self, result: ReplayResult) -> bool:
+        """Count ``result``; ``True`` when its handler ran."""
+        outcome = result.outcome
+        if outcome is ReplayOutcome.REPLAYED:
+            self.replayed += 1
+        elif outcome is ReplayOutcome.FAILED:
+            self.failed_ids.append(result.dlq_id)
+        elif outcome is ReplayOutcome.CLAIM_LOST:
+            self.lost_ids.append(result.dlq_id)
+        else:
+            self.skipped += 1
+            return False
+        self.ran += 1
+        return True
+
+    def summary(self) -> ReplaySummary:
+        return ReplaySummary(
+            replayed=self.replayed,
+            failed=len(self.failed_ids),
+            skipped=self.skipped,
+            lost=len(self.lost_ids),
+            failed_ids=tuple(self.failed_ids),
+            lost_ids=tuple(self.lost_ids),
+        )
+
+
+# --- pure operations: build calls, decode replies (no I/O) ------------------------
+
+
+class _DlqOps:
+    """Builds each script call and decodes its reply; shared by both twins."""
+
+    __slots__ = ("config", "keys", "owner")
+
+    def __init__(self, keys: KeySpace, config: DlqConfig, owner: str) -> None:
+        self.keys = keys
+        self.config = config
+        self.owner = owner
+
+    # keys ------------------------------------------------------------------
+
+    @property
+    def stream_key(self) -> str:
+        return self.keys.dlq("stream")
+
+    @property
+    def expiry_key(self) -> str:
+        return self.keys.dlq("expiry")
+
+    @property
+    def pending_key(self) -> str:
+        return self.keys.dlq("pending")
+
+    @property
+    def pending_by_op_key(self) -> str:
+        return self.keys.dlq("pending-by-op")
+
+    @property
+    def counts_key(self) -> str:
+        return self.keys.dlq("counts")
+
+    def record_key(self, dlq_id: str) -> str:
+        return self.keys.dlq("rec", dlq_id)
+
+    # validation ------------------------------------------------------------
+
+    def name(self, what: str, value: Any) -> str:
+        if not isinstance(value, str) or not value:
+            raise InvalidKey(str(value), f"{what} must be a non-empty string")
+        if "\x00" in value:
+            raise InvalidKey(value, f"{what} must not contain NUL characters")
+        try:
+            size = len(value.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            raise InvalidKey(value, f"{what} is not valid UTF-8 text") from exc
+        if size > self.config.max_name_bytes:
+            raise InvalidKey(
+                value, f"{what} is {size} bytes, over max_name_bytes={self.config.max_name_bytes}"
+            )
+        return value
+
+    @staticmethod
+    def known_id(dlq_id: Any) -> bool:
+        """Whether ``dlq_id`` could name a record (malformed ids are simply unknown).
+
+        Raises:
+            InvalidKey: ``dlq_id`` is not a string at all.
+        """
+        if not isinstance(dlq_id, str):
+            raise InvalidKey(repr(dlq_id), "a dlq_id must be a string")
+        return _ID_RE.match(dlq_id) is not None
+
+    def ttl_ms(self, ttl_seconds: float | None) -> int:
+        ttl = self.config.default_ttl_seconds if ttl_seconds is None else ttl_seconds
+        if (
+            not isinstance(ttl, (int, float))
+            or isinstance(ttl, bool)
+            or not math.isfinite(ttl)
+            or ttl <= 0
+        ):
+            raise InvalidTtl(ttl)
+        return max(1, int(ttl * 1000))
+
+    # enqueue ---------------------------------------------------------------
+
+    def enqueue(  # noqa: PLR0917  (the seed's signature)
+        self,
+        agent_id: str,
+        operation_type: str,
+        original_operation: Any,
+        retry_count: int,
+        last_error: str | None,
+        ttl_seconds: float | None = None,
+        *,
+        metadata: Mapping[str, str] | None = None,
+        dlq_id: str | None = None,
+    ) -> ScriptCall:
+        """The enqueue call; every input is checked here, before any I/O.
+
+        Raises:
+            InvalidKey: Empty/over-long/NUL ``agent_id`` or ``operation_type``,
+                or a malformed caller-chosen ``dlq_id``.
+            InvalidPayload: ``retry_count`` not an int >= 0, ``last_error`` not
+                text, metadata not str -> str, or an operation msgpack cannot encode.
+            PayloadTooLarge: The encoded operation plus metadata is over
+                ``max_payload_bytes``.
+            InvalidTtl: ``ttl_seconds`` <= 0.
+        """
+        self.name("agent_id", agent_id)
+        self.name("operation_type", operation_type)
+        if not isinstance(retry_count, int) or isinstance(retry_count, bool) or retry_count < 0:
+            raise InvalidPayload(f"retry_count must be an integer >= 0, got {retry_count!r}")
+        if last_error is None:
+            last_error = ""
+        if not isinstance(last_error, str):
+            raise InvalidPayload(f"last_error must be a string, got {type(last_error).__name__}")
+        if dlq_id is None:
+            dlq_id = uuid.uuid4().hex
+        elif not isinstance(dlq_id, str) or not _ID_RE.match(dlq_id):
+            raise InvalidKey(str(dlq_id), "a dlq_id must be 1-200 chars of [A-Za-z0-9_.:%-]")
+        ttl_ms = self.ttl_ms(ttl_seconds)
+        payload_field, payload = _encode_operation(original_operation)
+        meta: list[str] = []
+        size = len(payload)
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise InvalidPayload(f"metadata must be a mapping, got {type(metadata).__name__}")
+        for key, value in (metadata or {}).items():
+            if not isinstance(key, str) or not key or not isinstance(value, str):
+                raise InvalidPayload(
+                    f"metadata must map non-empty str to str, got {key!r}: {type(value).__name__}"
+                )
+            meta += [_META_PREFIX + _clean(key), _clean(value)]
+            size += len(key.encode("utf-8", "replace")) + len(value.encode("utf-8", "replace"))
+        if size > self.config.max_payload_bytes:
+            raise PayloadTooLarge("original_operation", size, self.config.max_payload_bytes)
+        return ScriptCall(
+            "dlq_enqueue",
+            [
+                self.stream_key,
+                self.expiry_key,
+                self.pending_key,
+                self.pending_by_op_key,
+                self.counts_key,
+                self.record_key(dlq_id),
+            ],
+            [
+                dlq_id,
+                ttl_ms,
+                self.config.purge_per_enqueue,
+                agent_id,
+                operation_type,
+                str(retry_count),
+                _truncate(last_error, self.config.max_error_bytes),
+                payload_field,
+                payload,
+                *meta,
+            ],
+        )
+
+    def decode_enqueue(self, call: ScriptCall, reply: Any) -> _Enqueued:
+        """Decode the enqueue reply (logs the events)."""
+        dlq_id = str(call.args[0])
+        key = str(call.keys[5])
+        tag = _tag(reply, key)
+        if tag == "exists":
+            sid = _text(reply[1], key, "sid")
+            _log.info("durability_dlq_enqueue_existing", dlq_id=dlq_id, stream_id=sid)
+            return _Enqueued(dlq_id, created=False, stream_id=sid)
+        if tag != "ok":
+            raise _corrupt(reply, key)
+        sid = _text(reply[1], key, "sid")
+        pending = _codec.as_int(reply[4], key=key, field="pending")
+        operation_type = str(call.args[4])
+        _log.info(
+            "durability_dlq_enqueued",
+            dlq_id=dlq_id,
+            agent_id=str(call.args[3]),
+            operation_type=operation_type,
+            retry_count=int(str(call.args[5])),
+        )
+        if pending > self.config.max_pending:
+            # Nothing is dropped (peers drop the oldest); the operator is told.
+            _log.warning(
+                "durability_dlq_max_pending_exceeded",
+                dlq_id=dlq_id,
+                operation_type=operation_type,
+                pending=pending,
+                max_pending=self.config.max_pending,
+            )
+        return _Enqueued(dlq_id, created=True, stream_id=sid, pending=pending)
+
+    # reads -----------------------------------------------------------------
+
+    def get(self, dlq_ids: Sequence[str], *, with_stream: bool = True) -> ScriptCall:
+        return ScriptCall(
+            "dlq_get",
+            [self.stream_key, *(self.record_key(i) for i in dlq_ids)],
+            ["1" if with_stream else "0"],
+        )
+
+    def decode_get(
+        self,
+        dlq_ids: Sequence[str],
+        reply: Any,
+        entries: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[DlqRecord | None]:
+        """One record (or ``None``) per id; ``entries`` are the stream fields
+        when the call was built ``with_stream=False``."""
+        if not isinstance(reply, list) or len(reply) != len(dlq_ids):
+            raise CorruptData(self.stream_key, f"unexpected script reply {reply!r}")
+        out: list[DlqRecord | None] = []
+        for i, (dlq_id, item) in enumerate(zip(dlq_ids, reply, strict=True)):
+            key = self.record_key(dlq_id)
+            tag = _tag(item, key)
+            if tag == "none":
+                out.append(None)
+            elif tag == "ok":
+                stream = entries[i] if entries is not None else _flat_to_dict(item[2], key)
+                out.append(self.record(dlq_id, _flat_to_dict(item[1], key), stream))
+            else:
+                raise _corrupt(item, key)
+        return out
+
+    def record(
+        self, dlq_id: str, h: Mapping[str, Any], s: Mapping[str, Any]
+    ) -> DlqRecord:
+        """Build a record from its hash ``h`` and stream entry ``s``.
+
+        Raises:
+            CorruptData: A missing or garbled field (names the key holding it).
+        """
+        hkey, skey = self.record_key(dlq_id), self.stream_key
+
+        def req(src: Mapping[str, Any], name: str, key: str) -> Any:
+            if name not in src:
+                raise CorruptData(key, f"field {name!r} is missing (record {dlq_id})")
+            return src[name]
+
+        def opt_ms(name: str) -> datetime | None:
+            raw = h.get(name)
+            return None if raw is None else _codec.ms_to_datetime(
+                _codec.as_int(raw, key=hkey, field=name)
+            )
+
+        def opt_text(name: str) -> str | None:
+            raw = h.get(name)
+            return None if raw is None else _text(raw, hkey, name)
+
+        status_text = _text(req(h, "st", hkey), hkey, "st")
+        try:
+            status = DlqStatus(status_text)
+        except ValueError as exc:
+            raise CorruptData(hkey, f"unknown status {status_text!r}") from exc
+        stream_dlq_id = _text(req(s, "dlq_id", skey), skey, "dlq_id")
+        if stream_dlq_id != dlq_id:
+            raise CorruptData(skey, f"entry of record {dlq_id} names record {stream_dlq_id}")
+        if _JSON_FIELD in s:
+            raw_op = _text(s[_JSON_FIELD], skey, _JSON_FIELD)
+            try:
+                operation = json.loads(raw_op)
+            except ValueError as exc:
+                raise CorruptData(skey, f"{_JSON_FIELD} of {dlq_id} is not JSON") from exc
+        elif _MSGPACK_FIELD in s:
+            operation = _codec.unpack(bytes(s[_MSGPACK_FIELD]), key=skey)
+        else:
+            raise CorruptData(skey, f"entry of record {dlq_id} holds no original_operation")
+        original_error = _text(req(s, "last_error", skey), skey, "last_error")
+        replay_error = opt_text("le")
+        return DlqRecord(
+            dlq_id=dlq_id,
+            original_operation=operation,
+            agent_id=_text(req(s, "agent_id", skey), skey, "agent_id"),
+            operation_type=_text(req(s, "operation_type", skey), skey, "operation_type"),
+            retry_count=_codec.as_int(req(s, "retry_count", skey), key=skey, field="retry_count"),
+            last_error=original_error if replay_error is None else replay_error,
+            failed_at=_codec.ms_to_datetime(
+                _codec.as_int(req(h, "ts", hkey), key=hkey, field="ts")
+            ),
+            expires_at=_codec.ms_to_datetime(
+                _codec.as_int(req(h, "exp", hkey), key=hkey, field="exp")
+            ),
+            status=status,
+            replay_attempts=_codec.as_int(h.get("ra", 0), key=hkey, field="ra"),
+            last_replay_at=opt_ms("lat"),
+            replayed_at=opt_ms("rat"),
+            replayed_by=opt_text("rby"),
+            abandoned_at=opt_ms("aat"),
+            abandoned_by=opt_text("aby"),
+            claimed_by=opt_text("co"),
+            claim_expires_at=opt_ms("ce"),
+            metadata={
+                k[len(_META_PREFIX) :]: _text(v, skey, k)
+                for k, v in s.items()
+                if k.startswith(_META_PREFIX)
+            },
+            stream_id=_text(req(h, "sid", hkey), hkey, "sid"),
+            original_error=original_error,
+        )
+
+    def pending_range(self, operation_type: str | None, after: bytes | None) -> _Command:
+        """One page of the pending index (lex order = enqueue order).
+
+        ``after`` is exclusive: a raw member, or ``sort_key(sid) + b"|\\xff"``.
+        """
+        if operation_type is None:
+            low = b"-" if after is None else b"(" + after
+            return _Command(
+                ("ZRANGEBYLEX", self.pending_key, low, b"+", "LIMIT", 0, _PAGE), self.pending_key
+            )
+        prefix = operation_type.encode("utf-8") + b"\x00"
+        low = b"[" + prefix if after is None else b"(" + prefix + after
+        high = b"(" + operation_type.encode("utf-8") + b"\x01"
+        return _Command(
+            ("ZRANGEBYLEX", self.pending_by_op_key, low, high, "LIMIT", 0, _PAGE),
+            self.pending_by_op_key,
+        )
+
+    def decode_members(self, operation_type: str | None, reply: Any) -> list[_Member]:
+        key = self.pending_key if operation_type is None else self.pending_by_op_key
+        skip = 0 if operation_type is None else len(operation_type.encode("utf-8")) + 1
+        out: list[_Member] = []
+        for item in reply or ():
+            raw = bytes(item[skip:]) if isinstance(item, bytes) else str(item)[skip:].encode()
+            sk, sep, dlq_id = raw.partition(b"|")
+            if not sep or not dlq_id:
+                raise CorruptData(key, f"index member {raw!r} is not <sort key>|<dlq_id>")
+            out.append(_Member(raw, _text(sk, key, "member"), _text(dlq_id, key, "member")))
+        return out
+
+    def stream_range(self, after: str | None) -> _Command:
+        low = "-" if after is None else "(" + after
+        return _Command(("XRANGE", self.stream_key, low, "+", "COUNT", _PAGE), self.stream_key)
+
+    def decode_entries(self, reply: Any) -> list[tuple[str, dict[str, Any]]]:
+        key = self.stream_key
+        out = []
+        for item in reply or ():
+            try:
+                sid, fields = item[0], item[1]
+            except (TypeError, IndexError, KeyError) as exc:
+                raise CorruptData(key, f"unexpected XRANGE item {item!r}") from exc
+            out.append((_text(sid, key, "id"), _flat_to_dict(fields, key)))
+        return out
+
+    def cursor(self, after: str | DlqRecord | None) -> bytes | None:
+        """The exclusive pending-index bound after a stream id (or a record)."""
+        if after is None:
+            return None
+        sid = after.stream_id if isinstance(after, DlqRecord) else after
+        return sort_key(sid).encode() + b"|\xff"
+
+    # replay ----------------------------------------------------------------
+
+    def claim(self, dlq_id: str) -> ScriptCall:
+        return ScriptCall(
+            "dlq_claim",
+            [self.stream_key, self.record_key(dlq_id)],
+            [self.owner, max(1, int(self.config.claim_ttl_seconds * 1000))],
+        )
+
+    def decode_claim(self, dlq_id: str, reply: Any) -> _Claimed | ReplayResult:
+        key = self.record_key(dlq_id)
+        tag = _tag(reply, key)
+        if tag == "ok":
+            token = _text(reply[1], key, "token")
+            record = self.record(
+                dlq_id, _flat_to_dict(reply[3], key), _flat_to_dict(reply[4], key)
+            )
+            return _Claimed(token, record, taken_over=bool(int(reply[2])))
+        if tag == "none":
+            return ReplayResult(dlq_id, ReplayOutcome.NOT_FOUND)
+        if tag == "final":
+            return ReplayResult(
+                dlq_id, ReplayOutcome.NOT_PENDING, status=self._status(reply[1], key)
+            )
+        if tag == "busy":
+            return ReplayResult(
+                dlq_id,
+                ReplayOutcome.CLAIMED_ELSEWHERE,
+                error=f"claimed by {_text(reply[1], key, 'owner')}",
+                status=DlqStatus.PENDING,
+            )
+        raise _corrupt(reply, key)
+
+    @staticmethod
+    def _status(raw: Any, key: str) -> DlqStatus:
+        text = _text(raw, key, "st")
+        try:
+            return DlqStatus(text)
+        except ValueError as exc:
+            raise CorruptData(key, f"unknown status {text!r}") from exc
+
+    def finish(
+        self, dlq_id: str, target: DlqStatus, token: str = "", by: str | None = None
+    ) -> ScriptCall:
+        if target is DlqStatus.PENDING:
+            raise ValueError("a record can only be finished as replayed or abandoned")
+        return ScriptCall(
+            "dlq_finish",
+            [
+                self.expiry_key,
+                self.pending_key,
+                self.pending_by_op_key,
+                self.counts_key,
+                self.record_key(dlq_id),
+            ],
+            [dlq_id, target.value, token, by or ""],
+        )
+
+    def decode_finish(self, dlq_id: str, target: DlqStatus, reply: Any) -> bool:
+        """``True`` when the record moved to ``target`` (logs the event)."""
+        key = self.record_key(dlq_id)
+        tag = _tag(reply, key)
+        if tag == "ok":
+            event = (
+                "durability_dlq_replayed"
+                if target is DlqStatus.REPLAYED
+                else "durability_dlq_abandoned"
+            )
+            _log.info(event, dlq_id=dlq_id)
+            return True
+        if tag in ("none", "final", "lost"):
+            return False
+        raise _corrupt(reply, key)
+
+    def fail(self, dlq_id: str, token: str, error: BaseException) -> ScriptCall:
+        text = _truncate(error_text(error), self.config.max_error_bytes)
+        return ScriptCall("dlq_fail", [self.record_key(dlq_id)], [token, text])
+
+    def replay_steps(self, dlq_id: str) -> _Plan[ReplayResult]:
+        """Claim, run the handler, then finish (fenced) or report the failure."""
+        if not self.known_id(dlq_id):
+            return ReplayResult(dlq_id, ReplayOutcome.NOT_FOUND)
+        claimed = self.decode_claim(dlq_id, (yield self.claim(dlq_id)))
+        if isinstance(claimed, ReplayResult):
+            return claimed
+        record = claimed.record
+        error = yield _Handle(record)
+        key = self.record_key(dlq_id)
+        if isinstance(error, BaseException):
+            call = self.fail(dlq_id, claimed.token, error)
+            reply = yield call
+            tag = _tag(reply, key)
+            if tag == "ok":
+                attempts = _codec.as_int(reply[1], key=key, field="ra")
+                _log.warning(
+                    "durability_dlq_replay_failed",
+                    dlq_id=dlq_id,
+                    operation_type=record.operation_type,
+                    replay_attempts=attempts,
+                    error=str(call.args[1]),
+                )
+                return ReplayResult(
+                    dlq_id,
+                    ReplayOutcome.FAILED,
+                    error=str(call.args[1]),
+                    replay_attempts=attempts,
+                    status=DlqStatus.PENDING,
+                )
+            if tag not in ("none", "final", "lost"):
+                raise _corrupt(reply, key)
+            return self._lost(record, error=error_text(error))
+        reply = yield self.finish(dlq_id, DlqStatus.REPLAYED, claimed.token, self.owner)
+        tag = _tag(reply, key)
+        if tag == "ok":
+            _log.info(
+                "durability_dlq_replayed",
+                dlq_id=dlq_id,
+                operation_type=record.operation_type,
+                agent_id=record.agent_id,
+                replayed_by=self.owner,
+                replay_attempts=record.replay_attempts,
+                claim_taken_over=claimed.taken_over,
+            )
+            return ReplayResult(
+                dlq_id,
+                ReplayOutcome.REPLAYED,
+                replay_attempts=record.replay_attempts,
+                status=DlqStatus.REPLAYED,
+            )
+        if tag not in ("none", "final", "lost"):
+            raise _corrupt(reply, key)
+        return self._lost(record)
+
+    def _lost(self, record: DlqRecord, error: str | None = None) -> ReplayResult:
+        # The claim expired and another replayer took the record over (or an
+        # operator finished it): our handler's effect is not recorded here.
+        _log.warning(
+            "durability_dlq_replay_claim_lost",
+            dlq_id=record.dlq_id,
+            operation_type=record.operation_type,
+            replayer=self.owner,
+            claim_ttl_seconds=self.config.claim_ttl_seconds,
+        )
+        return ReplayResult(record.dlq_id, ReplayOutcome.CLAIM_LOST, error=error)
+
+    def replay_pending_steps(
+        self,
+        operation_type: str | None,
+        limit: int | None,
+        max_per_second: float | None,
+    ) -> _Plan[ReplaySummary]:
+        """Walk the pending index once, oldest first, replaying each record."""
+        if operation_type is not None:
+            self.name("operation_type", operation_type)
+        if limit is not None and (
+            not isinstance(limit, int) or isinstance(limit, bool) or limit < 0
+        ):
+            raise ConfigError("limit", f"must be an integer >= 0 or None, got {limit!r}")
+        if max_per_second is not None:
+            _check_number("max_per_second", max_per_second)
+        pacer = _Pacer(max_per_second)
+        tally = _Tally()
+        after: bytes | None = None
+        while limit is None or tally.ran < limit:
+            page = self.decode_members(
+                operation_type, (yield self.pending_range(operation_type, after))
+            )
+            for member in page:
+                if limit is not None and tally.ran >= limit:
+                    break
+                wait = pacer.wait(time.monotonic())
+                if wait > 0:
+                    yield _Sleep(wait)
+                started = time.monotonic()
+                result = yield from self.replay_steps(member.dlq_id)
+                if tally.add(result):
+                    pacer.started(started)
+            if len(page) < _PAGE:
+                break
+            after = page[-1].raw
+        return tally.summary()
+
+    # listings --------------------------------------------------------------
+
+    def _limit(self, limit: int | None) -> None:
+        if limit is not None and (
+            not isinstance(limit, int) or isinstance(limit, bool) or limit < 0
+        ):
+            raise ConfigError("limit", f"must be an integer >= 0 or None, got {limit!r}")
+
+    def list_pending_steps(
+        self,
+        operation_type: str | None,
+        limit: int | None,
+        after: str | DlqRecord | None,
+    ) -> _Plan[list[DlqRecord]]:
+        if operation_type is not None:
+            self.name("operation_type", operation_type)
+        self._limit(limit)
+        bound = self.cursor(after)
+        out: list[DlqRecord] = []
+        while limit is None or len(out) < limit:
+            page = self.decode_members(
+                operation_type, (yield self.pending_range(operation_type, bound))
+            )
+            if not page:
+                break
+            ids = [m.dlq_id for m in page]
+            for record in self.decode_get(ids, (yield self.get(ids))):
+                # Expired (None) and just-finished records are not pending.
+                if record is not None and record.status is DlqStatus.PENDING:
+                    out.append(record)
+                    if limit is not None and len(out) >= limit:
+                        break
+            if len(page) < _PAGE:
+                break
+            bound = page[-1].raw
+        return out
+
+    def list_all_steps(
+        self,
+        operation_type: str | None,
+        limit: int | None,
+        after: str | DlqRecord | None,
+    ) -> _Plan[DlqListing]:
+        if operation_type is not None:
+            self.name("operation_type", operation_type)
+        self._limit(limit)
+        cursor = after.stream_id if isinstance(after, DlqRecord) else after
+        if cursor is not None:
+            sort_key(cursor)  # validates before any I/O
+        out: list[DlqRecord] = []
+        while limit is None or len(out) < limit:
+            entries = self.decode_entries((yield self.stream_range(cursor)))
+            if not entries:
+                break
+            wanted = [
+                (sid, fields)
+                for sid, fields in entries
+                if operation_type is None
+                or fields.get("operation_type") in (operation_type, operation_type.encode())
+            ]
+            ids = [
+                _text(fields.get("dlq_id", b""), self.stream_key, "dlq_id") for _, fields in wanted
+            ]
+            if any(not self.known_id(i) for i in ids):
+                raise CorruptData(self.stream_key, "an entry has no valid dlq_id field")
+            if ids:
+                reply = yield self.get(ids, with_stream=False)
+                for record in self.decode_get(ids, reply, [f for _, f in wanted]):
+                    if record is not None:
+                        out.append(record)
+                        if limit is not None and len(out) >= limit:
+                            break
+            if len(entries) < _PAGE:
+                break
+            cursor = entries[-1][0]
+        stats = self.decode_stats((yield self.stats()))
+        return DlqListing(out, stats.pending_for(operation_type))
+
+    # stats -----------------------------------------------------------------
+
+    def stats(self) -> ScriptCall:
+        return ScriptCall(
+            "dlq_stats", [self.expiry_key, self.pending_key, self.counts_key], []
+        )
+
+    def decode_stats(self, reply: Any) -> DlqStats:
+        key = self.counts_key
+        tag = _tag(reply, key)
+        if tag != "ok":
+            raise _corrupt(reply, key)
+        now_ms = _codec.as_int(reply[1], key=key, field="now")
+        table: dict[str, dict[DlqStatus, int]] = {}
+
+        def add(flat: Any, sign: int) -> int:
+            total = 0
+            for field_name, n in _flat_to_dict(flat, key).items():
+                status_text, sep, op = field_name.partition("|")
+                try:
+                    status = DlqStatus(status_text)
+                except ValueError as exc:
+                    raise CorruptData(key, f"unknown count field {field_name!r}") from exc
+                if not sep:
+                    raise CorruptData(key, f"unknown count field {field_name!r}")
+                value = _codec.as_int(n, key=key, field=field_name)
+                row = table.setdefault(op, {s: 0 for s in DlqStatus})
+                row[status] += sign * value
+                total += value
+            return total
+
+        add(reply[2], 1)
+        backlog = add(reply[3], -1)
+        by_op = {
+            op: {s: max(0, n) for s, n in row.items()}
+            for op, row in sorted(table.items())
+            if any(n > 0 for n in row.values())
+        }
+        by_status = {s: sum(row[s] for row in by_op.values()) for s in DlqStatus}
+        oldest_raw = _text(reply[4], self.pending_key, "member")
+        oldest_at: datetime | None = None
+        age: float | None = None
+        if oldest_raw:
+            ms = _sort_key_ms(oldest_raw.partition("|")[0])
+            oldest_at = _codec.ms_to_datetime(ms)
+            age = max(0.0, (now_ms - ms) / 1000.0)
+        pending = by_status[DlqStatus.PENDING]
+        return DlqStats(
+            total=sum(by_status.values()),
+            by_status=by_status,
+            by_operation_type=by_op,
+            oldest_pending_at=oldest_at,
+            oldest_pending_age_seconds=age,
+            max_pending=self.config.max_pending,
+            over_max_pending=pending > self.config.max_pending,
+            expired_awaiting_cleanup=backlog,
+        )
+
+    # cleanup ---------------------------------------------------------------
+
+    def expired(self) -> ScriptCall:
+        return ScriptCall("dlq_expired", [self.expiry_key], [self.config.cleanup_batch_size])
+
+    def cleanup(self, members: Sequence[bytes]) -> ScriptCall:
+        keys = [
+            self.stream_key,
+            self.expiry_key,
+            self.pending_key,
+            self.pending_by_op_key,
+            self.counts_key,
+        ]
+        for member in members:
+            parts = member.split(b"|", 2)
+            dlq_id = parts[1].decode("utf-8", "replace") if len(parts) == 3 else ""
+            # A malformed member gets a placeholder key the script never touches.
+            keys.append(self.record_key(dlq_id if self.known_id(dlq_id) else "_"))
+        return ScriptCall("dlq_cleanup", keys, list(members))
+
+    def cleanup_steps(self) -> _Plan[int]:
+        """Remove expired records, one bounded batch (one script) at a time."""
+        total = 0
+        while True:
+            reply = yield self.expired()
+            if _tag(reply, self.expiry_key) != "ok":
+                raise _corrupt(reply, self.expiry_key)
+            members = [bytes(m) if not isinstance(m, str) else m.encode() for m in reply[1:]]
+            if not members:
+                break
+            result = yield self.cleanup(members)
+            if _tag(result, self.stream_key) != "ok":
+                raise _corrupt(result, self.stream_key)
+            removed = _codec.as_int(result[1], key=self.expiry_key, field="removed")
+            total += removed
+            if len(members) < self.config.cleanup_batch_size or removed == 0:
+                break
+        if total:
+            _log.info("durability_dlq_cleaned", removed=total)
+        return total
+
+
+def _default_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def _rekey(exc: CorruptData, key: str) -> CorruptData:
+    # Plain commands are mapped without knowing their key ("?"): name it.
+    return CorruptData(key, "a key holds a value of the wrong type") if exc.key == "?" else exc
+
+
+# --- the twins: thin I/O shells -------------------------------------------------------
+
+
+def _drive(store: Store, plan: _Plan[_T], handler: Callable[[DlqRecord], Any] | None) -> _T:
+    """Run a plan's steps against ``store`` (the sync driver)."""
+    reply: Any = None
+    while True:
+        try:
+            step = plan.send(reply)
+        except StopIteration as stop:
+            result: _T = stop.value
+            return result
+        if isinstance(step, ScriptCall):
+            reply = store.run(step)
+        elif isinstance(step, _Command):
+            try:
+                reply = store.command(*step.args)
+            except CorruptData as exc:
+                raise _rekey(exc, step.key) from exc
+        elif isinstance(step, _Handle):
+            assert handler is not None
+            try:
+                handler(step.record)
+                reply = None
+            except Exception as exc:  # the handler's failure is data, not ours
+                reply = exc
+        else:
+            time.sleep(step.seconds)
+            reply = None
+
+
+async def _adrive(
+    store: AsyncStore, plan: _Plan[_T], handler: Callable[[DlqRecord], Any] | None
+) -> _T:
+    """Run a plan's steps against ``store`` (the asyncio driver)."""
+    reply: Any = None
+    while True:
+        try:
+            step = plan.send(reply)
+        except StopIteration as stop:
+            result: _T = stop.value
+            return result
+        if isinstance(step, ScriptCall):
+            reply = await store.run(step)
+        elif isinstance(step, _Command):
+            try:
+                reply = await store.command(*step.args)
+            except CorruptData as exc:
+                raise _rekey(exc, step.key) from exc
+        elif isinstance(step, _Handle):
+            assert handler is not None
+            try:
+                outcome = handler(step.record)
+                if inspect.isawaitable(outcome):
+                    await outcome
+                reply = None
+            except Exception as exc:  # the handler's failure is data, not ours
+                reply = exc
+        else:
+            await asyncio.sleep(step.seconds)
+            reply = None
+
+
+class DeadLetterQueue:
+    """The dead-letter queue shared by every process using the store.
+
+    Args:
+        store: From :func:`durabilis.connect`.
+        config: Settings; the seed's defaults when omitted.
+        replayer_id: Who this instance is when it replays (claims and
+            ``replayed_by``); ``host:pid:random`` when omitted.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        config: DlqConfig | None = None,
+        *,
+        replayer_id: str | None = None,
+    ) -> None:
+        self.store = store
+        self.config = config or DlqConfig()
+        self.replayer_id = replayer_id or _default_owner()
+        self._ops = _DlqOps(store.keys, self.config, self.replayer_id)
+
+    def enqueue(  # noqa: PLR0917  (the seed's signature)
+        self,
+        agent_id: str,
+        operation_type: str,
+        original_operation: Any,
+        retry_count: int,
+        last_error: str | None,
+        ttl_seconds: float | None = None,
+        *,
+        metadata: Mapping[str, str] | None = None,
+        dlq_id: str | None = None,
+    ) -> str:
+        """Park a failed operation; it is never dropped to make room.
+
+        Args:
+            agent_id: Who ran it.
+            operation_type: Its type (listing filter, stats).
+            original_operation: The operation itself (JSON text in the stream
+                when JSON-compatible, msgpack otherwise).
+            retry_count: Attempts made.
+            last_error: The error that exhausted them (truncated past
+                ``max_error_bytes``).
+            ttl_seconds: Lifetime; ``config.default_ttl_seconds`` when omitted.
+            metadata: Extra readable text fields (e.g. the idempotency key),
+                stored in the stream entry as ``meta:<name>``.
+            dlq_id: Choose the id yourself to make the enqueue idempotent: while
+                a record with this id lives, enqueue returns it unchanged.
+
+        Returns:
+            The ``dlq_id``.
+
+        Raises:
+            InvalidKey, InvalidPayload, PayloadTooLarge, InvalidTtl: Bad input
+                (before any I/O). CorruptData: Foreign data at a DLQ key.
+            StorageUnavailable: Redis down.
+        """
+        call = self._ops.enqueue(
+            agent_id,
+            operation_type,
+            original_operation,
+            retry_count,
+            last_error,
+            ttl_seconds,
+            metadata=metadata,
+            dlq_id=dlq_id,
+        )
+        return self._ops.decode_enqueue(call, self.store.run(call)).dlq_id
+
+    def get(self, dlq_id: str) -> DlqRecord | None:
+        """The live record with this id, or ``None`` (unknown, malformed or expired)."""
+        if not self._ops.known_id(dlq_id):
+            return None
+        return self._ops.decode_get([dlq_id], self.store.run(self._ops.get([dlq_id])))[0]
+
+    def list_pending(
+        self,
+        operation_type: str | None = None,
+        *,
+        limit: int | None = None,
+        after: str | DlqRecord | None = None,
+    ) -> list[DlqRecord]:
+        """Pending records, oldest first.
+
+        Args:
+            operation_type: Only this type.
+            limit: At most this many (all when ``None``).
+            after: Continue after this record (or its ``stream_id``): pass the
+                last record of the previous page.
+        """
+        return _drive(self.store, self._ops.list_pending_steps(operation_type, limit, after), None)
+
+    def list_all(
+        self,
+        operation_type: str | None = None,
+        *,
+        limit: int | None = None,
+        after: str | DlqRecord | None = None,
+    ) -> DlqListing:
+        """Every live record in enqueue order, and how many are pending.
+
+        Returns:
+            ``(records, pending_count)``; ``pending_count`` counts every pending
+            record (of ``operation_type`` when given), not only this page.
+        """
+        return _drive(self.store, self._ops.list_all_steps(operation_type, limit, after), None)
+
+    def pending_count(self, operation_type: str | None = None) -> int:
+        """How many live records are pending (of ``operation_type`` when given)."""
+        if operation_type is not None:
+            self._ops.name("operation_type", operation_type)
+        return self.stats().pending_for(operation_type)
+
+    def stats(self) -> DlqStats:
+        """Counts by status and operation type, oldest pending age, over-capacity flag."""
+        return self._ops.decode_stats(self.store.run(self._ops.stats()))
+
+    def mark_replayed(self, dlq_id: str, *, replayed_by: str | None = None) -> bool:
+        """Mark a pending record replayed (by hand).
+
+        Returns:
+            ``True`` if it was pending; ``False`` for an unknown/expired id or a
+            record already replayed or abandoned (nothing changes).
+        """
+        if not self._ops.known_id(dlq_id):
+            return False
+        call = self._ops.finish(dlq_id, DlqStatus.REPLAYED, by=replayed_by)
+        return self._ops.decode_finish(dlq_id, DlqStatus.REPLAYED, self.store.run(call))
+
+    def abandon(self, dlq_id: str, *, by: str | None = None) -> bool:
+        """Give up on a pending record (final). Same returns as :meth:`mark_replayed`."""
+        if not self._ops.known_id(dlq_id):
+            return False
+        call = self._ops.finish(dlq_id, DlqStatus.ABANDONED, by=by)
+        return self._ops.decode_finish(dlq_id, DlqStatus.ABANDONED, self.store.run(call))
+
+    def replay(self, dlq_id: str, handler: Callable[[DlqRecord], object]) -> ReplayResult:
+        """Claim the record, run ``handler(record)``, and record the outcome.
+
+        The claim is atomic: of any number of replicas replaying at once,
+        exactly one runs the handler. On success the record becomes replayed
+        (only if this replayer still holds the claim); if the handler raises,
+        the record stays pending with ``replay_attempts`` + 1 and the error.
+        ``KeyboardInterrupt`` and other ``BaseException``s propagate: the
+        claim then expires after ``claim_ttl_seconds``.
+        """
+        return _drive(self.store, self._ops.replay_steps(dlq_id), handler)
+
+    def replay_pending(
+        self,
+        handler: Callable[[DlqRecord], object],
+        operation_type: str | None = None,
+        limit: int | None = None,
+        max_per_second: float | None = None,
+    ) -> ReplaySummary:
+        """Replay pending records oldest first, each as :meth:`replay` does.
+
+        Args:
+            handler: Called with each claimed :class:`DlqRecord`.
+            operation_type: Only this type.
+            limit: Run the handler at most this many times.
+            max_per_second: Start at most this many handlers per second.
+        """
+        plan = self._ops.replay_pending_steps(operation_type, limit, max_per_second)
+        return _drive(self.store, plan, handler)
+
+    def cleanup_expired(self) -> int:
+        """Remove expired records from every structure; returns how many."""
+        return _drive(self.store, self._ops.cleanup_steps(), None)
+
+
+class AsyncDeadLetterQueue:
+    """The asyncio twin of :class:`DeadLetterQueue` (same methods, awaited).
+
+    Replay handlers may be plain functions or coroutine functions.
+    """
+
+    def __init__(
+        self,
+        store: AsyncStore,
+        config: DlqConfig | None = None,
+        *,
+        replayer_id: str | None = None,
+    ) -> None:
+        self.store = store
+        self.config = config or DlqConfig()
+        self.replayer_id = replayer_id or _default_owner()
+        self._ops = _DlqOps(store.keys, self.config, self.replayer_id)
+
+    async def enqueue(  # noqa: PLR0917  (the seed's signature)
+        self,
+        agent_id: str,
+        operation_type: str,
+        original_operation: Any,
+        retry_count: int,
+        last_error: str | None,
+        ttl_seconds: float | None = None,
+        *,
+        metadata: Mapping[str, str] | None = None,
+        dlq_id: str | None = None,
+    ) -> str:
+        """See :meth:`DeadLetterQueue.enqueue`."""
+        call = self._ops.enqueue(
+            agent_id,
+            operation_type,
+            original_operation,
+            retry_count,
+            last_error,
+            ttl_seconds,
+            metadata=metadata,
+            dlq_id=dlq_id,
+        )
+        return self._ops.decode_enqueue(call, await self.store.run(call)).dlq_id
+
+    async def get(self, dlq_id: str) -> DlqRecord | None:
+        """See :meth:`DeadLetterQueue.get`."""
+        if not self._ops.known_id(dlq_id):
+            return None
+        return self._ops.decode_get([dlq_id], await self.store.run(self._ops.get([dlq_id])))[0]
+
+    async def list_pending(
+        self,
+        operation_type: str | None = None,
+        *,
+        limit: int | None = None,
+        after: str | DlqRecord | None = None,
+    ) -> list[DlqRecord]:
+        """See :meth:`DeadLetterQueue.list_pending`."""
+        plan = self._ops.list_pending_steps(operation_type, limit, after)
+        return await _adrive(self.store, plan, None)
+
+    async def list_all(
+        self,
+        operation_type: str | None = None,
+        *,
+        limit: int | None = None,
+        after: str | DlqRecord | None = None,
+    ) -> DlqListing:
+        """See :meth:`DeadLetterQueue.list_all`."""
+        plan = self._ops.list_all_steps(operation_type, limit, after)
+        return await _adrive(self.store, plan, None)
+
+    async def pending_count(self, operation_type: str | None = None) -> int:
+        """See :meth:`DeadLetterQueue.pending_count`."""
+        if operation_type is not None:
+            self._ops.name("operation_type", operation_type)
+        return (await self.stats()).pending_for(operation_type)
+
+    async def stats(self) -> DlqStats:
+        """See :meth:`DeadLetterQueue.stats`."""
+        return self._ops.decode_stats(await self.store.run(self._ops.stats()))
+
+    async def mark_replayed(self, dlq_id: str, *, replayed_by: str | None = None) -> bool:
+        """See :meth:`DeadLetterQueue.mark_replayed`."""
+        if not self._ops.known_id(dlq_id):
+            return False
+        call = self._ops.finish(dlq_id, DlqStatus.REPLAYED, by=replayed_by)
+        return self._ops.decode_finish(dlq_id, DlqStatus.REPLAYED, await self.store.run(call))
+
+    async def abandon(self, dlq_id: str, *, by: str | None = None) -> bool:
+        """See :meth:`DeadLetterQueue.abandon`."""
+        if not self._ops.known_id(dlq_id):
+            return False
+        call = self._ops.finish(dlq_id, DlqStatus.ABANDONED, by=by)
+        return self._ops.decode_finish(dlq_id, DlqStatus.ABANDONED, await self.store.run(call))
+
+    async def replay(
+        self, dlq_id: str, handler: Callable[[DlqRecord], Awaitable[object] | object]
+    ) -> ReplayResult:
+        """See :meth:`DeadLetterQueue.replay`."""
+        return await _adrive(self.store, self._ops.replay_steps(dlq_id), handler)
+
+    async def replay_pending(
+        self,
+        handler: Callable[[DlqRecord], Awaitable[object] | object],
+        operation_type: str | None = None,
+        limit: int | None = None,
+        max_per_second: float | None = None,
+    ) -> ReplaySummary:
+        """See :meth:`DeadLetterQueue.replay_pending`."""
+        plan = self._ops.replay_pending_steps(operation_type, limit, max_per_second)
+        return await _adrive(self.store, plan, handler)
+
+    async def cleanup_expired(self) -> int:
+        """See :meth:`DeadLetterQueue.cleanup_expired`."""
+        return await _adrive(self.store, self._ops.cleanup_steps(), None)

@@ -1,0 +1,57 @@
+--[[ dlq_claim: claim a pending DLQ record for replay.
+
+One atomic step: a pending, live record that nobody holds (or whose holder's
+claim has expired: the replayer died) gets a new claim with a fencing token;
+anyone else is told who holds it. Only the holder of the current token may
+then mark the record replayed (dlq_finish) or report the failure (dlq_fail).
+
+KEYS[1]  stream                     (<ns>:dlq:{dlq}:stream)
+KEYS[2]  the record hash            (<ns>:dlq:{dlq}:rec:<dlq_id>)
+ARGV[1]  owner                      who replays (readable: host:pid:...)
+ARGV[2]  claim_ms                   how long the claim is held, in milliseconds
+
+Returns one of
+  {"ok", token, taken_over (0|1), record hash as a flat field/value list,
+   stream entry as a flat field/value list}
+  {"none"}                          no live record (unknown id or expired)
+  {"final", status}                 already replayed or abandoned
+  {"busy", owner, claim_expires_ms} another replayer holds a live claim
+  {"corrupt", key, detail}
+
+Record hash fields: st status, op operation type, sid stream entry id, ts failed
+ms, exp expires ms, ra replay attempts, le last replay error, lat last replay
+attempt ms, rat/rby replayed at/by, aat/aby abandoned at/by, co claim owner,
+ct claim token, ce claim expiry ms, cn claims made.
+]]
+local S, H = KEYS[1], KEYS[2]
+local t = redis.call("TIME")
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local kind = redis.call("TYPE", S)["ok"]
+if kind ~= "none" and kind ~= "stream" then
+  return {"corrupt", S, "a " .. kind .. " where the DLQ keeps a stream"}
+end
+kind = redis.call("TYPE", H)["ok"]
+if kind == "none" then return {"none"} end
+if kind ~= "hash" then
+  return {"corrupt", H, "a " .. kind .. " where a DLQ record (hash) belongs"}
+end
+
+local f = redis.call("HMGET", H, "st", "exp", "sid", "co", "ce")
+local st, exp, sid, co, ce = f[1], tonumber(f[2]), f[3], f[4], tonumber(f[5])
+if (st ~= "pending" and st ~= "replayed" and st ~= "abandoned") or not exp or not sid then
+  return {"corrupt", H, "record hash without a valid status, expiry or stream id"}
+end
+if exp <= now then return {"none"} end
+if st ~= "pending" then return {"final", st} end
+if co and ce and ce > now then return {"busy", co, ce} end
+
+local entry = redis.call("XRANGE", S, sid, sid)
+if #entry == 0 then
+  return {"corrupt", S, "stream entry " .. sid .. " of this record is missing"}
+end
+local taken_over = 0
+if co then taken_over = 1 end
+local token = string.format("%d-%d", redis.call("HINCRBY", H, "cn", 1), now)
+redis.call("HSET", H, "co", ARGV[1], "ct", token, "ce", now + tonumber(ARGV[2]))
+return {"ok", token, taken_over, redis.call("HGETALL", H), entry[1][2]}

@@ -1,0 +1,137 @@
+--[[ dlq_enqueue: park a failed operation in the dead-letter queue.
+
+One atomic step: append the readable entry to the stream (the ordered,
+append-only log of failures), create the record hash holding the mutable
+state, and index the record (expiry, pending, pending-by-operation-type,
+counts). On the way it purges up to ARGV[3] records whose TTL has passed, so
+the stream cannot grow without bound even if nobody runs cleanup_expired
+(their record hashes are already gone: each carries a TTL = its expiry).
+Every key gets a TTL no earlier than the latest record expiry: when every
+record has expired, nothing of the DLQ remains.
+
+A record hash that already exists is never overwritten: enqueue with a
+caller-chosen dlq_id is idempotent.
+
+KEYS[1]  stream                     (<ns>:dlq:{dlq}:stream)
+KEYS[2]  expiry index, zset         score expires_ms, member "<sid>|<dlq_id>|<p|r|a>|<op>"
+KEYS[3]  pending index, lex zset    member "<sortkey(sid)>|<dlq_id>"
+KEYS[4]  pending-by-op, lex zset    member "<op>\0<sortkey(sid)>|<dlq_id>"
+KEYS[5]  counts hash                field "<status>|<op>" -> live records
+KEYS[6]  the record hash            (<ns>:dlq:{dlq}:rec:<dlq_id>)
+ARGV[1]  dlq_id
+ARGV[2]  ttl_ms                     record lifetime in milliseconds (>= 1)
+ARGV[3]  purge_limit                expired records to purge on the way (0 = none)
+ARGV[4]  agent_id
+ARGV[5]  operation_type
+ARGV[6]  retry_count                decimal text
+ARGV[7]  last_error
+ARGV[8]  payload field name         "original_operation" (JSON text) or
+                                    "original_operation_msgpack" (msgpack bytes)
+ARGV[9]  payload
+ARGV[10..] metadata field/value pairs, field names already prefixed "meta:"
+
+Returns one of
+  {"ok", sid, failed_ms, expires_ms, pending_index_size}
+  {"exists", sid}                   a record with this dlq_id is already live
+  {"corrupt", key, detail}          a key holds something durabilis did not write
+]]
+local S, E, P, PO, C, H = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local id, ttl, purge_limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local op = ARGV[5]
+local t = redis.call("TIME")
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local checks = {S, "stream", E, "zset", P, "zset", PO, "zset", C, "hash", H, "hash"}
+for i = 1, #checks, 2 do
+  local kind = redis.call("TYPE", checks[i])["ok"]
+  if kind ~= "none" and kind ~= checks[i + 1] then
+    return {"corrupt", checks[i], "a " .. kind .. " where the DLQ keeps a " .. checks[i + 1]}
+  end
+end
+
+-- sortkey: "ms-seq" -> fixed-width ms, length-prefixed seq, so that byte order
+-- (ZRANGEBYLEX) is enqueue order ("...-a9" < "...-b10").
+local function sortkey(sid)
+  local ms, seq = string.match(sid, "^(%d+)%-(%d+)$")
+  return string.rep("0", 15 - #ms) .. ms .. "-" .. string.char(96 + #seq) .. seq
+end
+
+local function bump(field, by)
+  if redis.call("HINCRBY", C, field, by) <= 0 then redis.call("HDEL", C, field) end
+end
+
+local STATUS = {p = "pending", r = "replayed", a = "abandoned"}
+
+-- Same purge as dlq_cleanup.lua, minus the record hash (not in KEYS here; its
+-- own TTL, equal to the expiry, has already removed it).
+local function purge(member)
+  redis.call("ZREM", E, member)
+  local sid, rid, code, rop = string.match(member, "^(%d+%-%d+)|([^|]+)|([pra])|(.*)$")
+  if not sid then return end
+  redis.call("XDEL", S, sid)
+  if code == "p" then
+    local pm = sortkey(sid) .. "|" .. rid
+    redis.call("ZREM", P, pm)
+    redis.call("ZREM", PO, rop .. "\0" .. pm)
+  end
+  bump(STATUS[code] .. "|" .. rop, -1)
+end
+
+-- iso_utc:begin  (tests evaluate this block on its own)
+local function iso_utc(ms)
+  local secs = math.floor(ms / 1000)
+  local days = math.floor(secs / 86400)
+  local sod = secs - days * 86400
+  -- days -> civil date (H. Hinnant's algorithm, proleptic Gregorian)
+  local z = days + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524)
+    - math.floor(doe / 146096)) / 365)
+  local y = yoe + era * 400
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local d = doy - math.floor((153 * mp + 2) / 5) + 1
+  local m = mp < 10 and mp + 3 or mp - 9
+  if m <= 2 then y = y + 1 end
+  return string.format("%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", y, m, d,
+    math.floor(sod / 3600), math.floor(sod % 3600 / 60), sod % 60, ms - secs * 1000)
+end
+-- iso_utc:end
+
+if purge_limit > 0 then
+  for _, member in ipairs(redis.call("ZRANGEBYSCORE", E, "-inf", now, "LIMIT", 0, purge_limit)) do
+    purge(member)
+  end
+end
+
+if redis.call("EXISTS", H) == 1 then
+  return {"exists", redis.call("HGET", H, "sid") or ""}
+end
+
+local exp = now + ttl
+local fields = {
+  "dlq_id", id, "agent_id", ARGV[4], "operation_type", op, "retry_count", ARGV[6],
+  "last_error", ARGV[7], "failed_at", iso_utc(now), "expires_at", iso_utc(exp),
+  ARGV[8], ARGV[9],
+}
+for i = 10, #ARGV do fields[#fields + 1] = ARGV[i] end
+local sid = redis.call("XADD", S, "*", unpack(fields))
+local pm = sortkey(sid) .. "|" .. id
+
+redis.call("HSET", H, "st", "pending", "op", op, "sid", sid, "ts", now, "exp", exp, "ra", 0)
+redis.call("PEXPIREAT", H, exp)
+redis.call("ZADD", E, exp, sid .. "|" .. id .. "|p|" .. op)
+redis.call("ZADD", P, 0, pm)
+redis.call("ZADD", PO, 0, op .. "\0" .. pm)
+bump("pending|" .. op, 1)
+
+-- The shared keys live as long as their longest-lived record.
+local horizon = tonumber(redis.call("ZRANGE", E, -1, -1, "WITHSCORES")[2])
+for _, key in ipairs({S, E, P, PO, C}) do
+  local pttl = redis.call("PTTL", key)
+  if pttl == -1 or (pttl >= 0 and now + pttl < horizon) then
+    redis.call("PEXPIREAT", key, horizon)
+  end
+end
+return {"ok", sid, now, exp, redis.call("ZCARD", P)}

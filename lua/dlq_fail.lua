@@ -1,0 +1,39 @@
+--[[ dlq_fail: record a failed replay; the record stays pending.
+
+Only the holder of the current claim token may report: the attempt count
+goes up by one, the new error is kept, and the claim is released so the
+record can be replayed again at once.
+
+KEYS[1]  the record hash            (<ns>:dlq:{dlq}:rec:<dlq_id>)
+ARGV[1]  token                      claim token from dlq_claim
+ARGV[2]  error                      text of the replay's error
+
+Returns one of
+  {"ok", replay_attempts}
+  {"none"}                          no live record (unknown id or expired)
+  {"final", status}                 finished meanwhile (e.g. an operator abandoned it)
+  {"lost"}                          the token does not hold the claim
+  {"corrupt", key, detail}
+]]
+local H = KEYS[1]
+local t = redis.call("TIME")
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local kind = redis.call("TYPE", H)["ok"]
+if kind == "none" then return {"none"} end
+if kind ~= "hash" then
+  return {"corrupt", H, "a " .. kind .. " where a DLQ record (hash) belongs"}
+end
+local f = redis.call("HMGET", H, "st", "exp", "ct")
+local st, exp, ct = f[1], tonumber(f[2]), f[3]
+if (st ~= "pending" and st ~= "replayed" and st ~= "abandoned") or not exp then
+  return {"corrupt", H, "record hash without a valid status or expiry"}
+end
+if exp <= now then return {"none"} end
+if st ~= "pending" then return {"final", st} end
+if ct ~= ARGV[1] then return {"lost"} end
+
+local attempts = redis.call("HINCRBY", H, "ra", 1)
+redis.call("HSET", H, "le", ARGV[2], "lat", now)
+redis.call("HDEL", H, "co", "ct", "ce")
+return {"ok", attempts}

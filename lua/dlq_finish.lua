@@ -1,0 +1,86 @@
+--[[ dlq_finish: move a pending DLQ record to a final status (replayed or abandoned).
+
+The state machine is pending -> replayed | abandoned, both final: a record
+that is already final is left untouched. With a token (a replay that claimed
+the record), only the current claim holder may finish it (fencing): a
+replayer whose claim was taken over after it expired is refused. Without a
+token (an operator's mark_replayed / abandon) any live claim is cleared.
+
+KEYS[1]  expiry index, zset         (see dlq_enqueue.lua for members)
+KEYS[2]  pending index, lex zset
+KEYS[3]  pending-by-op, lex zset
+KEYS[4]  counts hash
+KEYS[5]  the record hash
+ARGV[1]  dlq_id
+ARGV[2]  target                     "replayed" | "abandoned"
+ARGV[3]  token                      claim token, "" = none (operator action)
+ARGV[4]  by                         who finished it, "" = unknown
+
+Returns one of
+  {"ok", finished_ms}
+  {"none"}                          no live record (unknown id or expired)
+  {"final", status}                 already final: nothing changed
+  {"lost"}                          the token does not hold the claim
+  {"corrupt", key, detail}
+]]
+local E, P, PO, C, H = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local id, target, token, by = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local t = redis.call("TIME")
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local checks = {E, "zset", P, "zset", PO, "zset", C, "hash", H, "hash"}
+for i = 1, #checks, 2 do
+  local kind = redis.call("TYPE", checks[i])["ok"]
+  if kind ~= "none" and kind ~= checks[i + 1] then
+    return {"corrupt", checks[i], "a " .. kind .. " where the DLQ keeps a " .. checks[i + 1]}
+  end
+end
+if redis.call("EXISTS", H) == 0 then return {"none"} end
+
+local f = redis.call("HMGET", H, "st", "op", "sid", "exp", "ct")
+local st, op, sid, exp, ct = f[1], f[2], f[3], tonumber(f[4]), f[5]
+if (st ~= "pending" and st ~= "replayed" and st ~= "abandoned") or not op or not exp
+    or not sid or not string.match(sid, "^%d+%-%d+$") then
+  return {"corrupt", H, "record hash without a valid status, operation type, expiry or stream id"}
+end
+if exp <= now then return {"none"} end
+if st ~= "pending" then return {"final", st} end
+if token ~= "" and ct ~= token then return {"lost"} end
+
+local function sortkey(s)
+  local ms, seq = string.match(s, "^(%d+)%-(%d+)$")
+  return string.rep("0", 15 - #ms) .. ms .. "-" .. string.char(96 + #seq) .. seq
+end
+local function bump(field, by_n)
+  if redis.call("HINCRBY", C, field, by_n) <= 0 then redis.call("HDEL", C, field) end
+end
+
+local code = "r"
+if target == "replayed" then
+  redis.call("HSET", H, "st", "replayed", "rat", now)
+  if by ~= "" then redis.call("HSET", H, "rby", by) end
+else
+  code = "a"
+  redis.call("HSET", H, "st", "abandoned", "aat", now)
+  if by ~= "" then redis.call("HSET", H, "aby", by) end
+end
+redis.call("HDEL", H, "co", "ct", "ce")
+
+-- Add before removing: a key emptied by the removal would be recreated
+-- without its TTL.
+redis.call("ZADD", E, exp, sid .. "|" .. id .. "|" .. code .. "|" .. op)
+redis.call("ZREM", E, sid .. "|" .. id .. "|p|" .. op)
+bump(target .. "|" .. op, 1)
+bump("pending|" .. op, -1)
+local pm = sortkey(sid) .. "|" .. id
+redis.call("ZREM", P, pm)
+redis.call("ZREM", PO, op .. "\0" .. pm)
+
+local horizon = tonumber(redis.call("ZRANGE", E, -1, -1, "WITHSCORES")[2])
+for _, key in ipairs({E, C}) do
+  local pttl = redis.call("PTTL", key)
+  if pttl == -1 or (pttl >= 0 and now + pttl < horizon) then
+    redis.call("PEXPIREAT", key, horizon)
+  end
+end
+return {"ok", now}
