@@ -7,6 +7,16 @@ with their shared state in Redis so that every replica sees one view.
 from __future__ import annotations
 
 from durabilis._store import AsyncStore, Store, connect, connect_async
+from durabilis.breaker import (
+    DEFAULT_BREAKER_CONFIGS,
+    AsyncCircuitBreakerRegistry,
+    BreakerInfo,
+    BreakerState,
+    CircuitBreakerConfig,
+    CircuitBreakerRegistry,
+    Permit,
+    StateTransition,
+)
 from durabilis.checkpoint import (
     NO_CHECKPOINT,
     AsyncCheckpointManager,
@@ -71,19 +81,25 @@ from durabilis.retry import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFAULT_BREAKER_CONFIGS",
     "NO_CHECKPOINT",
     "AsyncCheckpointManager",
+    "AsyncCircuitBreakerRegistry",
     "AsyncDeadLetterQueue",
     "AsyncIdempotencyGuard",
     "AsyncRetryEngine",
     "AsyncStore",
     "AsyncTaskRun",
+    "BreakerInfo",
+    "BreakerState",
     "CheckResult",
     "Checkpoint",
     "CheckpointConfig",
     "CheckpointConflict",
     "CheckpointManager",
     "CheckpointNotFound",
+    "CircuitBreakerConfig",
+    "CircuitBreakerRegistry",
     "CircuitOpen",
     "ConfigError",
     "CorruptData",
@@ -108,6 +124,7 @@ __all__ = [
     "OperationError",
     "OperationInProgress",
     "PayloadTooLarge",
+    "Permit",
     "ReplayOutcome",
     "ReplayResult",
     "ReplaySummary",
@@ -116,6 +133,7 @@ __all__ = [
     "RetryExhausted",
     "RetryOutcome",
     "RetryPolicy",
+    "StateTransition",
     "StorageUnavailable",
     "Store",
     "TaskRun",

@@ -1,0 +1,291 @@
+--[[ cb_after: report the outcome of an admitted call (circuit breaker).
+
+One atomic step for the whole fleet.
+- A permit from another generation than the current one is stale: ignored,
+  so old results never pollute the current window.
+- CLOSED: the result enters the window (sorted set, one member per result,
+  score = a strictly increasing server-clock score: ms * 1000 + tie-breaker).
+  Results older than window_ms (if > 0) and beyond the newest window_size leave
+  it. With at least min_requests results, the breaker trips when the failure
+  rate > threshold, or the slow-call rate > slow_threshold (slow rule on), and,
+  when min_reporters > 1, at least min_reporters distinct replicas reported a
+  bad result (failure or slow) still inside the window.
+- HALF_OPEN: only a probe in flight counts (its slot is freed); a report naming
+  no live probe is a stray and is ignored. A failed (or slow) probe reopens
+  with the reset timer restarted; probe_cap successes close with an empty
+  window. HALF_OPEN results never enter the window. Without a permit (seed
+  API), the oldest probe in flight is credited.
+- OPEN: every report is a stray.
+Outcome "r" (release) frees a probe slot without a result (cancelled call).
+Foreign data is reported before any write, except a foreign events stream
+found when tripping: then only the window's evictions of this call happened
+(the next report recounts the window).
+
+KEYS[1]  state hash      <ns>:cb:{<name>}
+KEYS[2]  window zset     <ns>:cb:{<name>}:window    member <score><flag>, flag s|f|S|F
+                                                    (S/F = slow success/failure)
+KEYS[3]  probes hash     <ns>:cb:{<name>}:probes
+KEYS[4]  events stream   <ns>:cb:{<name>}:events
+KEYS[5]  reporters zset  <ns>:cb:{<name>}:reporters replica -> score of its last bad result
+ARGV[1]  config, fields joined by "|" (one argument: fewer to encode per call):
+         window_size       newest results kept
+         window_ms         results older than this leave the window (ms), 0 = off
+         slow_ms           a call slower than this is slow (ms), -1 = slow rule off
+         ttl_ms            idle TTL of the breaker's keys (ms)
+         threshold         failure rate that trips when exceeded, (0, 1]
+         min_requests      results needed before a rate exists
+         slow_threshold    slow-call rate that trips when exceeded
+         min_reporters     distinct replicas with a bad result needed to trip
+         probe_cap         probe successes that close (probe_success_required)
+         reset_ms          reset timeout (ms), written to the events stream
+         events_maxlen     approximate cap of the events stream (entries)
+         replica           id of the reporting process (the rest of the argument)
+ARGV[2]  report, fields joined by "|":
+         permit_gen        generation of the permit, "" = no permit
+         probe_id          the permit's probe id, "" = not a probe
+         outcome           "s" success, "f" failure, "r" release
+         duration_ms       how long the call took (ms), -1 = unknown
+         check             "1": check whether the TTLs are due (each process asks
+                           about once a second; other reports read no clock)
+         or, for a plain success (not a probe, not slow, count-based window, no
+         TTL check), "+<window_size>|<permit_gen>": the hot path tests it with
+         one HMGET and no parsing of ARGV[1].
+
+Returns one of
+  1                                    counted while CLOSED, no transition (the hot path)
+  {"counted", state, generation [, transition]}
+  {"released", state, generation}      a probe slot was freed, no result
+  {"ignored", state, generation}       stray: no live probe / OPEN / nothing to free
+  {"stale", state, generation}         the permit is from another generation
+  {"corrupt", key_index, detail}
+transition = {from, to, at_ms, failures, requests, slow, reason, generation, stream_id}
+TTLs: the state hash and window are re-armed to ttl_ms when created and then at
+most every ttl_ms / 4 (field tx), so an idle breaker expires after 3/4 to 1 ttl.
+Hot path: while a full count-based window holds only successes, one more plain
+success leaves the same last-N results, so nothing is written (one HMGET).
+]]
+local sk, wk, pk, ek, rk = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local h = redis.pcall("HMGET", sk, "st", "g", "n", "f", "sl", "ls", "tx")
+if h.err then return {"corrupt", 1, h.err} end
+local st = h[1] or "C"
+local g = tonumber(h[2] or 0)
+if not g then return {"corrupt", 1, "field g is not a number"} end
+if st ~= "C" and st ~= "O" and st ~= "H" then
+  return {"corrupt", 1, "unknown breaker state " .. st}
+end
+local pgen, probe, outcome, duration, check
+if string.byte(ARGV[2]) == 43 then
+  -- "+<window_size>|<permit_gen>": a plain success (see ARGV[2]).
+  local wsize
+  wsize, pgen = string.match(ARGV[2], "^%+(%d+)|(%d*)$")
+  if pgen ~= "" and tonumber(pgen) ~= g then return {"stale", st, g} end
+  if st == "C" and h[3] == wsize and h[4] == "0" and h[5] == "0" then
+    -- A full count-based window of successes plus one more success is the same
+    -- last-N results: nothing changes, nothing is written (the healthy hot path).
+    return 1
+  end
+  probe, outcome, duration, check = "", "s", "-1", "0"
+else
+  pgen, probe, outcome, duration, check =
+    string.match(ARGV[2], "^([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.*)$")
+  if pgen ~= "" and tonumber(pgen) ~= g then return {"stale", st, g} end
+end
+if st == "O" then return {"ignored", "O", g} end
+local window_size, window_ms, slow_ms = string.match(ARGV[1], "^(%d+)|(%d+)|([^|]*)|")
+window_size, slow_ms, duration = tonumber(window_size), tonumber(slow_ms), tonumber(duration)
+local failed = outcome == "f"
+local is_slow = slow_ms >= 0 and duration >= 0 and duration > slow_ms
+local n, fc, sc, ls, tx
+if st == "C" then
+  if outcome == "r" or probe ~= "" then return {"ignored", "C", g} end
+  n, fc, sc = tonumber(h[3] or 0), tonumber(h[4] or 0), tonumber(h[5] or 0)
+  ls, tx = tonumber(h[6] or 0), tonumber(h[7] or 0)
+  if not (n and fc and sc and ls and tx) then
+    return {"corrupt", 1, "a window counter field is not a number"}
+  end
+end
+
+local ttl, threshold, min_requests, slow_threshold, min_reporters, probe_cap, reset_ms, maxlen,
+  replica = string.match(ARGV[1],
+  "^[^|]*|[^|]*|[^|]*|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.*)$")
+threshold, min_reporters = tonumber(threshold), tonumber(min_reporters)
+local t = redis.call("TIME")
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+-- Appends a transition to the events stream; nil + error if the key is foreign.
+local function transition(from, to, failures, requests, slow, reason, gen)
+  local NAMES = {C = "closed", O = "open", H = "half_open"}
+  local rate = ""
+  if reason == "failure_rate" or reason == "slow_call_rate" then
+    rate = string.format("%.6g", failures / requests)
+  end
+  local id = redis.pcall("XADD", ek, "MAXLEN", "~", maxlen, "*",
+    "time", string.format("%d", now), "from", NAMES[from], "to", NAMES[to],
+    "reason", reason, "failures", failures, "requests", requests, "slow", slow,
+    "failure_rate", rate, "reset_timeout_ms", reset_ms, "replica", replica,
+    "generation", gen)
+  if type(id) == "table" then return nil, id.err end
+  redis.call("PEXPIRE", ek, ttl)
+  return {from, to, now, failures, requests, slow, reason, gen, id}
+end
+
+-- Counts results, failures and slow calls in the whole window; nil if foreign.
+local function recount()
+  local n, f, s = 0, 0, 0
+  for _, m in ipairs(redis.call("ZRANGE", wk, 0, -1)) do
+    local c = string.sub(m, -1)
+    n = n + 1
+    if c == "f" then f = f + 1
+    elseif c == "S" then s = s + 1
+    elseif c == "F" then f, s = f + 1, s + 1
+    elseif c ~= "s" then return nil end
+  end
+  return n, f, s
+end
+
+if st == "C" then
+  local refresh = not h[1] or now - tx >= tonumber(ttl) / 4
+  local card = n
+  if refresh then
+    -- When the hash is new or its TTLs are due anyway, check that the counters
+    -- still match the window (a key lost or touched from outside) and recount
+    -- if not, so the rate is always the window's.
+    card = redis.pcall("ZCARD", wk)
+    if type(card) == "table" then return {"corrupt", 2, card.err} end
+    if card ~= n then
+      n, fc, sc = recount()
+      if not n then return {"corrupt", 2, "window member without a result flag"} end
+    end
+  end
+  local bad = failed or is_slow
+  local mine = false
+  if bad or min_reporters > 1 then
+    mine = redis.pcall("ZSCORE", rk, replica)
+    if type(mine) == "table" then return {"corrupt", 5, mine.err} end
+  end
+  local score = math.max(now * 1000, ls + 1)
+  local n0, fc0, sc0 = n, fc, sc
+  local drop = 0
+  if window_ms ~= "0" then
+    drop = redis.call("ZCOUNT", wk, "-inf", string.format("(%d", (now - window_ms) * 1000))
+  end
+  if card - drop + 1 > window_size then drop = card + 1 - window_size end
+  if drop > 0 then
+    local gone = redis.pcall("ZPOPMIN", wk, drop)
+    if gone.err then return {"corrupt", 2, gone.err} end
+    if #gone == 2 * drop then
+      for i = 1, #gone, 2 do
+        local c = string.sub(gone[i], -1)
+        if c == "f" then fc = fc - 1
+        elseif c == "S" then sc = sc - 1
+        elseif c == "F" then fc, sc = fc - 1, sc - 1 end
+      end
+      n = n - drop
+    else
+      -- Fewer results than the counters said: the window was cut from outside.
+      n, fc, sc = recount()
+      if not n then return {"corrupt", 2, "window member without a result flag"} end
+    end
+  end
+  n = n + 1
+  if failed then fc = fc + 1 end
+  if is_slow then sc = sc + 1 end
+
+  local reason = nil
+  if n >= tonumber(min_requests) then
+    if fc / n > threshold then reason = "failure_rate"
+    elseif slow_ms >= 0 and sc / n > tonumber(slow_threshold) then reason = "slow_call_rate" end
+  end
+  if reason and min_reporters > 1 then
+    -- Distinct replicas whose latest bad result is still in the window.
+    local oldest = score
+    if n > 1 then oldest = tonumber(redis.call("ZRANGE", wk, 0, 0, "WITHSCORES")[2]) end
+    local distinct = redis.call("ZCOUNT", rk, string.format("%d", oldest), "+inf")
+    if bad and not (mine and tonumber(mine) >= oldest) then distinct = distinct + 1 end
+    if distinct < min_reporters then reason = nil end
+  end
+
+  local tr, g2 = nil, g
+  if reason then
+    g2 = g + 1
+    local err
+    tr, err = transition("C", "O", fc, n, sc, reason, g2)
+    if not tr then return {"corrupt", 4, err} end
+  end
+  local flag = "s"
+  if failed and is_slow then flag = "F" elseif failed then flag = "f" elseif is_slow then flag = "S" end
+  local sscore = string.format("%d", score)
+  redis.call("ZADD", wk, sscore, sscore .. flag)
+  if bad then
+    redis.call("ZADD", rk, sscore, replica)
+    redis.call("PEXPIRE", rk, ttl)
+  end
+  refresh = refresh or n == 1
+  if reason then
+    redis.call("HSET", sk, "st", "O", "g", g2, "oa", string.format("%d", now), "ps", 0,
+      "n", n, "f", fc, "sl", sc, "ls", sscore)
+    redis.call("DEL", pk)
+  elseif refresh then
+    redis.call("HSET", sk, "st", "C", "g", g, "n", n, "f", fc, "sl", sc, "ls", sscore,
+      "tx", string.format("%d", now))
+  elseif n == n0 and fc == fc0 and sc == sc0 then
+    redis.call("HSET", sk, "ls", sscore)
+  else
+    redis.call("HSET", sk, "n", n, "f", fc, "sl", sc, "ls", sscore)
+  end
+  if refresh or reason then
+    redis.call("PEXPIRE", sk, ttl)
+    redis.call("PEXPIRE", wk, ttl)
+  end
+  if tr then return {"counted", "O", g2, tr} end
+  return 1
+end
+
+-- HALF_OPEN
+if pgen ~= "" and probe == "" then return {"ignored", "H", g} end
+local pid = probe
+if pid == "" then
+  -- No permit (seed API): credit the oldest probe in flight, if any.
+  local all = redis.pcall("HGETALL", pk)
+  if all.err then return {"corrupt", 3, all.err} end
+  local oldest = nil
+  for i = 1, #all, 2 do
+    local at = tonumber(all[i + 1])
+    if not at then return {"corrupt", 3, "probe admission time is not a number"} end
+    if oldest == nil or at < oldest then oldest, pid = at, all[i] end
+  end
+else
+  local live = redis.pcall("HEXISTS", pk, pid)
+  if type(live) == "table" then return {"corrupt", 3, live.err} end
+  if live == 0 then pid = "" end
+end
+if pid == "" then return {"ignored", "H", g} end
+if outcome == "r" then
+  redis.call("HDEL", pk, pid)
+  return {"released", "H", g}
+end
+local ps = tonumber(redis.call("HGET", sk, "ps") or 0)
+if not ps then return {"corrupt", 1, "field ps is not a number"} end
+ps = ps + 1
+if not (failed or is_slow) and ps < tonumber(probe_cap) then
+  redis.call("HDEL", pk, pid)
+  redis.call("HSET", sk, "ps", ps)
+  redis.call("PEXPIRE", sk, ttl)
+  return {"counted", "H", g}
+end
+local g2 = g + 1
+local tr, err
+if failed or is_slow then
+  tr, err = transition("H", "O", 1, ps, is_slow and 1 or 0, "probe_failed", g2)
+  if not tr then return {"corrupt", 4, err} end
+  redis.call("HSET", sk, "st", "O", "g", g2, "oa", string.format("%d", now), "ps", 0)
+else
+  tr, err = transition("H", "C", 0, ps, 0, "probes_succeeded", g2)
+  if not tr then return {"corrupt", 4, err} end
+  redis.call("HSET", sk, "st", "C", "g", g2, "ps", 0, "n", 0, "f", 0, "sl", 0,
+    "tx", string.format("%d", now))
+  redis.call("DEL", wk, rk)
+end
+redis.call("DEL", pk)
+redis.call("PEXPIRE", sk, ttl)
+return {"counted", tr[2], g2, tr}
