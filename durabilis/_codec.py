@@ -39,8 +39,29 @@ def unpack(data: bytes, *, key: str) -> Any:
     """
     try:
         return msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except TypeError:
+        pass  # a map key that was a tuple comes back as a list: unhashable
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise CorruptData(key, f"value is not msgpack ({type(exc).__name__})") from exc
+    try:
+        return msgpack.unpackb(
+            data, raw=False, strict_map_key=False, object_pairs_hook=_dict_with_frozen_keys
+        )
+    except Exception as exc:
+        raise CorruptData(key, f"value is not msgpack ({type(exc).__name__})") from exc
+
+
+def _frozen(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_frozen(v) for v in value)
+    if isinstance(value, dict):
+        return tuple((_frozen(k), _frozen(v)) for k, v in value.items())
+    return value
+
+
+def _dict_with_frozen_keys(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    """Map keys that were tuples (packed as arrays) come back as tuples again."""
+    return {_frozen(k): v for k, v in pairs}
 
 
 def canonical_json(value: Any) -> bytes:
@@ -53,9 +74,9 @@ def canonical_json(value: Any) -> bytes:
         text = json.dumps(
             value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
         )
-    except (TypeError, ValueError) as exc:
+        return text.encode("utf-8")  # a lone surrogate fails here
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidPayload(f"value is not JSON-compatible: {exc}") from exc
-    return text.encode("utf-8")
 
 
 def content_bytes(content: Any) -> bytes:
@@ -67,7 +88,10 @@ def content_bytes(content: Any) -> bytes:
     if isinstance(content, (bytes, bytearray, memoryview)):
         return bytes(content)
     if isinstance(content, str):
-        return content.encode("utf-8")
+        try:
+            return content.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidPayload(f"text is not valid Unicode (lone surrogate): {exc}") from exc
     return canonical_json(content)
 
 
@@ -75,13 +99,26 @@ def json_text_or_none(value: Any) -> str | None:
     """JSON text of ``value`` for humans (``redis-cli``), or None if not JSON-compatible."""
     try:
         return json.dumps(value, sort_keys=True, ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         return None
 
 
 def ms_to_datetime(ms: int | float) -> datetime:
     """Milliseconds since the epoch (Redis server clock) as an aware UTC datetime."""
     return datetime.fromtimestamp(ms / 1000.0, tz=timezone.utc)
+
+
+def as_datetime(value: Any, *, key: str, field: str) -> datetime:
+    """A millisecond timestamp read back from Redis as an aware UTC datetime.
+
+    Raises:
+        CorruptData: Not an integer, or outside what ``datetime`` can hold (names the key).
+    """
+    ms = as_int(value, key=key, field=field)
+    try:
+        return ms_to_datetime(ms)
+    except (OverflowError, ValueError, OSError) as exc:
+        raise CorruptData(key, f"field {field!r} is not a timestamp: {value!r}") from exc
 
 
 def as_int(value: Any, *, key: str, field: str) -> int:

@@ -196,15 +196,20 @@ class RetryBudget:
 
     def validate(self) -> None:
         """Raises ``ConfigError`` naming the first invalid field."""
-        if _number("ratio", self.ratio) < 0:
-            raise ConfigError("ratio", f"must be >= 0, got {self.ratio!r}")
+        # Upper bounds: the budget script counts in Lua doubles and sets the
+        # window as a millisecond TTL; beyond them nothing is exact any more.
+        if not 0 <= _number("ratio", self.ratio) <= 1e6:
+            raise ConfigError("ratio", f"must be in [0, 1e6], got {self.ratio!r}")
         if isinstance(self.min_retries, bool) or not isinstance(self.min_retries, int) or (
-            self.min_retries < 0
+            not 0 <= self.min_retries <= 10**9
         ):
-            raise ConfigError("min_retries", f"must be an integer >= 0, got {self.min_retries!r}")
-        if _number("window_seconds", self.window_seconds) < 0.01:
             raise ConfigError(
-                "window_seconds", f"must be at least 0.01, got {self.window_seconds!r}"
+                "min_retries", f"must be an integer in [0, 1e9], got {self.min_retries!r}"
+            )
+        if not 0.01 <= _number("window_seconds", self.window_seconds) <= 10 * 365 * 86400:
+            raise ConfigError(
+                "window_seconds",
+                f"must be at least 0.01 and at most ten years, got {self.window_seconds!r}",
             )
 
 
@@ -295,6 +300,12 @@ class RetryPolicy:
             )
         if not isinstance(self.operation_type, str) or not self.operation_type:
             raise ConfigError("operation_type", "must be a non-empty string")
+        try:
+            self.operation_type.encode("utf-8")  # a budget's key is built from it
+        except UnicodeEncodeError:
+            raise ConfigError(
+                "operation_type", "must be valid Unicode (no lone surrogates)"
+            ) from None
         if self.retry_policy_id is None:
             raise ConfigError("retry_policy_id", "must be a non-empty string")
         if not isinstance(self.jitter, bool):

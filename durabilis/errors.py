@@ -36,6 +36,31 @@ class UnsupportedUrl(ConfigError):
         self.url = url
 
 
+class ConfigFileError(ConfigError):
+    """A configuration file (or an environment override) holds an invalid value.
+
+    Attributes:
+        path: The file, or ``"environment"`` for an override.
+        section: The TOML section (``"retry.mcp_call"``), ``""`` for the file as a whole.
+        field: The field (``"max_attempts"``), ``""`` for a whole section or file.
+        variable: The environment variable that set the value, if one did.
+    """
+
+    def __init__(
+        self, path: str, section: str, field: str, message: str, *, variable: str | None = None
+    ) -> None:
+        super().__init__(field, message)
+        where = path if variable is None else f"{path} {variable}"
+        if section:
+            where += f" [{section}]"
+        if field:
+            where += f" {field}"
+        self.args = (f"{where}: {message}",)
+        self.path = path
+        self.section = section
+        self.variable = variable
+
+
 class InvalidKey(DurabilisError, ValueError):
     """An idempotency key (or one of its parts) is empty or too long.
 
@@ -191,8 +216,9 @@ class CircuitOpen(DurabilisError):
 
     Attributes:
         dependency: The breaker's name.
-        retry_after: Seconds until a probe may be admitted (0 when a probe is
-            allowed now but every probe slot is taken).
+        retry_after: Seconds until a call is sure to be admitted: the end of the
+            reset timeout when OPEN; when HALF_OPEN with every probe slot taken,
+            the re-arm of the slots (a slot may free up sooner, when a probe reports).
     """
 
     def __init__(self, dependency: str, retry_after: float) -> None:

@@ -12,7 +12,6 @@ one round trip each (one EVALSHA); ``record_count`` is a SCAN.
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -21,6 +20,7 @@ from durabilis import _codec
 from durabilis._keys import KeySpace
 from durabilis._scripts import ScriptCall
 from durabilis._store import AsyncStore, Store
+from durabilis._validate import positive_number as _positive_number
 from durabilis.errors import (
     ConfigError,
     CorruptData,
@@ -40,8 +40,24 @@ __all__ = [
 ]
 
 
+MAX_WINDOW_SECONDS = 10 * 365 * 24 * 3600
+"""Longest dedup window or lease (ten years): beyond it, server-side millisecond
+arithmetic leaves the range Redis and Lua numbers hold exactly."""
+
+MAX_VALUE_BYTES = 512 * 1024 * 1024
+"""Largest ``max_value_bytes``: what one Redis string can hold."""
+
+
 def _escape(part: str) -> str:
     return part.replace("%", "%25").replace(":", "%3A")
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: no UTF-8 form, Redis cannot store it
+        return False
+    return True
 
 
 def fingerprint(payload: Any) -> str:
@@ -82,6 +98,8 @@ class IdempotencyKey:
         for name, part in (("agent_id", agent_id), ("operation_type", operation_type)):
             if not isinstance(part, str) or not part:
                 raise InvalidKey(str(part), f"{name} must be a non-empty string")
+            if not _is_unicode(part):
+                raise InvalidKey(part, f"{name} must be valid Unicode (no lone surrogates)")
         digest = hashlib.sha256(_codec.content_bytes(content)).hexdigest()[:32]
         return cls(f"{_escape(agent_id)}:{_escape(operation_type)}:{digest}")
 
@@ -94,6 +112,8 @@ class IdempotencyKey:
         """
         if not isinstance(key, str) or not key:
             raise InvalidKey(str(key), "an idempotency key must be a non-empty string")
+        if not _is_unicode(key):
+            raise InvalidKey(key, "an idempotency key must be valid Unicode (no lone surrogates)")
         return cls(key, None if payload is None else fingerprint(payload))
 
     def __str__(self) -> str:
@@ -102,15 +122,6 @@ class IdempotencyKey:
     def __len__(self) -> int:
         """Length in UTF-8 bytes (what ``max_key_length`` limits)."""
         return len(self.value.encode("utf-8", errors="surrogatepass"))
-
-
-def _positive_number(name: str, value: Any, *, integer: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if ok and integer:
-        ok = isinstance(value, int)
-    if not ok or not math.isfinite(value) or value <= 0:
-        kind = "a positive integer" if integer else "a positive finite number"
-        raise ConfigError(name, f"must be {kind}, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,8 +156,16 @@ class IdempotencyConfig:
         _positive_number("max_key_length", self.max_key_length, integer=True)
         _positive_number("in_progress_ttl_seconds", self.in_progress_ttl_seconds)
         _positive_number("max_value_bytes", self.max_value_bytes, integer=True)
-        if self.dedup_window_seconds * 1000 < 1 or self.in_progress_ttl_seconds * 1000 < 1:
-            raise ConfigError("dedup_window_seconds", "windows shorter than 1 ms are meaningless")
+        for name in ("dedup_window_seconds", "in_progress_ttl_seconds"):
+            value = getattr(self, name)
+            if value * 1000 < 1:
+                raise ConfigError(name, f"must be at least 1 ms, got {value!r}")
+            if value > MAX_WINDOW_SECONDS:
+                raise ConfigError(name, f"must be at most {MAX_WINDOW_SECONDS} (ten years)")
+        if self.max_value_bytes > MAX_VALUE_BYTES:
+            raise ConfigError(
+                "max_value_bytes", f"must be at most {MAX_VALUE_BYTES} (a Redis string's limit)"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,8 +235,10 @@ class _IdemOps:
             key = IdempotencyKey.from_raw(key)
         elif not isinstance(key, IdempotencyKey):
             raise InvalidKey(repr(key), "expected an IdempotencyKey or str")
-        if not key.value:
-            raise InvalidKey(key.value, "an idempotency key must not be empty")
+        if not isinstance(key.value, str) or not key.value:
+            raise InvalidKey(str(key.value), "an idempotency key must be a non-empty string")
+        if not _is_unicode(key.value):
+            raise InvalidKey(key.value, "an idempotency key must be valid Unicode")
         if len(key) > self.config.max_key_length:
             raise InvalidKey(
                 key.value,
@@ -253,10 +274,8 @@ class _IdemOps:
         if tag == "new":
             return New(
                 token=_codec.as_text(reply[1], key=rkey, field="tok"),
-                claimed_at=_codec.ms_to_datetime(_codec.as_int(reply[2], key=rkey, field="ts")),
-                dedup_window_expires_at=_codec.ms_to_datetime(
-                    _codec.as_int(reply[3], key=rkey, field="ts")
-                ),
+                claimed_at=_codec.as_datetime(reply[2], key=rkey, field="ts"),
+                dedup_window_expires_at=_codec.as_datetime(reply[3], key=rkey, field="w"),
                 taken_over=bool(int(reply[4])),
             )
         if tag == "dup":
@@ -271,15 +290,15 @@ class _IdemOps:
         value = _codec.unpack(raw, key=rkey) if raw else None
         return Duplicate(
             original_result=value,
-            original_timestamp=_codec.ms_to_datetime(_codec.as_int(parts[2], key=rkey, field="ts")),
-            dedup_window_expires_at=_codec.ms_to_datetime(
-                _codec.as_int(parts[3], key=rkey, field="w")
-            ),
+            original_timestamp=_codec.as_datetime(parts[2], key=rkey, field="ts"),
+            dedup_window_expires_at=_codec.as_datetime(parts[3], key=rkey, field="w"),
             in_progress=state == "p",
             lease_expired=lease_expired,
         )
 
     def record(self, key: IdempotencyKey, result: Any, token: str | None) -> ScriptCall:
+        if token:  # "" or None: record without fencing, as before
+            _check_token(token)
         return ScriptCall(
             "idem_record",
             [self.keys.idem(key.value)],
@@ -296,8 +315,7 @@ class _IdemOps:
         raise _corrupt(rkey, reply)
 
     def release(self, key: IdempotencyKey, token: str) -> ScriptCall:
-        if not isinstance(token, str) or not token:
-            raise InvalidKey(str(token), "release needs the token returned by the claim")
+        _check_token(token)
         return ScriptCall("idem_release", [self.keys.idem(key.value)], [token])
 
     def check(self, key: IdempotencyKey) -> ScriptCall:
@@ -311,6 +329,11 @@ class _IdemOps:
         if tag == "dup":
             return self._duplicate(rkey, reply[1:5], lease_expired=bool(int(reply[5])))
         raise _corrupt(rkey, reply)
+
+
+def _check_token(token: Any) -> None:
+    if not isinstance(token, str) or not token or not _is_unicode(token):
+        raise InvalidKey(repr(token), "a token must be the non-empty str returned by the claim")
 
 
 def _tag(reply: Any, rkey: str) -> str:

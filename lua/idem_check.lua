@@ -16,14 +16,24 @@ if kind ~= "hash" then
 end
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- A stored millisecond count, or nil: tonumber() alone also accepts "inf",
+-- "nan" and fractions, which would poison every comparison and TTL below.
+local function int(v)
+  local n = tonumber(v)
+  if n and n == n and n > -1e15 and n < 1e15 and n == math.floor(n) then return n end
+  return nil
+end
 local f = redis.call("HMGET", key, "s", "ts", "le", "w", "ph", "r")
-local state, ts, le, window = f[1], tonumber(f[2]), tonumber(f[3]), tonumber(f[4])
+local state, ts, le, window = f[1], int(f[2]), int(f[3]), int(f[4])
 if (state ~= "p" and state ~= "d") or not ts or not window then
   return {"corrupt", "record hash without a valid state, claim time or window"}
 end
 if state == "d" then
   return {"dup", "d", f[6] or "", ts, ts + window, 0}
 end
+if not le then
+  return {"corrupt", "in-progress record without a valid lease expiry"}
+end
 local expired = 0
-if le and now >= le then expired = 1 end
+if now >= le then expired = 1 end
 return {"dup", "p", f[5] or "", ts, ts + window, expired}

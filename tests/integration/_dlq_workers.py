@@ -5,10 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import redis
-
 import durabilis
 from durabilis.dlq import DeadLetterQueue, DlqConfig, DlqRecord
+from tests.support.backends import raw_client
 
 
 def calls_key(namespace: str) -> str:
@@ -26,7 +25,7 @@ def replay_all(
 ) -> None:
     """Wait for the start signal, then run ``replay_pending`` over the whole queue."""
     store = durabilis.connect(url, namespace=namespace)
-    counter = redis.Redis.from_url(url)
+    counter = raw_client(url)
     dlq = DeadLetterQueue(
         store, DlqConfig(claim_ttl_seconds=claim_ttl), replayer_id=f"replayer-{me}"
     )
@@ -45,7 +44,7 @@ def replay_all(
 def replay_and_hang_on(url: str, namespace: str, claim_ttl: float, hang_on: str) -> None:
     """Replay everything; on ``hang_on`` start the handler, then hang (to be SIGKILLed)."""
     store = durabilis.connect(url, namespace=namespace)
-    counter = redis.Redis.from_url(url)
+    counter = raw_client(url)
     dlq = DeadLetterQueue(
         store, DlqConfig(claim_ttl_seconds=claim_ttl), replayer_id="doomed-replayer"
     )

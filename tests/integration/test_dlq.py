@@ -26,6 +26,7 @@ from durabilis.dlq import (
     _DlqOps,
 )
 from durabilis.errors import CorruptData
+from tests.support.backends import keys_matching
 
 LUA = Path(__file__).resolve().parents[2] / "lua"
 
@@ -407,9 +408,9 @@ def test_when_every_record_has_expired_redis_drops_every_dlq_key_by_itself(
     dlq = DeadLetterQueue(store)
     ids = park(dlq, 3, ttl_seconds=0.2)
     dlq.mark_replayed(ids[0])
-    assert len(raw.keys(f"{namespace}:*")) == 3 + 5
+    assert len(keys_matching(raw, f"{namespace}:*")) == 3 + 5
     sleep_until(raw, dlq.get(ids[-1]).expires_at)  # type: ignore[union-attr]
-    assert raw.keys(f"{namespace}:*") == []
+    assert keys_matching(raw, f"{namespace}:*") == []
     assert dlq.cleanup_expired() == 0
     assert dlq.list_all() == ([], 0)
 
@@ -437,7 +438,7 @@ def test_every_dlq_key_has_a_ttl_no_earlier_than_its_longest_lived_record(
     ids = park(dlq, 2, ttl_seconds=60) + park(dlq, 1, "mcp_call", ttl_seconds=3600)
     dlq.mark_replayed(ids[0])
     dlq.abandon(ids[2])
-    keys = raw.keys(f"{namespace}:*")
+    keys = keys_matching(raw, f"{namespace}:*")
     assert len(keys) == 3 + 5  # 3 record hashes, stream, expiry, pending, by-op, counts
     for k in keys:
         ttl = raw.pttl(k)

@@ -13,6 +13,7 @@ import pytest
 import durabilis
 from durabilis.dlq import DeadLetterQueue, DlqStatus
 from durabilis.testing import RedisServer, find_redis_server
+from tests.support.backends import redis_cli_target
 
 
 def redis_cli() -> str:
@@ -78,7 +79,7 @@ def test_redis_cli_xrange_shows_each_record_as_readable_text(
     )
     stream = store.keys.dlq("stream")
     out = subprocess.run(
-        [redis_cli(), "-u", redis_url, "XRANGE", stream, "-", "+"],
+        [redis_cli(), *redis_cli_target(redis_url), "XRANGE", stream, "-", "+"],
         capture_output=True, check=True, timeout=10,
     ).stdout.decode("utf-8")
     lines = out.splitlines()

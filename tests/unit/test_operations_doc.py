@@ -1,0 +1,32 @@
+"""The ACL line an operator copies from docs/operations.md grants what durabilis sends."""
+
+from __future__ import annotations
+
+from tests.support.acl import documented_setuser, granted, plain_commands, script_commands
+
+# What the stores send themselves: scripts, their (re)loading, SCAN for counts, PING.
+STORE_COMMANDS = {"evalsha", "eval", "script|load", "scan", "ping"}
+# What redis-py's cluster client reads to learn the slot map.
+CLUSTER_CLIENT_COMMANDS = {"cluster|slots", "cluster|shards", "command"}
+
+
+def test_the_documented_user_is_limited_to_its_namespace_and_named_commands() -> None:
+    user, rules = documented_setuser()
+    assert user == "durabilis"
+    assert rules[:1] == ["on"]
+    assert "resetkeys" in rules and "~durabilis:*" in rules
+    assert [r for r in rules if r.startswith("~")] == ["~durabilis:*"]
+    assert "-@all" in rules and not [r for r in rules if r.startswith("+@")]
+
+
+def test_the_documented_acl_grants_every_command_a_lua_script_calls() -> None:
+    _, rules = documented_setuser()
+    missing = script_commands() - granted(rules)
+    assert not missing, f"add {sorted(missing)} to the ACL line in docs/operations.md"
+
+
+def test_the_documented_acl_grants_what_the_stores_pillars_and_cluster_client_send() -> None:
+    _, rules = documented_setuser()
+    sent = STORE_COMMANDS | CLUSTER_CLIENT_COMMANDS | plain_commands()
+    missing = sent - granted(rules)
+    assert not missing, f"add {sorted(missing)} to the ACL line in docs/operations.md"
