@@ -1,69 +1,339 @@
-"""`durabilis demo`: several worker processes, one shared view in Redis.
+"""`durabilis demo`: a fleet of gateway workers writing through a flaky wiki.
 
-The demo runs on the embedded default (no server to install). Every number
-it prints is read back from Redis, none is computed on the side.
+Four worker processes publish wiki pages. Each page is a three-phase task
+(draft, review, publish); each phase is one durable write through the
+layer, checkpointed. The simulated wiki fails at random, has an outage
+window, and every page is delivered to two workers (a redelivery storm).
+One worker is killed with SIGKILL mid-task. A "cron" in the parent recovers
+orphaned operations; at the end the parent replays the dead-letter queue and
+resumes unfinished tasks from their checkpoints.
+
+Every number of the report is read back from Redis (the layer's counters,
+the breaker's event stream, the DLQ, the checkpoints, the wiki's ledger),
+none is computed on the side.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import multiprocessing
+import os
+import random
+import signal
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
+import structlog
+
 import durabilis
+from durabilis import CircuitBreakerConfig, IdempotencyConfig, OperationError, RetryPolicy
+from durabilis.errors import CheckpointNotFound
+from durabilis.layer import DurabilityConfig, DurabilityLayer, OperationContext
+
+PHASES = ("draft", "review", "publish")
+AGENT = "wiki-agent"
+DEPENDENCY = "wiki_service"
+OUTAGE = (2.0, 4.0)  # seconds after the start: the wiki answers 503
+KILL_AT = 1.0  # seconds after the start: worker 0 is killed
+FAILURE_RATE = 0.15
+LEASE_SECONDS = 1.5
 
 
-def _worker(url: str | None, namespace: str, operations: int, me: int) -> None:
+def demo_config() -> DurabilityConfig:
+    return DurabilityConfig(
+        idempotency=IdempotencyConfig(in_progress_ttl_seconds=LEASE_SECONDS),
+        retry_policies=(
+            RetryPolicy(
+                "wiki_write", max_attempts=4, initial_delay_ms=40, max_delay_ms=400,
+                multiplier=2.0, jitter=True,
+                retryable_errors=("NETWORK_TIMEOUT", "SERVICE_UNAVAILABLE"),
+                non_retryable_errors=("PERMISSION_DENIED",),
+            ),
+        ),
+        breakers=(CircuitBreakerConfig(DEPENDENCY, 0.5, 6, 1.5, 1, 12, 2),),
+        dependencies={"wiki_write": DEPENDENCY},
+    )
+
+
+def _quiet_logs(directory: Path) -> None:
+    """Events go to a JSON-lines file, not over the progress line."""
+    directory.mkdir(parents=True, exist_ok=True)
+    sink = (directory / "demo-events.log").open("a", encoding="utf-8")
+    structlog.configure(
+        processors=[structlog.processors.TimeStamper(fmt="iso"),
+                    structlog.processors.JSONRenderer()],
+        logger_factory=structlog.WriteLoggerFactory(file=sink),
+        cache_logger_on_first_use=False,
+    )
+
+
+class Wiki:
+    """The simulated dependency. It keeps its ledger in Redis.
+
+    Failures: a random share, and everything during the outage window. A
+    write is applied once per forwarded idempotency key (what a real
+    downstream that honours Idempotency-Key does); raw attempts are counted too.
+    """
+
+    def __init__(self, store: durabilis.Store) -> None:
+        self.r = store.client
+        self.ledger = store.keys.layer("demo", "wiki")
+        self.started_at = float(self.r.get(store.keys.layer("demo", "start")) or time.time())
+        self.rng = random.Random()
+
+    def __call__(self, ctx: OperationContext) -> dict[str, Any]:
+        time.sleep(self.rng.uniform(0.02, 0.06))  # network and work
+        elapsed = time.time() - self.started_at
+        if OUTAGE[0] <= elapsed < OUTAGE[1]:
+            raise OperationError("SERVICE_UNAVAILABLE", "wiki is down for maintenance")
+        if self.rng.random() < FAILURE_RATE:
+            raise OperationError("NETWORK_TIMEOUT", "wiki did not answer in time")
+        applied = self.r.hsetnx(self.ledger, ctx.idempotency_key, ctx.token or "")
+        self.r.hincrby(self.ledger + ":attempted", ctx.idempotency_key, 1)
+        page = ctx.payload["task"]
+        return {"page": page, "phase": ctx.payload["phase"], "applied": bool(applied)}
+
+
+def run_task(layer: DurabilityLayer, wiki: Wiki, task_id: str) -> bool:
+    """Run a task's phases from its last checkpoint; False if a phase was parked."""
+    try:
+        done = layer.checkpoints.restore(task_id, AGENT).phase
+        start = PHASES.index(done) + 1
+    except CheckpointNotFound:
+        start = 0
+    if 0 < start < len(PHASES):
+        layer.store.client.hincrby(layer.store.keys.layer("demo", "tasks"), "resumed", 1)
+    for phase in PHASES[start:]:
+        try:
+            layer.execute(
+                AGENT, "wiki_write", {"task": task_id, "phase": phase}, wiki,
+                task_id=task_id, phase=phase, park_on_open=True,
+            )
+        except (durabilis.RetryExhausted, durabilis.OperationInProgress):
+            return False  # parked in the DLQ (or still running elsewhere): later
+    return True
+
+
+def _worker(url: str | None, namespace: str, tasks: list[str], go: Any, log: str) -> None:
+    _quiet_logs(Path(log))
     store = durabilis.connect(url, namespace=namespace)
-    guard = durabilis.IdempotencyGuard(store)
-    counters = store.keys.layer("demo", "counters")
-    for i in range(operations):
-        # Every worker is handed the same edits (a redelivery storm): each must land once.
-        key = durabilis.IdempotencyKey.new("demo-agent", "wiki_write", {"page": i, "text": "v1"})
-        claim = guard.check_and_record(key, placeholder={"by": me})
-        if isinstance(claim, durabilis.New):
-            store.client.hincrby(counters, "edits_applied", 1)
-            guard.record(key, {"page": i, "applied_by": me}, token=claim.token)
-        else:
-            store.client.hincrby(counters, "duplicates_suppressed", 1)
-        store.client.hincrby(counters, "submissions", 1)
+    layer = DurabilityLayer(store, demo_config())
+    go.wait(60)
+    wiki = Wiki(store)
+    for task_id in tasks:
+        run_task(layer, wiki, task_id)
+    layer.close()
     store.close()
 
 
-def run(url: str | None = None, *, workers: int = 4, operations: int = 25) -> int:
-    """Run the demo; returns the process exit code (0 when every edit landed once)."""
-    namespace = f"demo-{uuid.uuid4().hex[:8]}"
+def _progress(layer: DurabilityLayer, started_at: float, alive: int, total: int) -> str:
+    s = layer.stats()
+    state = layer.breakers.state(DEPENDENCY).value.upper()
+    return (
+        f"\r  t={time.time() - started_at:4.1f}s  workers {alive}/{total}  ok {s.succeeded:4d}"
+        f"  duplicates {s.duplicates:4d}  retries {s.retries:3d}  breaker {state:9s}"
+        f"  parked {s.parked:3d}  recovered {s.recovered}  "
+    )
+
+
+def run(
+    url: str | None = None,
+    *,
+    workers: int = 4,
+    tasks_per_worker: int = 12,
+    as_json: bool = False,
+    namespace: str | None = None,
+) -> int:
+    """Run the demo; returns the exit code (0: every page published exactly once)."""
+    namespace = namespace or f"demo-{uuid.uuid4().hex[:8]}"
+    log_dir = Path(".durabilis")
+    _quiet_logs(log_dir)
+    out = sys.stderr if as_json else sys.stdout
     store = durabilis.connect(url, namespace=namespace)
-    print(f"durabilis demo: {workers} worker processes, {operations} edits each, "
-          f"store {store.url} namespace {namespace}")
-    started = time.monotonic()
+    layer = DurabilityLayer(store, demo_config())
+    total_tasks = workers * tasks_per_worker
+    tasks = [f"page-{i:03d}" for i in range(total_tasks)]
+    print(
+        f"durabilis demo: {workers} workers publish {total_tasks} wiki pages "
+        f"({len(PHASES)} phases each) through a flaky wiki\n"
+        f"  store {store.url}  namespace {namespace}\n"
+        f"  wiki: {int(FAILURE_RATE * 100)}% random timeouts, outage from "
+        f"t={OUTAGE[0]:.0f}s to t={OUTAGE[1]:.0f}s; every page is delivered to two workers;"
+        " worker 0 is killed mid-task",
+        file=out,
+    )
+    procs, started_at = _run_workers(
+        url, store, layer=layer, tasks=tasks, workers=workers, log_dir=log_dir, out=out
+    )
+    _finish(store, layer, tasks=tasks, started_at=started_at, workers=workers, out=out)
+    print(_progress(layer, started_at, 0, workers), file=out)
+    report = read_report(store, tasks)
+    report["killed_worker_exit_code"] = procs[0].exitcode
+    report["seconds"] = round(time.time() - started_at, 1)
+    ok = report["pages_published"] == total_tasks and report["exactly_once"]
+    report["ok"] = ok
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_report(report)
+    layer.close()
+    store.close()
+    return 0 if ok else 1
+
+
+def _run_workers(
+    url: str | None,
+    store: durabilis.Store,
+    *,
+    layer: DurabilityLayer,
+    tasks: list[str],
+    workers: int,
+    log_dir: Path,
+    out: Any,
+) -> tuple[list[Any], float]:
+    """Start the workers, kill worker 0 mid-task, run the recovery cron until they end."""
     ctx = multiprocessing.get_context("spawn")
-    procs = [
-        ctx.Process(target=_worker, args=(url, namespace, operations, i)) for i in range(workers)
-    ]
+    go = ctx.Event()
+    own = [tasks[w::workers] for w in range(workers)]
+    procs = []
+    for w in range(workers):
+        redelivered = own[(w - 1) % workers]
+        mine = [t for pair in zip(own[w], redelivered, strict=True) for t in pair]
+        procs.append(ctx.Process(
+            target=_worker, args=(url, store.namespace, mine, go, str(log_dir)),
+        ))
     for p in procs:
         p.start()
-    counters = store.keys.layer("demo", "counters")
+    time.sleep(1.0)  # let the workers import and connect
+    started_at = time.time()
+    store.client.set(store.keys.layer("demo", "start"), repr(started_at), ex=3600)
+    go.set()
+    killed = False
+    next_cron = time.time() + 0.5
     while any(p.is_alive() for p in procs):
-        done = int(store.client.hget(counters, "submissions") or 0)
-        sys.stdout.write(f"\r  submissions {done}/{workers * operations}")
-        sys.stdout.flush()
+        now = time.time()
+        if not killed and now - started_at > KILL_AT and procs[0].is_alive():
+            os.kill(procs[0].pid, signal.SIGKILL)  # type: ignore[arg-type]
+            killed = True
+        if now >= next_cron:
+            layer.recover_orphans()  # what a cron job of the fleet does
+            next_cron = now + 0.5
+        alive = sum(p.is_alive() for p in procs)
+        print(_progress(layer, started_at, alive, workers), end="", file=out, flush=True)
         time.sleep(0.1)
     for p in procs:
         p.join()
-    read: dict[str, Any] = {
-        k.decode(): int(v) for k, v in store.client.hgetall(counters).items()
+    return procs, started_at
+
+
+def _finish(
+    store: durabilis.Store,
+    layer: DurabilityLayer,
+    *,
+    tasks: list[str],
+    started_at: float,
+    workers: int,
+    out: Any,
+) -> None:
+    """Recover the dead worker's orphans, replay the DLQ (once the wiki is back),
+    resume what is left from the checkpoints."""
+    wiki = Wiki(store)
+    while time.time() - started_at < max(OUTAGE[1], KILL_AT + LEASE_SECONDS) + 0.3:
+        layer.recover_orphans()
+        print(_progress(layer, started_at, 0, workers), end="", file=out, flush=True)
+        time.sleep(0.1)
+    layer.recover_orphans()
+    for _ in range(40):
+        if layer.dlq.pending_count() == 0:
+            break
+        layer.replay_pending(wiki)
+        print(_progress(layer, started_at, 0, workers), end="", file=out, flush=True)
+        time.sleep(0.25)
+    for _ in range(5):
+        unfinished = [t for t in tasks if _phase_of(layer, t) != PHASES[-1]]
+        if not unfinished:
+            break
+        for task_id in unfinished:
+            run_task(layer, wiki, task_id)
+
+
+def _phase_of(layer: DurabilityLayer, task_id: str) -> str | None:
+    try:
+        return layer.checkpoints.restore(task_id, AGENT).phase
+    except CheckpointNotFound:
+        return None
+
+
+def read_report(store: durabilis.Store, tasks: list[str]) -> dict[str, Any]:
+    """Everything the report says, read from Redis (also used by the tests)."""
+    layer = DurabilityLayer(store, demo_config())
+    stats = layer.stats()
+    ledger = store.keys.layer("demo", "wiki")
+    applied = int(store.client.hlen(ledger))
+    attempts = [int(v) for v in store.client.hvals(ledger + ":attempted")]
+    dlq = layer.dlq.stats()
+    transitions = layer.breakers.transitions(DEPENDENCY, limit=100)
+    start = float(store.client.get(store.keys.layer("demo", "start")) or 0)
+    phases = {t: _phase_of(layer, t) for t in tasks}
+    resumed = store.client.hget(store.keys.layer("demo", "tasks"), "resumed")
+    layer.close()
+    return {
+        "namespace": store.namespace,
+        "operations_succeeded": stats.succeeded,
+        "duplicates_suppressed": stats.duplicates,
+        "retries": stats.retries,
+        "parked_in_dlq": stats.parked,
+        "orphans_recovered": stats.recovered,
+        "in_flight": stats.in_flight,
+        "dlq_replayed": dlq.by_status[durabilis.DlqStatus.REPLAYED],
+        "dlq_pending": dlq.pending,
+        "breaker_transitions": [
+            {
+                "at": round(t.at.timestamp() - start, 2),
+                "from": t.from_state.value,
+                "to": t.to_state.value,
+                "reason": t.reason,
+                "replica": t.replica_id,
+            }
+            for t in transitions
+        ],
+        "tasks_resumed_from_checkpoint": int(resumed or 0),
+        "pages_published": sum(1 for p in phases.values() if p == PHASES[-1]),
+        "writes_applied_by_wiki": applied,
+        "writes_attempted_on_wiki": sum(attempts),
+        "exactly_once": applied == len(tasks) * len(PHASES) and stats.in_flight == 0,
     }
-    records = durabilis.IdempotencyGuard(store).record_count()
-    print(f"\r  submissions {read.get('submissions', 0)}/{workers * operations}")
-    print("report (read back from Redis):")
-    print(f"  edits applied          {read.get('edits_applied', 0)}")
-    print(f"  duplicates suppressed  {read.get('duplicates_suppressed', 0)}")
-    print(f"  idempotency records    {records}")
-    print(f"  took                   {time.monotonic() - started:.1f}s")
-    store.close()
-    ok = read.get("edits_applied") == operations == records and all(p.exitcode == 0 for p in procs)
-    print("OK: every edit applied exactly once" if ok else "FAILED: an edit was lost or doubled")
-    return 0 if ok else 1
+
+
+def print_report(r: dict[str, Any]) -> None:
+    print("\nreport (every number read back from Redis):")
+    rows = [
+        ("pages published", r["pages_published"]),
+        ("durable writes succeeded", r["operations_succeeded"]),
+        ("duplicates suppressed", r["duplicates_suppressed"]),
+        ("retries", r["retries"]),
+        ("parked in the DLQ", r["parked_in_dlq"]),
+        ("  of which orphans of the killed worker", r["orphans_recovered"]),
+        ("DLQ records replayed", r["dlq_replayed"]),
+        ("DLQ records still pending", r["dlq_pending"]),
+        ("tasks resumed from a checkpoint", r["tasks_resumed_from_checkpoint"]),
+        ("writes applied by the wiki", r["writes_applied_by_wiki"]),
+        ("writes the wiki received (with re-runs)", r["writes_attempted_on_wiki"]),
+    ]
+    for label, value in rows:
+        print(f"  {label:40s} {value}")
+    print("  breaker wiki_service timeline (t = seconds after the start):")
+    for t in r["breaker_transitions"]:
+        print(f"    t={t['at']:5.2f}s  {t['from']:>9s} -> {t['to']:9s} ({t['reason']})")
+    verdict = "every page published, every write applied exactly once"
+    print(f"{'OK' if r['ok'] else 'FAILED'}: {verdict if r['ok'] else 'see above'}"
+          f"  ({r['seconds']}s)")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(run())

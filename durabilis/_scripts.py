@@ -64,6 +64,60 @@ def lua_directory() -> Path:
     return directory
 
 
+_FUSED_PREFIX = "fused:"
+
+_FUSED_DRIVER = """
+local n = tonumber(ARGV[1])
+local ki, ai = 0, 1 + 2 * n
+local out = {}
+for i = 1, n do
+  local nk, na = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  local k, a = {}, {}
+  for j = 1, nk do k[j] = KEYS[ki + j] end
+  for j = 1, na do a[j] = ARGV[ai + j] end
+  ki, ai = ki + nk, ai + na
+  local reply = __subs[i](k, a)
+  if reply == nil then reply = false end
+  out[i] = reply
+end
+return out
+"""
+
+
+@functools.cache
+def fused_source(names: tuple[str, ...]) -> str:
+    """One script running the named scripts in order, each with its own KEYS/ARGV.
+
+    Each script's unchanged source becomes the body of a function whose
+    parameters shadow ``KEYS`` and ``ARGV``, so a fused step runs exactly the
+    code the separate scripts run (no second copy of any logic), atomically,
+    in ONE round trip. Returns the table of the scripts' replies.
+    """
+    table = sources()
+    parts = ["local __subs = {}"]
+    for i, name in enumerate(names, start=1):
+        parts.append(f"__subs[{i}] = function(KEYS, ARGV)\n{table[name]}\nend")
+    parts.append(_FUSED_DRIVER)
+    return "\n".join(parts)
+
+
+def fuse(calls: Sequence[ScriptCall]) -> ScriptCall:
+    """The single call running ``calls`` in order (see :func:`fused_source`).
+
+    Only for keys that may share one script: standalone Redis, or keys of one
+    Cluster slot.
+    """
+    keys: list[KeyArg] = []
+    counts: list[Arg] = [len(calls)]
+    args: list[Arg] = []
+    for c in calls:
+        counts += [len(c.keys), len(c.args)]
+        keys.extend(c.keys)
+        args.extend(c.args)
+    name = _FUSED_PREFIX + "+".join(c.name for c in calls)
+    return ScriptCall(name, keys, counts + args)
+
+
 class ScriptRegistry:
     """Lazily registers each script once on one client (sync or async)."""
 
@@ -77,7 +131,10 @@ class ScriptRegistry:
         script = self._scripts.get(name)
         if script is None:
             try:
-                source = sources()[name]
+                if name.startswith(_FUSED_PREFIX):
+                    source = fused_source(tuple(name[len(_FUSED_PREFIX):].split("+")))
+                else:
+                    source = sources()[name]
             except KeyError:
                 raise RuntimeError(f"unknown durabilis script {name!r}") from None
             script = self._client.register_script(source)

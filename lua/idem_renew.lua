@@ -1,0 +1,37 @@
+--[[ idem_renew: extend the lease of in-progress claims still held (keep-alive).
+
+A live worker renews its claims so that a slow operation is never taken over.
+Many claims are renewed in one call (one per KEYS entry); on Redis Cluster the
+caller groups keys by slot, one call per key.
+
+KEYS[i]  record hashes              (<ns>:idem:{<key>})
+ARGV[i]  token of KEYS[i]           fencing token from the claim
+ARGV[#KEYS+1]  lease_ms             new lease, counted from now
+
+Returns a table of 1 (renewed) / 0 (no longer held), one per key.
+]]
+local t = redis.call("TIME")
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease = tonumber(ARGV[#KEYS + 1])
+-- A stored millisecond count, or nil: tonumber() alone also accepts "inf",
+-- "nan" and fractions, which would poison every comparison and TTL below.
+local function int(v)
+  local n = tonumber(v)
+  if n and n == n and n > -1e15 and n < 1e15 and n == math.floor(n) then return n end
+  return nil
+end
+local out = {}
+for i, key in ipairs(KEYS) do
+  out[i] = 0
+  if redis.call("TYPE", key)["ok"] == "hash" then
+    local f = redis.call("HMGET", key, "s", "tok", "ts", "w")
+    local ts, window = int(f[3]), int(f[4])
+    -- A record with garbage times is left as it is (foreign data): not renewed.
+    if f[1] == "p" and f[2] == ARGV[i] and ts and window then
+      redis.call("HSET", key, "le", now + lease)
+      redis.call("PEXPIREAT", key, math.max(ts + window, now + lease))
+      out[i] = 1
+    end
+  end
+end
+return out

@@ -1,0 +1,107 @@
+"""AsyncDurabilityLayer: the same plans, awaited."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import durabilis
+from durabilis import CircuitOpen, OperationError, OperationInProgress, RetryExhausted
+from durabilis.dlq import ReplayOutcome
+from durabilis.layer import AsyncDurabilityLayer, OperationContext, current_operation
+from tests.integration._layer_support import Counter, fast_config
+
+
+def run(redis_url: str, namespace: str, body: Any) -> None:
+    async def main() -> None:
+        store = durabilis.connect_async(redis_url, namespace=namespace)
+        layer = AsyncDurabilityLayer(store, fast_config(lease=1))
+        try:
+            await body(layer)
+        finally:
+            await layer.close()
+            await store.close()
+
+    asyncio.run(main())
+
+
+def test_async_success_duplicate_retry_and_coroutine_fn(redis_url: str, namespace: str) -> None:
+    async def body(layer: AsyncDurabilityLayer) -> None:
+        calls: list[int] = []
+
+        async def op(ctx: OperationContext) -> str:
+            calls.append(ctx.attempt)
+            await asyncio.sleep(0)
+            if ctx.attempt == 0:
+                raise OperationError("NETWORK_TIMEOUT")
+            return "ok"
+
+        assert await layer.execute("a1", "job", "p", op) == "ok"
+        assert await layer.execute("a1", "job", "p", op) == "ok"
+        assert calls == [0, 1]
+        assert (await layer.stats()).duplicates == 1
+
+    run(redis_url, namespace, body)
+
+
+def test_async_exhaustion_non_retryable_open_breaker_and_replay(
+    redis_url: str, namespace: str
+) -> None:
+    async def body(layer: AsyncDurabilityLayer) -> None:
+        with pytest.raises(RetryExhausted) as info:
+            await layer.execute("a1", "job", "x", Counter(["NETWORK_TIMEOUT"] * 3))
+        with pytest.raises(OperationError):
+            await layer.execute("a1", "job", "y", Counter(["PERMISSION_DENIED"]))
+        replayer = Counter(result="replayed")
+        result = await layer.replay(str(info.value.dlq_id), replayer)
+        assert result.outcome is ReplayOutcome.REPLAYED and len(replayer.calls) == 1
+        await layer.breakers.force_open("svc")
+        with pytest.raises(CircuitOpen):
+            await layer.execute("a1", "job", "z", Counter())
+
+    run(redis_url, namespace, body)
+
+
+def test_async_gather_of_one_operation_runs_it_once(redis_url: str, namespace: str) -> None:
+    async def body(layer: AsyncDurabilityLayer) -> None:
+        started = 0
+
+        async def op(ctx: OperationContext) -> str:
+            nonlocal started
+            started += 1
+            await asyncio.sleep(0.2)
+            return "once"
+
+        results = await asyncio.gather(
+            *(layer.execute("a1", "job", "same", op, wait=5) for _ in range(20)),
+            return_exceptions=True,
+        )
+        assert results == ["once"] * 20 and started == 1
+        with pytest.raises(OperationInProgress):
+            await asyncio.gather(
+                layer.execute("a1", "job", "other", op), layer.execute("a1", "job", "other", op)
+            )
+
+    run(redis_url, namespace, body)
+
+
+def test_async_decorator_and_lease_renewal(redis_url: str, namespace: str) -> None:
+    async def body(layer: AsyncDurabilityLayer) -> None:
+        seen: list[OperationContext | None] = []
+
+        @layer.durable("job", agent_id="bot")
+        async def slow(n: int) -> int:
+            seen.append(current_operation())
+            await asyncio.sleep(2.5)  # 2.5 leases: renewed meanwhile
+            return n * 2
+
+        task = asyncio.create_task(slow(21))
+        await asyncio.sleep(1.6)
+        with pytest.raises(OperationInProgress):
+            await slow(21)
+        assert await task == 42
+        assert seen[0] is not None and seen[0].agent_id == "bot"
+
+    run(redis_url, namespace, body)
