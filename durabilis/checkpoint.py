@@ -17,7 +17,8 @@ did not expect: see ``ckpt_save.lua``); ``restore`` two; ``clear_task`` two per
 256 records of the task; ``history`` and loading a :class:`TaskRun` two plus one
 per ancestor that is not a current checkpoint of the task.
 
-Events (structlog, logger ``"durabilis"``): ``durability_checkpoint_conflict``
+Events (structlog, logger ``"durabilis"``): ``durability_checkpoint_saved``
+(info: every save, fork and rewind; ``mode`` says which), ``durability_checkpoint_conflict``
 (info: a save lost to a concurrent writer) and ``durability_checkpoint_evicted``
 (debug: the cap evicted checkpoints).
 """
@@ -41,6 +42,7 @@ from durabilis import _codec
 from durabilis._keys import KeySpace, escape_part
 from durabilis._scripts import ScriptCall
 from durabilis._store import AsyncStore, Store
+from durabilis._validate import positive_number as _positive_number
 from durabilis.errors import (
     CheckpointConflict,
     CheckpointNotFound,
@@ -131,15 +133,6 @@ def new_checkpoint_id() -> str:
 
 
 # --- public data ----------------------------------------------------------------
-
-
-def _positive_number(name: str, value: Any, *, integer: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if ok and integer:
-        ok = isinstance(value, int)
-    if not ok or not math.isfinite(value) or value <= 0:
-        kind = "a positive integer" if integer else "a positive finite number"
-        raise ConfigError(name, f"must be {kind}, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -415,16 +408,25 @@ class _CheckpointOps:
                 )
             packed: Any = call.args[4] if mode == "save" else reply[7]
             parent = _text(reply[4], rkey, "parent")
-            return Checkpoint(
+            created_ms = _codec.as_int(reply[2], key=rkey, field="c")
+            expires_ms = _codec.as_int(reply[3], key=rkey, field="e")
+            cp = Checkpoint(
                 checkpoint_id=cid,
                 task_id=task_id,
                 agent_id=_text(reply[5], rkey, "agent"),
                 phase=_text(reply[6], rkey, "phase"),
                 state=_codec.unpack(bytes(packed), key=rkey),
-                created_at=_codec.ms_to_datetime(_codec.as_int(reply[2], key=rkey, field="c")),
-                expires_at=_codec.ms_to_datetime(_codec.as_int(reply[3], key=rkey, field="e")),
+                created_at=_codec.as_datetime(reply[2], key=rkey, field="c"),
+                expires_at=_codec.as_datetime(reply[3], key=rkey, field="e"),
                 parent_checkpoint_id=parent or None,
             )
+            _log.info(
+                "durability_checkpoint_saved",
+                checkpoint_id=cid, task_id=task_id, agent_id=cp.agent_id, phase=cp.phase,
+                ttl_seconds=(expires_ms - created_ms) / 1000.0,
+                parent_checkpoint_id=cp.parent_checkpoint_id, mode=mode,
+            )
+            return cp
         if tag == "conflict":
             actual = _text(reply[1], rkey, "actual") or None
             expected = str(call.args[8]) or None
@@ -514,8 +516,8 @@ class _CheckpointOps:
             agent_id=_text(reply[2], rkey, "a"),
             phase=_text(reply[3], rkey, "p"),
             state=_codec.unpack(bytes(reply[4]), key=rkey),
-            created_at=_codec.ms_to_datetime(_codec.as_int(reply[5], key=rkey, field="c")),
-            expires_at=_codec.ms_to_datetime(_codec.as_int(reply[6], key=rkey, field="e")),
+            created_at=_codec.as_datetime(reply[5], key=rkey, field="c"),
+            expires_at=_codec.as_datetime(reply[6], key=rkey, field="e"),
             parent_checkpoint_id=parent or None,
         )
 
@@ -544,6 +546,19 @@ class _CheckpointOps:
         mine = [e for e in entries if e.agent_id == agent_id and e.checkpoint_id in known]
         start = max(mine, key=lambda e: e.sequence).checkpoint_id if mine else None
         return _Walk(start, known, limit)
+
+    def current(self, entries: Sequence[_Entry], replies: Sequence[Any]) -> list[Checkpoint]:
+        """The records of ``entries`` (their ``ckpt_get`` replies, in order), newest first.
+
+        Records found gone meanwhile are left out.
+        """
+        found: list[tuple[int, Checkpoint]] = []
+        for entry, reply in zip(entries, replies, strict=True):
+            cp = self.decode_get(entry.checkpoint_id, reply)
+            if cp is not None:
+                found.append((entry.sequence, cp))
+        found.sort(key=lambda item: item[0], reverse=True)
+        return [cp for _, cp in found]
 
     # -- count, clear --
 
@@ -830,6 +845,25 @@ class CheckpointManager:
         """
         return self._walk(task_id, agent_id, limit)[1].chain
 
+    def list_current(self, task_id: str, agent_id: str | None = None) -> list[Checkpoint]:
+        """The task's live current checkpoints (one per agent and phase), newest first.
+
+        Two round trips (locate, then read the records). Nothing is changed
+        except that index entries of expired checkpoints are dropped on the way.
+
+        Args:
+            task_id: The task.
+            agent_id: Only this agent's checkpoints; every agent's when ``None``.
+
+        Raises:
+            InvalidKey: An empty or over-long id (before any I/O).
+            CorruptData: Foreign data at a key. StorageUnavailable: Redis down.
+        """
+        find = self._ops.find(task_id, agent_id)
+        entries = self._ops.decode_find(find, self.store.run(find))
+        gets = [self._ops.get(e.checkpoint_id, task_id) for e in entries]
+        return self._ops.current(entries, self.store.run_many(gets) if gets else [])
+
     def task(
         self,
         task_id: str,
@@ -997,6 +1031,13 @@ class AsyncCheckpointManager:
     ) -> list[Checkpoint]:
         """See :meth:`CheckpointManager.history`."""
         return (await self._walk(task_id, agent_id, limit))[1].chain
+
+    async def list_current(self, task_id: str, agent_id: str | None = None) -> list[Checkpoint]:
+        """See :meth:`CheckpointManager.list_current`."""
+        find = self._ops.find(task_id, agent_id)
+        entries = self._ops.decode_find(find, await self.store.run(find))
+        gets = [self._ops.get(e.checkpoint_id, task_id) for e in entries]
+        return self._ops.current(entries, await self.store.run_many(gets) if gets else [])
 
     def task(
         self,

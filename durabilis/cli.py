@@ -1,20 +1,895 @@
-"""The ``durabilis`` command line (a thin shell over the public sync API)."""
+"""The ``durabilis`` command line (a thin shell over the public sync API).
+
+Exit codes (stable; scripts may rely on them):
+
+- 0: done; the record exists; every check passed.
+- 1: not found (unknown id, key, breaker), nothing to do, a replay that did
+  not succeed, or ``doctor`` / ``config check`` found problems.
+- 2: usage: bad arguments, an invalid config file, a handler that cannot be imported.
+- 3: Redis unavailable (cannot connect, timed out, not ready).
+- 4: another durabilis error (foreign data at a key, refused by an ACL, ...).
+
+Every command takes ``--url`` (default: ``DURABILIS_REDIS_URL``, ``REDIS_URL``,
+then the embedded server under ``./.durabilis/``), ``--namespace`` (default
+``durabilis``), ``--config FILE`` (TOML: the breakers and policies the fleet
+uses) and ``--json`` (one JSON document on stdout; shapes in ``docs/cli.md``).
+"""
 
 from __future__ import annotations
 
 import argparse
+import base64
+import dataclasses
+import enum
+import importlib
+import json
+import math
+import os
+import re
+import socket
 import sys
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime, timezone
+from typing import Any, TextIO, cast
+
+EXIT_OK = 0
+EXIT_NOT_FOUND = 1
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 3
+EXIT_ERROR = 4
+
+DEFAULT_NAMESPACE = "durabilis"
+_STREAM_ID = re.compile(r"^\d+-\d+$")
+DEFAULT_TIMEOUT = 5.0
+
+
+class CliError(Exception):
+    """Ends the command with ``code`` and ``message`` on stderr."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+# --- the parser -------------------------------------------------------------------------
+
+
+def _common() -> argparse.ArgumentParser:
+    """Options accepted before or after the subcommand (``default=SUPPRESS`` on both)."""
+    common = argparse.ArgumentParser(add_help=False)
+    s = argparse.SUPPRESS
+    common.add_argument("--namespace", default=s, help="key namespace (default: durabilis)")
+    common.add_argument("--config", default=s, metavar="FILE",
+                        help="TOML config of the fleet (breakers, policies, dependencies)")
+    common.add_argument("--json", action="store_true", default=s,
+                        help="print one JSON document (see docs/cli.md for the shapes)")
+    common.add_argument("--timeout", type=float, default=s, metavar="SECONDS",
+                        help="Redis socket timeout (default: 5)")
+    return common
+
+
+def _leaf(group: Any, common: argparse.ArgumentParser, name: str, help_text: str) -> Any:
+    p = group.add_parser(name, help=help_text, parents=[common])
+    p.add_argument("--url", default=argparse.SUPPRESS, help="Redis URL")
+    return p
+
+
+def _group(sub: Any, name: str, help_text: str) -> Any:
+    return sub.add_parser(name, help=help_text).add_subparsers(dest="action", required=True)
+
+
+def _add_dlq(sub: Any, common: argparse.ArgumentParser) -> None:
+    dlq = _group(sub, "dlq", "the dead-letter queue")
+    ls = _leaf(dlq, common, "ls", "list records (pending by default), oldest first")
+    ls.add_argument("--status", choices=("pending", "replayed", "abandoned", "all"),
+                    default="pending")
+    ls.add_argument("--operation-type", default=None)
+    ls.add_argument("--limit", type=int, default=100, help="at most this many (0: all)")
+    ls.add_argument("--after", default=None, metavar="STREAM_ID",
+                    help="continue after this record (its stream_id or dlq_id)")
+    _leaf(dlq, common, "show", "one record, with its operation").add_argument("id")
+    rp = _leaf(dlq, common, "replay", "replay through the layer (original idempotency key)")
+    rp.add_argument("id", nargs="?", default=None)
+    rp.add_argument("--all", action="store_true", help="every pending record, oldest first")
+    rp.add_argument("--handler", required=True, metavar="MODULE:FUNCTION",
+                    help="called with an OperationContext (ctx.payload is the operation)")
+    rp.add_argument("--operation-type", default=None, help="with --all: only this type")
+    rp.add_argument("--limit", type=int, default=None, help="with --all: at most this many")
+    rp.add_argument("--max-per-second", type=float, default=None)
+    ab = _leaf(dlq, common, "abandon", "give up on a pending record (final)")
+    ab.add_argument("id")
+    ab.add_argument("--by", default=None, help="who (default: user@host)")
+    _leaf(dlq, common, "stats", "counts by status and operation type")
+    _leaf(dlq, common, "cleanup", "remove expired records now")
+
+
+def _add_breaker(sub: Any, common: argparse.ArgumentParser) -> None:
+    brk = _group(sub, "breaker", "circuit breakers")
+    _leaf(brk, common, "ls", "every breaker: configured ones and those found in Redis")
+    _leaf(brk, common, "show", "one breaker's state and config").add_argument("name")
+    _leaf(brk, common, "open", "force a breaker OPEN (reset timer restarted)").add_argument(
+        "name"
+    )
+    _leaf(brk, common, "close", "force a breaker CLOSED (everything reset)").add_argument("name")
+    ev = _leaf(brk, common, "events", "a breaker's transitions, oldest first")
+    ev.add_argument("name")
+    ev.add_argument("--limit", type=int, default=50)
+
+
+def _add_checkpoint(sub: Any, common: argparse.ArgumentParser) -> None:
+    ckpt = _group(sub, "checkpoint", "checkpoints")
+    ls = _leaf(ckpt, common, "ls", "an agent's current checkpoints of a task, newest first")
+    ls.add_argument("task")
+    ls.add_argument("agent")
+    _leaf(ckpt, common, "show", "one checkpoint, with its state").add_argument("id")
+    hist = _leaf(ckpt, common, "history", "the lineage of the agent's newest checkpoint")
+    hist.add_argument("task")
+    hist.add_argument("agent")
+    hist.add_argument("--limit", type=int, default=None)
+
+
+def _add_config(sub: Any, common: argparse.ArgumentParser) -> None:
+    cfg = _group(sub, "config", "config files and the fleet config")
+    _leaf(cfg, common, "check", "validate a TOML file; print the effective config").add_argument(
+        "file"
+    )
+    _leaf(cfg, common, "show", "what is published to the fleet")
+    pub = _leaf(cfg, common, "publish",
+                "publish a file's [retry.*] / [circuit_breaker.*] to the fleet")
+    pub.add_argument("file")
+    pub.add_argument("--retry", action="append", default=None, metavar="OPERATION_TYPE",
+                     help="only this policy (repeatable)")
+    pub.add_argument("--breaker", action="append", default=None, metavar="NAME",
+                     help="only this breaker (repeatable)")
+    unp = _leaf(cfg, common, "unpublish",
+                "remove a published entry (replicas go back to their own)")
+    unp.add_argument("kind", choices=("retry", "breaker"))
+    unp.add_argument("name")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="durabilis", description=__doc__)
+    common = _common()
+    parser = argparse.ArgumentParser(
+        prog="durabilis", description="Inspect and operate the durable state of a fleet.",
+        epilog="exit codes: 0 ok, 1 not found / checks failed, 2 usage, "
+        "3 Redis unavailable, 4 other error",
+        parents=[common],
+    )
     parser.add_argument("--url", default=None, help="Redis URL (default: DURABILIS_REDIS_URL, "
                         "REDIS_URL, then the embedded server under ./.durabilis/)")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the demo on the embedded default")
     demo.add_argument("--workers", type=int, default=4)
-    demo.add_argument("--operations", type=int, default=25)
+    demo.add_argument("--tasks-per-worker", type=int, default=12)
+    demo.add_argument("--namespace", default=None)
+    demo.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    _add_dlq(sub, common)
+    _add_breaker(sub, common)
+    _add_checkpoint(sub, common)
+    _leaf(_group(sub, "idem", "idempotency records"), common, "show",
+          "one idempotency record").add_argument("key")
+    rec = _leaf(sub, common, "recover", "park the operations of dead workers in the DLQ")
+    rec.add_argument("--limit", type=int, default=1000)
+    _leaf(sub, common, "stats", "the layer's fleet-wide totals")
+    doc = _leaf(sub, common, "doctor", "check that this Redis is fit for durable state")
+    doc.add_argument("--pings", type=int, default=20)
+    doc.add_argument("--scan-limit", type=int, default=1_000_000)
+    doc.add_argument("--allow-warnings", action="store_true",
+                     help="exit 0 on warnings (still 1 on failures)")
+    _add_config(sub, common)
     return parser
+
+
+# --- output -------------------------------------------------------------------------------
+
+
+def _iso(value: datetime) -> str:
+    return value.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def jsonable(value: Any) -> Any:
+    """A JSON-compatible copy: datetimes as ISO-8601 UTC, enums as their value,
+    bytes as ``{"base64": ...}``, tuples as lists, dataclasses as objects."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, enum.Enum):
+        return jsonable(value.value)
+    if isinstance(value, datetime):
+        return _iso(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"base64": base64.b64encode(bytes(value)).decode("ascii")}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)
+                if not f.name.startswith("_")}
+    if isinstance(value, dict) or hasattr(value, "items"):
+        return {str(jsonable(k)): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in value]
+    return str(value)
+
+
+def _print_json(document: Any) -> None:
+    print(json.dumps(jsonable(document), indent=2, ensure_ascii=False))
+
+
+def _cell(value: Any, limit: int | None = 48) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, datetime):
+        return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    text = str(value) if limit is None else str(value).replace("\n", " ")
+    return text if limit is None or len(text) <= limit else text[: limit - 3] + "..."
+
+
+def print_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], empty: str) -> None:
+    """Aligned columns (the last one not padded); ``empty`` when there is no row."""
+    cells = [[_cell(v) for v in row] for row in rows]
+    if not cells:
+        print(empty)
+        return
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    for row in [list(headers), *cells]:
+        padded = [c.ljust(w) for c, w in zip(row[:-1], widths[:-1], strict=True)]
+        print("  ".join([*padded, row[-1]]).rstrip())
+
+
+def _print_fields(pairs: Iterable[tuple[str, Any]]) -> None:
+    items = list(pairs)
+    width = max(len(k) for k, _ in items)
+    for k, v in items:
+        print(f"{k.ljust(width)}  {_cell(v, None)}")
+
+
+def _print_value(title: str, value: Any) -> None:
+    print(f"{title}:")
+    print(json.dumps(jsonable(value), indent=2, ensure_ascii=False))
+
+
+# --- the session: store, config and layer, built on demand --------------------------------
+
+
+def _operator() -> str:
+    user = os.environ.get("USER") or os.environ.get("USERNAME") or "operator"
+    return f"{user}@{socket.gethostname()}"
+
+
+class _Session:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.json = bool(getattr(args, "json", False))
+        self.namespace: str = getattr(args, "namespace", DEFAULT_NAMESPACE)
+        self.timeout: float = getattr(args, "timeout", DEFAULT_TIMEOUT)
+        self._store: Any = None
+        self._layer: Any = None
+        self._config: Any = None
+
+    def config(self) -> Any:
+        if self._config is None:
+            from durabilis.config import load_config  # noqa: PLC0415  (keeps --help fast)
+
+            self._config = load_config(getattr(self.args, "config", None))
+        return self._config
+
+    def store(self) -> Any:
+        if self._store is None:
+            import durabilis  # noqa: PLC0415
+
+            if not (isinstance(self.timeout, (int, float)) and self.timeout > 0):
+                raise CliError(EXIT_USAGE, f"--timeout must be > 0, got {self.timeout!r}")
+            self._store = durabilis.connect(
+                getattr(self.args, "url", None), namespace=self.namespace,
+                socket_timeout=self.timeout, socket_connect_timeout=self.timeout,
+            )
+        return self._store
+
+    def layer(self) -> Any:
+        """A layer with the fleet's configs: ``--config`` (or defaults), then what is published."""
+        if self._layer is None:
+            from durabilis.config import ConfigSync  # noqa: PLC0415
+            from durabilis.layer import DurabilityLayer  # noqa: PLC0415
+
+            config = self.config()
+            store = self.store()
+            self._layer = DurabilityLayer(store, config, replica_id=f"cli:{_operator()}")
+            ConfigSync(self._layer).refresh()
+        return self._layer
+
+    def close(self) -> None:
+        if self._layer is not None:
+            self._layer.close()
+        if self._store is not None:
+            self._store.close()
+
+
+# --- dlq ------------------------------------------------------------------------------------
+
+
+def _record_row(r: Any, *, payload: bool) -> dict[str, Any]:
+    out = {
+        "dlq_id": r.dlq_id, "status": r.status, "operation_type": r.operation_type,
+        "agent_id": r.agent_id, "retry_count": r.retry_count,
+        "replay_attempts": r.replay_attempts, "last_error": r.last_error,
+        "original_error": r.original_error, "failed_at": r.failed_at,
+        "expires_at": r.expires_at, "last_replay_at": r.last_replay_at,
+        "replayed_at": r.replayed_at, "replayed_by": r.replayed_by,
+        "abandoned_at": r.abandoned_at, "abandoned_by": r.abandoned_by,
+        "claimed_by": r.claimed_by, "claim_expires_at": r.claim_expires_at,
+        "metadata": dict(r.metadata), "stream_id": r.stream_id,
+    }
+    if payload:
+        out["original_operation"] = r.original_operation
+    return out
+
+
+def _dlq_ls(s: _Session) -> int:
+    a = s.args
+    if a.limit < 0:
+        raise CliError(EXIT_USAGE, "--limit must be >= 0")
+    limit = a.limit or None
+    dlq = s.layer().dlq
+    after = a.after
+    if after and not _STREAM_ID.match(after):  # a dlq_id: continue after its stream entry
+        found = dlq.get(after)
+        if found is None:
+            raise CliError(EXIT_NOT_FOUND, f"no DLQ record {after!r}")
+        after = found.stream_id
+    if a.status == "pending":
+        records = dlq.list_pending(a.operation_type, limit=limit, after=after)
+        pending = dlq.pending_count(a.operation_type)
+    else:
+        # Other statuses are filtered from the log, page by page, until enough.
+        records, pending, cursor = [], None, after
+        while True:
+            page, count = dlq.list_all(a.operation_type, limit=500, after=cursor)
+            pending = count if pending is None else pending
+            records += [r for r in page if a.status in ("all", r.status.value)]
+            if len(page) < 500 or (limit is not None and len(records) >= limit):
+                break
+            cursor = page[-1]
+        records = records[:limit] if limit is not None else records
+    rows = [_record_row(r, payload=False) for r in records]
+    if s.json:
+        _print_json({"records": rows, "count": len(rows), "pending_count": pending})
+        return EXIT_OK
+    print_table(
+        ("DLQ_ID", "STATUS", "OPERATION_TYPE", "AGENT", "RETRIES", "REPLAYS", "FAILED_AT",
+         "LAST_ERROR"),
+        [(r.dlq_id, r.status, r.operation_type, r.agent_id, r.retry_count, r.replay_attempts,
+          r.failed_at, r.last_error) for r in records],
+        "no DLQ records",
+    )
+    return EXIT_OK
+
+
+def _dlq_show(s: _Session) -> int:
+    record = s.layer().dlq.get(s.args.id)
+    if record is None:
+        raise CliError(EXIT_NOT_FOUND, f"no live DLQ record {s.args.id!r}")
+    row = _record_row(record, payload=True)
+    if s.json:
+        _print_json(row)
+        return EXIT_OK
+    operation = row.pop("original_operation")
+    metadata = row.pop("metadata")
+    _print_fields(row.items())
+    _print_value("metadata", metadata)
+    _print_value("original_operation", operation)
+    return EXIT_OK
+
+
+def load_handler(spec: str) -> Callable[..., Any]:
+    """``module:function`` (attributes may be dotted) -> the callable.
+
+    The current directory is importable, as for ``python -m``.
+
+    Raises:
+        CliError: Usage error (exit 2): bad form, import error, not callable.
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise CliError(EXIT_USAGE, f"--handler must be MODULE:FUNCTION, got {spec!r}")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        target: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            target = getattr(target, part)
+    except Exception as exc:
+        raise CliError(
+            EXIT_USAGE, f"cannot load handler {spec!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    if not callable(target):
+        raise CliError(EXIT_USAGE, f"handler {spec!r} is not callable")
+    handler: Callable[..., Any] = target
+    return handler
+
+
+def _dlq_replay(s: _Session) -> int:
+    a = s.args
+    if (a.id is None) == (not a.all):
+        raise CliError(EXIT_USAGE, "give a DLQ id or --all (not both)")
+    if a.id is not None and (a.operation_type or a.limit is not None):
+        raise CliError(EXIT_USAGE, "--operation-type and --limit go with --all")
+    handler = load_handler(a.handler)
+    layer = s.layer()
+    if a.id is not None:
+        result = layer.replay(a.id, handler)
+        if s.json:
+            _print_json(result)
+        else:
+            extra = f": {result.error}" if result.error else ""
+            print(f"{result.dlq_id}: {result.outcome.value}{extra}")
+        return EXIT_OK if result.replayed else EXIT_NOT_FOUND
+    summary = layer.replay_pending(handler, a.operation_type, a.limit, a.max_per_second)
+    if s.json:
+        _print_json(summary)
+    else:
+        print(f"replayed {summary.replayed}, failed {summary.failed}, "
+              f"skipped {summary.skipped}, claim lost {summary.lost}")
+        for dlq_id in summary.failed_ids:
+            print(f"failed: {dlq_id}")
+        for dlq_id in summary.lost_ids:
+            print(f"claim lost: {dlq_id}")
+    return EXIT_OK if summary.failed == 0 and summary.lost == 0 else EXIT_NOT_FOUND
+
+
+def _dlq_abandon(s: _Session) -> int:
+    done = s.layer().dlq.abandon(s.args.id, by=s.args.by or _operator())
+    if s.json:
+        _print_json({"dlq_id": s.args.id, "abandoned": done})
+    else:
+        print(f"{s.args.id}: abandoned" if done else
+              f"{s.args.id}: not abandoned (unknown, expired, or already final)")
+    return EXIT_OK if done else EXIT_NOT_FOUND
+
+
+def _dlq_stats(s: _Session) -> int:
+    st = s.layer().dlq.stats()
+    doc = {
+        "total": st.total,
+        "by_status": {k.value: v for k, v in st.by_status.items()},
+        "by_operation_type": {
+            op: {k.value: v for k, v in counts.items()}
+            for op, counts in sorted(st.by_operation_type.items())
+        },
+        "oldest_pending_at": st.oldest_pending_at,
+        "oldest_pending_age_seconds": st.oldest_pending_age_seconds,
+        "max_pending": st.max_pending,
+        "over_max_pending": st.over_max_pending,
+        "expired_awaiting_cleanup": st.expired_awaiting_cleanup,
+    }
+    if s.json:
+        _print_json(doc)
+        return EXIT_OK
+    by = doc["by_status"]
+    print(f"total {st.total}: pending {by.get('pending', 0)}, replayed "
+          f"{by.get('replayed', 0)}, abandoned {by.get('abandoned', 0)}")
+    age = st.oldest_pending_age_seconds
+    print(f"oldest pending: {_cell(st.oldest_pending_at)}"
+          + (f" ({age:.0f} s ago)" if age is not None else ""))
+    flag = " (OVER max_pending)" if st.over_max_pending else ""
+    print(f"max_pending {st.max_pending}{flag}; expired awaiting cleanup "
+          f"{st.expired_awaiting_cleanup}")
+    print_table(
+        ("OPERATION_TYPE", "PENDING", "REPLAYED", "ABANDONED"),
+        [(op, c.get("pending", 0), c.get("replayed", 0), c.get("abandoned", 0))
+         for op, c in doc["by_operation_type"].items()],
+        "no records",
+    )
+    return EXIT_OK
+
+
+def _dlq_cleanup(s: _Session) -> int:
+    removed = s.layer().dlq.cleanup_expired()
+    if s.json:
+        _print_json({"removed": removed})
+    else:
+        print(f"removed {removed} expired record(s)")
+    return EXIT_OK
+
+
+# --- breakers ---------------------------------------------------------------------------
+
+
+def _breakers(s: _Session) -> tuple[Any, set[str], set[str]]:
+    """The registry, the configured names and the names found in Redis.
+
+    A name found only in Redis is read with a default config (``configured``
+    false in the output: rates and timeouts may differ from the fleet's).
+    """
+    from durabilis.breaker import CircuitBreakerConfig  # noqa: PLC0415
+
+    registry = s.layer().breakers
+    configured = set(registry.names())
+    stored = registry.stored_names()
+    for name in stored - configured:
+        registry.upsert_config(CircuitBreakerConfig(name))
+    return registry, configured, stored
+
+
+def _known_breaker(s: _Session, name: str) -> tuple[Any, bool]:
+    registry, configured, stored = _breakers(s)
+    if name not in configured and name not in stored:
+        raise CliError(
+            EXIT_NOT_FOUND,
+            f"unknown breaker {name!r} (configured: {', '.join(sorted(configured)) or 'none'};"
+            f" in Redis: {', '.join(sorted(stored)) or 'none'})",
+        )
+    return registry, name in configured
+
+
+def _breaker_doc(registry: Any, name: str, configured: bool, stored: bool) -> dict[str, Any]:
+    from durabilis.config import breaker_to_dict  # noqa: PLC0415
+
+    info = registry.state_info(name)
+    doc = {"name": name, "configured": configured, "in_redis": stored}
+    doc.update(jsonable(info))
+    doc.pop("dependency", None)
+    doc["config"] = breaker_to_dict(registry.get_config(name))
+    return doc
+
+
+def _breaker_ls(s: _Session) -> int:
+    registry, configured, stored = _breakers(s)
+    docs = [_breaker_doc(registry, n, n in configured, n in stored)
+            for n in sorted(configured | stored)]
+    if s.json:
+        _print_json({"breakers": docs, "count": len(docs)})
+        return EXIT_OK
+    print_table(
+        ("NAME", "STATE", "FAILURE_RATE", "REQUESTS", "FAILURES", "PROBES", "RETRY_AFTER_S",
+         "CONFIGURED"),
+        [(d["name"], d["state"], d["failure_rate"], d["request_count"], d["failure_count"],
+          d["probes_in_flight"], d["retry_after"], "yes" if d["configured"] else "no (defaults)")
+         for d in docs],
+        "no breakers",
+    )
+    return EXIT_OK
+
+
+def _breaker_show(s: _Session) -> int:
+    registry, configured = _known_breaker(s, s.args.name)
+    doc = _breaker_doc(registry, s.args.name, configured,
+                       s.args.name in registry.stored_names())
+    if s.json:
+        _print_json(doc)
+        return EXIT_OK
+    config = doc.pop("config")
+    _print_fields(doc.items())
+    _print_value("config" if configured else "config (defaults: not configured here)", config)
+    return EXIT_OK
+
+
+def _breaker_force(s: _Session) -> int:
+    registry, _ = _known_breaker(s, s.args.name)
+    if s.args.action == "open":
+        registry.force_open(s.args.name)
+    else:
+        registry.force_close(s.args.name)
+    state = registry.state(s.args.name)
+    if s.json:
+        _print_json({"name": s.args.name, "state": state})
+    else:
+        print(f"{s.args.name}: {state.value}")
+    return EXIT_OK
+
+
+def _breaker_events(s: _Session) -> int:
+    if s.args.limit < 1:
+        raise CliError(EXIT_USAGE, "--limit must be >= 1")
+    registry, _ = _known_breaker(s, s.args.name)
+    events = registry.transitions(s.args.name, s.args.limit)
+    if s.json:
+        _print_json({"name": s.args.name, "events": events, "count": len(events)})
+        return EXIT_OK
+    print_table(
+        ("AT", "FROM", "TO", "REASON", "FAILURE_RATE", "REQUESTS", "REPLICA"),
+        [(e.at, e.from_state, e.to_state, e.reason, e.failure_rate, e.request_count,
+          e.replica_id) for e in events],
+        f"no transitions of {s.args.name!r}",
+    )
+    return EXIT_OK
+
+
+# --- checkpoints ------------------------------------------------------------------------
+
+
+def _checkpoint_row(cp: Any, *, state: bool) -> dict[str, Any]:
+    out = {
+        "checkpoint_id": cp.checkpoint_id, "task_id": cp.task_id, "agent_id": cp.agent_id,
+        "phase": cp.phase, "created_at": cp.created_at, "expires_at": cp.expires_at,
+        "parent_checkpoint_id": cp.parent_checkpoint_id,
+    }
+    if state:
+        out["state"] = cp.state
+    return out
+
+
+def _checkpoint_list(s: _Session, checkpoints: list[Any], empty: str) -> int:
+    rows = [_checkpoint_row(cp, state=False) for cp in checkpoints]
+    if s.json:
+        _print_json({"checkpoints": rows, "count": len(rows)})
+        return EXIT_OK
+    print_table(
+        ("CHECKPOINT_ID", "PHASE", "AGENT", "CREATED_AT", "EXPIRES_AT", "PARENT"),
+        [(r["checkpoint_id"], r["phase"], r["agent_id"], r["created_at"], r["expires_at"],
+          r["parent_checkpoint_id"]) for r in rows],
+        empty,
+    )
+    return EXIT_OK
+
+
+def _checkpoint_ls(s: _Session) -> int:
+    found = s.layer().checkpoints.list_current(s.args.task, s.args.agent)
+    return _checkpoint_list(s, found, f"no live checkpoint of {s.args.agent!r} in "
+                            f"task {s.args.task!r}")
+
+
+def _checkpoint_history(s: _Session) -> int:
+    if s.args.limit is not None and s.args.limit < 1:
+        raise CliError(EXIT_USAGE, "--limit must be >= 1")
+    chain = s.layer().checkpoints.history(s.args.task, s.args.agent, limit=s.args.limit)
+    return _checkpoint_list(s, chain, f"no live checkpoint of {s.args.agent!r} in "
+                            f"task {s.args.task!r}")
+
+
+def _checkpoint_show(s: _Session) -> int:
+    cp = s.layer().checkpoints.get_by_id(s.args.id)  # CheckpointNotFound: exit 1
+    row = _checkpoint_row(cp, state=True)
+    if s.json:
+        _print_json(row)
+        return EXIT_OK
+    state = row.pop("state")
+    _print_fields(row.items())
+    _print_value("state", state)
+    return EXIT_OK
+
+
+# --- idempotency, recovery, totals ------------------------------------------------------
+
+
+def _idem_show(s: _Session) -> int:
+    from durabilis.idempotency import IdempotencyGuard  # noqa: PLC0415
+
+    config = dataclasses.replace(s.config().idempotency, enabled=True)
+    found = IdempotencyGuard(s.store(), config).check(s.args.key)
+    if found is None:
+        raise CliError(EXIT_NOT_FOUND, f"no idempotency record for {s.args.key!r}")
+    doc = {
+        "key": s.args.key,
+        "status": "in_progress" if found.in_progress else "done",
+        "claimed_at": found.original_timestamp,
+        "dedup_window_expires_at": found.dedup_window_expires_at,
+        "lease_expired": found.lease_expired,
+        "result": found.original_result,
+    }
+    if s.json:
+        _print_json(doc)
+        return EXIT_OK
+    result = doc.pop("result")
+    _print_fields(doc.items())
+    _print_value("placeholder" if found.in_progress else "result", result)
+    return EXIT_OK
+
+
+def _recover(s: _Session) -> int:
+    if s.args.limit < 1:
+        raise CliError(EXIT_USAGE, "--limit must be >= 1")
+    ids = s.layer().recover_orphans(s.args.limit)
+    if s.json:
+        _print_json({"recovered": len(ids), "dlq_ids": ids})
+    else:
+        print(f"recovered {len(ids)} orphaned operation(s) into the DLQ")
+        for dlq_id in ids:
+            print(dlq_id)
+    return EXIT_OK
+
+
+def _stats(s: _Session) -> int:
+    totals = s.layer().stats()
+    if s.json:
+        _print_json(totals)
+    else:
+        _print_fields(jsonable(totals).items())
+    return EXIT_OK
+
+
+def _doctor(s: _Session) -> int:
+    from durabilis.doctor import run_doctor  # noqa: PLC0415
+
+    if s.args.pings < 1 or s.args.scan_limit < 1:
+        raise CliError(EXIT_USAGE, "--pings and --scan-limit must be >= 1")
+    report = run_doctor(s.store(), pings=s.args.pings, scan_limit=s.args.scan_limit)
+    if s.json:
+        _print_json(report.to_dict())
+    else:
+        print(f"durabilis doctor: {report.url} (namespace {report.namespace!r})")
+        width = max(len(c.name) for c in report.checks)
+        for c in report.checks:
+            print(f"{c.status.upper():<4}  {c.name.ljust(width)}  {c.summary}")
+    if report.ok or (s.args.allow_warnings and not report.failed):
+        return EXIT_OK
+    return EXIT_NOT_FOUND
+
+
+# --- config -------------------------------------------------------------------------------
+
+
+def _config_check(s: _Session) -> int:
+    from durabilis.config import config_to_dict, load_config  # noqa: PLC0415
+    from durabilis.errors import ConfigError  # noqa: PLC0415
+
+    try:
+        config = load_config(s.args.file)
+    except ConfigError as exc:
+        if s.json:
+            _print_json({"ok": False, "error": str(exc), "path": getattr(exc, "path", None),
+                         "section": getattr(exc, "section", None), "field": exc.field})
+        else:
+            print(f"durabilis: {exc}", file=sys.stderr)
+        return EXIT_NOT_FOUND
+    doc = config_to_dict(config)
+    if s.json:
+        _print_json({"ok": True, "config": doc})
+    else:
+        print(f"{s.args.file}: ok ({len(doc['retry'])} retry policies, "
+              f"{len(doc['circuit_breaker'])} breakers)")
+        print(json.dumps(doc, indent=2, ensure_ascii=False))
+    return EXIT_OK
+
+
+def _fleet_sync(s: _Session) -> Any:
+    from durabilis.config import ConfigSync  # noqa: PLC0415
+
+    return ConfigSync(s.store(), replica_id=f"cli:{_operator()}")
+
+
+def _config_show(s: _Session) -> int:
+    from durabilis.config import breaker_to_dict, policy_to_dict  # noqa: PLC0415
+
+    fleet = _fleet_sync(s).fleet_config()
+    doc = {
+        "version": fleet.version,
+        "updated_at": fleet.updated_at,
+        "retry": {k: policy_to_dict(v) for k, v in sorted(fleet.retry_policies.items())},
+        "circuit_breaker": {k: breaker_to_dict(v) for k, v in sorted(fleet.breakers.items())},
+        "rejected": fleet.rejected,
+    }
+    if s.json:
+        _print_json(doc)
+        return EXIT_OK
+    print(f"fleet config version {fleet.version}, updated {_cell(fleet.updated_at)}")
+    rows = [("retry", k, json.dumps(v, sort_keys=True)) for k, v in doc["retry"].items()]
+    rows += [("breaker", k, json.dumps(v, sort_keys=True))
+             for k, v in doc["circuit_breaker"].items()]
+    rows += [("rejected", k, v) for k, v in fleet.rejected.items()]
+    print_table(("KIND", "NAME", "CONFIG"), rows, "nothing published")
+    return EXIT_OK
+
+
+def _config_publish(s: _Session) -> int:
+    from durabilis.config import declared_entries, load_config  # noqa: PLC0415
+
+    config = load_config(s.args.file)
+    policies, breakers = declared_entries(s.args.file)
+    if s.args.retry is not None or s.args.breaker is not None:
+        wanted_p, wanted_b = set(s.args.retry or ()), set(s.args.breaker or ())
+        missing = sorted((wanted_p - set(policies)) | (wanted_b - set(breakers)))
+        if missing:
+            raise CliError(EXIT_USAGE, f"{s.args.file} declares no {', '.join(missing)}")
+        policies = [p for p in policies if p in wanted_p]
+        breakers = [b for b in breakers if b in wanted_b]
+    by_type = {p.operation_type: p for p in config.retry_policies or ()}
+    by_name = {b.name: b for b in config.breakers or ()}
+    sync = _fleet_sync(s)
+    done = []
+    for op in policies:
+        done.append({"entry": f"retry:{op}", "version": sync.publish_policy(by_type[op])})
+    for name in breakers:
+        done.append({"entry": f"breaker:{name}", "version": sync.publish_breaker(by_name[name])})
+    if not done:
+        raise CliError(EXIT_NOT_FOUND, f"{s.args.file} declares no [retry.*] or "
+                       "[circuit_breaker.*] section to publish")
+    version = max(d["version"] for d in done)
+    if s.json:
+        _print_json({"published": done, "version": version})
+    else:
+        for d in done:
+            print(f"published {d['entry']} (fleet config version {d['version']})")
+    return EXIT_OK
+
+
+def _config_unpublish(s: _Session) -> int:
+    sync = _fleet_sync(s)
+    fleet = sync.fleet_config()
+    present = s.args.name in (
+        fleet.retry_policies if s.args.kind == "retry" else fleet.breakers
+    ) or f"{s.args.kind}:{s.args.name}" in fleet.rejected
+    if not present:
+        raise CliError(EXIT_NOT_FOUND, f"{s.args.kind}:{s.args.name} is not published")
+    version = sync.unpublish(s.args.kind, s.args.name)
+    if s.json:
+        _print_json({"entry": f"{s.args.kind}:{s.args.name}", "version": version})
+    else:
+        print(f"unpublished {s.args.kind}:{s.args.name} (fleet config version {version})")
+    return EXIT_OK
+
+
+_COMMANDS: dict[tuple[str, str | None], Callable[[_Session], int]] = {
+    ("dlq", "ls"): _dlq_ls,
+    ("dlq", "show"): _dlq_show,
+    ("dlq", "replay"): _dlq_replay,
+    ("dlq", "abandon"): _dlq_abandon,
+    ("dlq", "stats"): _dlq_stats,
+    ("dlq", "cleanup"): _dlq_cleanup,
+    ("breaker", "ls"): _breaker_ls,
+    ("breaker", "show"): _breaker_show,
+    ("breaker", "open"): _breaker_force,
+    ("breaker", "close"): _breaker_force,
+    ("breaker", "events"): _breaker_events,
+    ("checkpoint", "ls"): _checkpoint_ls,
+    ("checkpoint", "show"): _checkpoint_show,
+    ("checkpoint", "history"): _checkpoint_history,
+    ("idem", "show"): _idem_show,
+    ("recover", None): _recover,
+    ("stats", None): _stats,
+    ("doctor", None): _doctor,
+    ("config", "check"): _config_check,
+    ("config", "show"): _config_show,
+    ("config", "publish"): _config_publish,
+    ("config", "unpublish"): _config_unpublish,
+}
+
+
+def _run(args: argparse.Namespace) -> int:
+    from durabilis.errors import (  # noqa: PLC0415
+        CheckpointNotFound,
+        ConfigError,
+        DependencyNotFound,
+        DurabilisError,
+        InvalidKey,
+        StorageUnavailable,
+    )
+
+    session = _Session(args)
+    try:
+        command = _COMMANDS[(args.command, getattr(args, "action", None))]
+        return command(session)
+    except CliError as exc:
+        print(f"durabilis: {exc.message}", file=sys.stderr)
+        return exc.code
+    except (ConfigError, InvalidKey) as exc:
+        print(f"durabilis: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except StorageUnavailable as exc:
+        print(f"durabilis: Redis unavailable: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    except (CheckpointNotFound, DependencyNotFound) as exc:
+        print(f"durabilis: {exc}", file=sys.stderr)
+        return EXIT_NOT_FOUND
+    except DurabilisError as exc:
+        print(f"durabilis: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    finally:
+        session.close()
+
+
+class _Stderr:
+    """``sys.stderr`` as it is at each write (test runners swap it)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,8 +897,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from durabilis import _demo  # noqa: PLC0415  (keeps `durabilis --help` fast)
 
-        return _demo.run(args.url, workers=args.workers, operations=args.operations)
-    return 2
+        return _demo.run(
+            args.url, workers=args.workers, tasks_per_worker=args.tasks_per_worker,
+            as_json=args.json, namespace=args.namespace,
+        )
+    import structlog  # noqa: PLC0415
+
+    # durabilis's events (a breaker forced open, a replay...) go to stderr:
+    # stdout carries only the command's output, so --json stays parseable.
+    saved = structlog.get_config()
+    structlog.configure(
+        logger_factory=structlog.PrintLoggerFactory(file=cast(TextIO, _Stderr()))
+    )
+    try:
+        return _run(args)
+    except BrokenPipeError:  # `durabilis dlq ls | head`: the reader left
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_NOT_FOUND
+    finally:
+        structlog.configure(**saved)
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ from durabilis.errors import (
     InvalidTtl,
     PayloadTooLarge,
 )
+from durabilis.events import redact
 
 __all__ = [
     "AsyncDeadLetterQueue",
@@ -79,6 +80,9 @@ _MSGPACK_FIELD = "original_operation_msgpack"
 _META_PREFIX = "meta:"
 # Caller-chosen ids end up inside index members separated by "|": keep them plain.
 _ID_RE = re.compile(r"^[A-Za-z0-9_.:%\-]{1,200}$")
+# TTLs become PEXPIRE milliseconds in Lua: beyond ten years they stop being
+# exact integers (and a script failing half-way would leave keys without TTL).
+_MAX_TTL_SECONDS = 10 * 365 * 86400
 _SID_RE = re.compile(r"^(\d{1,20})-(\d{1,20})$")
 
 
@@ -153,6 +157,12 @@ class DlqConfig:
             )
         if self.default_ttl_seconds * 1000 < 1 or self.claim_ttl_seconds * 1000 < 1:
             raise ConfigError("default_ttl_seconds", "durations shorter than 1 ms are meaningless")
+        for name in ("default_ttl_seconds", "claim_ttl_seconds"):
+            if getattr(self, name) > _MAX_TTL_SECONDS:
+                raise ConfigError(name, f"must be at most {_MAX_TTL_SECONDS} (ten years)")
+        for name in ("cleanup_batch_size", "purge_per_enqueue"):  # Lua counts: exact below 1e14
+            if getattr(self, name) > 1_000_000:
+                raise ConfigError(name, f"must be at most 1000000, got {getattr(self, name)!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,10 +341,6 @@ def sort_key(stream_id: str) -> str:
     return f"{ms.zfill(15)}-{chr(96 + len(seq))}{seq}"
 
 
-def _sort_key_ms(key: str) -> int:
-    return int(key.split("-", 1)[0])
-
-
 def error_text(exc: BaseException) -> str:
     """How an exception is written down as ``last_error``.
 
@@ -372,7 +378,10 @@ def _encode_operation(value: Any) -> tuple[str, bytes]:
         except Exception:  # a foreign __eq__ may raise anything
             same = False
         if same:
-            return _JSON_FIELD, text.encode("utf-8")
+            try:
+                return _JSON_FIELD, text.encode("utf-8")
+            except UnicodeEncodeError:
+                pass  # a lone surrogate: msgpack refuses it too, as InvalidPayload
     return _MSGPACK_FIELD, _codec.pack(value, what="original_operation")
 
 
@@ -590,6 +599,8 @@ class _DlqOps:
             or ttl <= 0
         ):
             raise InvalidTtl(ttl)
+        if ttl > _MAX_TTL_SECONDS:
+            raise ConfigError("ttl_seconds", f"must be at most {_MAX_TTL_SECONDS} (ten years)")
         return max(1, int(ttl * 1000))
 
     # enqueue ---------------------------------------------------------------
@@ -749,9 +760,7 @@ class _DlqOps:
 
         def opt_ms(name: str) -> datetime | None:
             raw = h.get(name)
-            return None if raw is None else _codec.ms_to_datetime(
-                _codec.as_int(raw, key=hkey, field=name)
-            )
+            return None if raw is None else _codec.as_datetime(raw, key=hkey, field=name)
 
         def opt_text(name: str) -> str | None:
             raw = h.get(name)
@@ -784,12 +793,8 @@ class _DlqOps:
             operation_type=_text(req(s, "operation_type", skey), skey, "operation_type"),
             retry_count=_codec.as_int(req(s, "retry_count", skey), key=skey, field="retry_count"),
             last_error=original_error if replay_error is None else replay_error,
-            failed_at=_codec.ms_to_datetime(
-                _codec.as_int(req(h, "ts", hkey), key=hkey, field="ts")
-            ),
-            expires_at=_codec.ms_to_datetime(
-                _codec.as_int(req(h, "exp", hkey), key=hkey, field="exp")
-            ),
+            failed_at=_codec.as_datetime(req(h, "ts", hkey), key=hkey, field="ts"),
+            expires_at=_codec.as_datetime(req(h, "exp", hkey), key=hkey, field="exp"),
             status=status,
             replay_attempts=_codec.as_int(h.get("ra", 0), key=hkey, field="ra"),
             last_replay_at=opt_ms("lat"),
@@ -959,7 +964,7 @@ class _DlqOps:
                     dlq_id=dlq_id,
                     operation_type=record.operation_type,
                     replay_attempts=attempts,
-                    error=str(call.args[1]),
+                    error=redact(str(call.args[1])),
                 )
                 return ReplayResult(
                     dlq_id,
@@ -1163,8 +1168,9 @@ class _DlqOps:
         oldest_at: datetime | None = None
         age: float | None = None
         if oldest_raw:
-            ms = _sort_key_ms(oldest_raw.partition("|")[0])
-            oldest_at = _codec.ms_to_datetime(ms)
+            stamp = oldest_raw.partition("|")[0].split("-", 1)[0]
+            ms = _codec.as_int(stamp, key=self.pending_key, field="member")
+            oldest_at = _codec.as_datetime(ms, key=self.pending_key, field="member")
             age = max(0.0, (now_ms - ms) / 1000.0)
         pending = by_status[DlqStatus.PENDING]
         return DlqStats(

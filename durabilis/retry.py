@@ -51,6 +51,7 @@ from durabilis._retry_core import (
 from durabilis._scripts import ScriptCall
 from durabilis._store import AsyncStore, Store
 from durabilis.errors import ConfigError, CorruptData
+from durabilis.events import redact
 
 __all__ = [
     "DEADLINE_EXCEEDED",
@@ -190,8 +191,11 @@ class _BudgetOps:
 # --- events ----------------------------------------------------------------------------
 
 
-def emit_retry_attempt(operation_type: str, decision: RetryDecision) -> None:
-    """Log ``durability_retry_attempt``: attempt ``attempt_number`` (1-based) failed, retrying."""
+def emit_retry_attempt(operation_type: str, decision: RetryDecision, **context: Any) -> None:
+    """Log ``durability_retry_attempt``: attempt ``attempt_number`` (1-based) failed, retrying.
+
+    ``context`` adds fields (the composed layer adds ``agent_id``).
+    """
     _log.warning(
         "durability_retry_attempt",
         operation_type=operation_type,
@@ -199,15 +203,26 @@ def emit_retry_attempt(operation_type: str, decision: RetryDecision) -> None:
         max_attempts=decision.max_attempts,
         delay_ms=round(decision.delay * 1000.0, 3),
         error_code=decision.error_code,
+        **context,
     )
 
 
-def emit_retry_stop(operation_type: str, decision: RetryDecision) -> None:
+def emit_retry_stop(
+    operation_type: str,
+    decision: RetryDecision,
+    *,
+    last_error: str | None = None,
+    dlq_id: str | None = None,
+    **context: Any,
+) -> None:
     """Log why a retry loop stopped without success.
 
     ``durability_retry_non_retryable`` for a non-retryable error, otherwise
     ``durability_retry_exhausted`` with the ``reason`` (``EXHAUSTED``,
-    ``DEADLINE_EXCEEDED`` or ``RETRY_BUDGET_EXHAUSTED``).
+    ``DEADLINE_EXCEEDED`` or ``RETRY_BUDGET_EXHAUSTED``). ``last_error`` is
+    logged redacted unless redaction is off (:mod:`durabilis.events`);
+    ``dlq_id`` is the record the operation was parked in, if any; ``context``
+    adds fields (the composed layer adds ``agent_id``).
     """
     event = (
         "durability_retry_non_retryable"
@@ -222,6 +237,9 @@ def emit_retry_stop(operation_type: str, decision: RetryDecision) -> None:
         error_code=decision.error_code,
         reason=decision.stop_reason,
         sent_to_dlq=decision.sent_to_dlq,
+        dlq_id=dlq_id,
+        last_error=redact(last_error),
+        **context,
     )
 
 
@@ -310,7 +328,7 @@ class _EngineBase:
 
     @staticmethod
     def _stop(operation_type: str, decision: RetryDecision, exc: Exception) -> RetryOutcome[Any]:
-        emit_retry_stop(operation_type, decision)
+        emit_retry_stop(operation_type, decision, last_error=str(exc) or type(exc).__name__)
         return RetryOutcome.failed(decision, exc)
 
 

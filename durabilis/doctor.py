@@ -1,0 +1,461 @@
+"""``durabilis doctor``: is this Redis fit to hold the durable state of a fleet?
+
+Checks, each ``ok``, ``info``, ``warn`` or ``fail``:
+
+- ``connection``: PING answers.
+- ``version``: Redis >= 6.2 on every primary (durabilis uses no newer command).
+- ``mode``: standalone or Cluster (and the cluster's state).
+- ``persistence``: AOF on (``appendonly yes``); ``appendfsync always`` or
+  ``everysec`` (up to a second of acknowledged writes lost in a crash).
+- ``eviction``: ``maxmemory-policy noeviction``. Every durabilis record carries
+  a TTL, so a ``volatile-*`` policy evicts exactly those records (an evicted
+  idempotency record runs an operation twice; an evicted DLQ record is a lost
+  operation), and an ``allkeys-*`` policy evicts them too.
+- ``memory``: used memory under 90 % of ``maxmemory`` (writes fail above it under noeviction).
+- ``scripts``: every Lua script loads (``SCRIPT LOAD`` each, SHA1 checked).
+- ``latency``: median and worst of N PINGs.
+- ``keys``: keys of the namespace per pillar (one SCAN).
+
+The classification is pure (tested without Redis); :func:`run_doctor` gathers
+the facts. It needs a user allowed ``INFO`` and ``CONFIG GET`` besides what
+the application's user has (``docs/production.md``); refused facts are
+reported as warnings, not crashes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+
+from durabilis._scripts import sources
+from durabilis._store import Store, map_error
+from durabilis.errors import StorageUnavailable
+
+__all__ = [
+    "FAIL",
+    "INFO",
+    "OK",
+    "WARN",
+    "Check",
+    "DoctorReport",
+    "check_eviction",
+    "check_latency",
+    "check_memory",
+    "check_mode",
+    "check_persistence",
+    "check_scripts",
+    "check_version",
+    "count_keys",
+    "run_doctor",
+]
+
+OK: Final = "ok"
+INFO: Final = "info"
+WARN: Final = "warn"
+FAIL: Final = "fail"
+
+MIN_VERSION: Final = (6, 2)
+SLOW_MEDIAN_MS: Final = 10.0
+"""A median PING above this (ms) is flagged: every durable operation costs >= 2 round trips."""
+
+MEMORY_HIGH: Final = 0.9
+
+PILLARS: Final = {
+    "idem": "idempotency",
+    "cb": "circuit_breaker",
+    "cb-names": "circuit_breaker",
+    "retry": "retry",
+    "ckpt": "checkpoint",
+    "dlq": "dlq",
+    "layer": "layer",
+    "config": "config",
+}
+"""Second part of a key name -> pillar, for the key counts."""
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One check's verdict.
+
+    Attributes:
+        name: ``version``, ``persistence``, ...
+        status: ``ok``, ``info``, ``warn`` or ``fail``.
+        summary: One line for humans.
+        details: The facts behind it (machine-readable).
+    """
+
+    name: str
+    status: str
+    summary: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class DoctorReport:
+    """Every check of one run.
+
+    Attributes:
+        url: The Redis URL (password hidden).
+        namespace: The namespace whose keys were counted.
+        checks: In the order run.
+    """
+
+    url: str
+    namespace: str
+    checks: list[Check]
+
+    @property
+    def ok(self) -> bool:
+        """No check warned or failed."""
+        return all(c.status in (OK, INFO) for c in self.checks)
+
+    @property
+    def failed(self) -> bool:
+        """Some check failed (worse than a warning)."""
+        return any(c.status == FAIL for c in self.checks)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "url": self.url,
+            "namespace": self.namespace,
+            "checks": [
+                {"name": c.name, "status": c.status, "summary": c.summary, "details": c.details}
+                for c in self.checks
+            ],
+        }
+
+
+# --- pure classification ---------------------------------------------------------------
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """``"7.0.15"`` -> ``(7, 0, 15)`` (non-numeric parts end it)."""
+    out: list[int] = []
+    for part in str(text).split("."):
+        digits = "".join(ch for ch in part if ch.isdigit())
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out)
+
+
+def check_version(versions: Mapping[str, str]) -> Check:
+    """Redis >= 6.2 on every node (``{node: redis_version}``)."""
+    old = {n: v for n, v in versions.items() if parse_version(v)[:2] < MIN_VERSION}
+    shown = ", ".join(sorted(set(versions.values())))
+    if old:
+        return Check(
+            "version", WARN,
+            f"Redis {shown}: durabilis needs >= 6.2 (its scripts use 6.2 commands)",
+            {"versions": dict(versions), "below_6_2": sorted(old)},
+        )
+    return Check("version", OK, f"Redis {shown}", {"versions": dict(versions)})
+
+
+def check_mode(mode: str, nodes: int, cluster_state: str | None) -> Check:
+    """Standalone or Cluster; a Cluster whose state is not ``ok`` fails."""
+    details: dict[str, Any] = {"mode": mode, "primaries": nodes}
+    if mode != "cluster":
+        return Check("mode", INFO, f"{mode} server", details)
+    details["cluster_state"] = cluster_state
+    if cluster_state != "ok":
+        return Check("mode", FAIL, f"Redis Cluster in state {cluster_state!r}", details)
+    return Check("mode", INFO, f"Redis Cluster, {nodes} primaries, state ok", details)
+
+
+def check_persistence(nodes: Mapping[str, Mapping[str, Any]]) -> Check:
+    """AOF on every node (``{node: {aof_enabled, appendfsync, aof_last_write_status}}``)."""
+    off = sorted(n for n, f in nodes.items() if str(f.get("aof_enabled")) != "1")
+    fsync = {n: f.get("appendfsync") for n, f in nodes.items()}
+    broken = sorted(
+        n for n, f in nodes.items() if str(f.get("aof_last_write_status", "ok")) != "ok"
+    )
+    details: dict[str, Any] = {
+        "appendonly": {n: str(f.get("aof_enabled")) == "1" for n, f in nodes.items()},
+        "appendfsync": fsync,
+    }
+    if broken:
+        details["aof_write_failing"] = broken
+        return Check("persistence", FAIL, "AOF writes are failing (disk full?)", details)
+    if off:
+        return Check(
+            "persistence", WARN,
+            "appendonly is off: a restart loses every write since the last snapshot "
+            "(completed operations would run again, DLQ records and checkpoints vanish)",
+            details,
+        )
+    modes = set(fsync.values())
+    if "no" in modes:
+        return Check(
+            "persistence", WARN,
+            "appendfsync no: the OS decides when writes reach the disk (tens of seconds "
+            "lost in a crash)",
+            details,
+        )
+    if modes == {"always"}:
+        return Check("persistence", OK, "AOF on, appendfsync always", details)
+    known = "/".join(sorted(m for m in modes if m)) or "unknown (CONFIG GET refused)"
+    return Check(
+        "persistence", OK,
+        f"AOF on, appendfsync {known} (everysec: up to ~1 s of acknowledged writes can be "
+        "lost in a crash; use always if none may)",
+        details,
+    )
+
+
+def check_eviction(nodes: Mapping[str, Mapping[str, Any]]) -> Check:
+    """``maxmemory-policy noeviction`` on every node (``{node: {maxmemory_policy, maxmemory}}``)."""
+    policies = {n: str(f.get("maxmemory_policy", "")) for n, f in nodes.items()}
+    details: dict[str, Any] = {
+        "maxmemory_policy": policies,
+        "maxmemory": {n: int(f.get("maxmemory", 0) or 0) for n, f in nodes.items()},
+    }
+    bad = sorted({p for p in policies.values() if p != "noeviction"})
+    if not bad:
+        return Check("eviction", OK, "maxmemory-policy noeviction", details)
+    what = []
+    if any(p.startswith("volatile-") for p in bad):
+        what.append(
+            "volatile-* evicts keys that carry a TTL, and every durabilis record does"
+        )
+    if any(p.startswith("allkeys-") for p in bad):
+        what.append("allkeys-* evicts any key")
+    return Check(
+        "eviction", WARN,
+        f"maxmemory-policy {', '.join(bad)}: {'; '.join(what) or 'keys may be evicted'} "
+        "(an evicted idempotency record runs an operation twice, an evicted DLQ record "
+        "loses it): use noeviction",
+        details,
+    )
+
+
+def check_memory(nodes: Mapping[str, Mapping[str, Any]]) -> Check:
+    """Used memory below 90 % of ``maxmemory`` (``{node: {used_memory, maxmemory}}``)."""
+    ratios: dict[str, float | None] = {}
+    for n, f in nodes.items():
+        limit = int(f.get("maxmemory", 0) or 0)
+        ratios[n] = None if limit <= 0 else int(f.get("used_memory", 0) or 0) / limit
+    high = sorted(n for n, r in ratios.items() if r is not None and r >= MEMORY_HIGH)
+    details: dict[str, Any] = {"used_fraction_of_maxmemory": ratios}
+    if high:
+        return Check(
+            "memory", WARN,
+            f"{len(high)} node(s) above {MEMORY_HIGH:.0%} of maxmemory: writes fail (OOM) "
+            "at the limit under noeviction",
+            details,
+        )
+    if all(r is None for r in ratios.values()):
+        return Check("memory", INFO, "no maxmemory limit set (watch the host's memory)", details)
+    top = max(r for r in ratios.values() if r is not None)
+    return Check("memory", OK, f"{top:.0%} of maxmemory used (highest node)", details)
+
+
+def check_scripts(loaded: Mapping[str, str | None], errors: Mapping[str, str]) -> Check:
+    """Every script loads with the expected SHA1 (``{name: sha}``, ``{name: error}``)."""
+    details: dict[str, Any] = {"scripts": len(loaded) + len(errors)}
+    wrong = sorted(
+        n for n, sha in loaded.items()
+        if sha is not None and sha != hashlib.sha1(sources()[n].encode()).hexdigest()
+    )
+    if errors or wrong:
+        details["errors"] = dict(errors)
+        details["sha_mismatch"] = wrong
+        return Check(
+            "scripts", FAIL, f"{len(errors) + len(wrong)} of {details['scripts']} scripts "
+            "failed to load", details,
+        )
+    return Check("scripts", OK, f"all {len(loaded)} Lua scripts load", details)
+
+
+def check_latency(samples_ms: Iterable[float]) -> Check:
+    """Round-trip latency from PING timings (ms)."""
+    data = sorted(samples_ms)
+    if not data:
+        return Check("latency", WARN, "no PING answered", {})
+    median = statistics.median(data)
+    details = {
+        "pings": len(data),
+        "median_ms": round(median, 3),
+        "p90_ms": round(data[min(len(data) - 1, int(len(data) * 0.9))], 3),
+        "max_ms": round(data[-1], 3),
+    }
+    text = f"PING median {median:.2f} ms, max {data[-1]:.2f} ms over {len(data)}"
+    if median > SLOW_MEDIAN_MS:
+        return Check(
+            "latency", WARN,
+            f"{text}: every durable operation costs at least two round trips", details,
+        )
+    return Check("latency", OK, text, details)
+
+
+def count_keys(names: Iterable[str], namespace: str) -> dict[str, int]:
+    """Keys per pillar, from key names of ``namespace``."""
+    counts = dict.fromkeys(sorted(set(PILLARS.values())), 0)
+    counts["other"] = 0
+    prefix = namespace + ":"
+    for name in names:
+        if not name.startswith(prefix):
+            continue
+        part = name[len(prefix):].split(":", 1)[0]
+        pillar = PILLARS.get(part, "other")
+        counts[pillar] += 1
+    return counts
+
+
+def hide_password(url: str) -> str:
+    """``url`` with its password replaced by ``***``."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    if "@" not in parts.netloc:
+        return url
+    creds, _, hosts = parts.netloc.rpartition("@")
+    user = creds.partition(":")[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{hosts}" if ":" in creds else
+                                     f"{user}@{hosts}"))
+
+
+# --- gathering the facts ---------------------------------------------------------------
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _per_node(store: Store, call: Callable[..., Any], *args: Any) -> dict[str, Any]:
+    """``call`` on every primary: ``{node: reply}`` (one entry on a standalone server)."""
+    client = store.client
+    if store.is_cluster:
+        reply = call(*args, target_nodes=client.PRIMARIES)
+        return {_text(k): v for k, v in dict(reply).items()}
+    return {"server": call(*args)}
+
+
+def _refused(exc: Exception) -> str:
+    mapped = map_error(exc)
+    if isinstance(mapped, StorageUnavailable):
+        raise mapped from exc
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _gather_info(store: Store) -> tuple[dict[str, dict[str, Any]], str | None]:
+    try:
+        return _per_node(store, store.client.info), None
+    except (redis.RedisError, OSError) as exc:
+        return {}, _refused(exc)
+
+
+def _gather_config(store: Store, name: str) -> dict[str, str | None]:
+    try:
+        replies = _per_node(store, store.client.config_get, name)
+    except (redis.RedisError, OSError) as exc:
+        _refused(exc)
+        return {}
+    return {n: (_text(r.get(name)) if r.get(name) is not None else None)
+            for n, r in replies.items()}
+
+
+def _info_checks(store: Store) -> list[Check]:
+    infos, refused = _gather_info(store)
+    if refused is not None:
+        return [Check(
+            "server", WARN,
+            f"INFO refused ({refused}): give the operator's user +info (docs/production.md)",
+            {"error": refused},
+        )]
+    fsync = _gather_config(store, "appendfsync")
+    mode = str(next(iter(infos.values()), {}).get("redis_mode", "standalone"))
+    state = None
+    if store.is_cluster:
+        try:
+            state = _text(store.client.cluster_info().get("cluster_state"))
+        except (redis.RedisError, OSError) as exc:
+            state = f"unknown ({_refused(exc)})"
+    persistence = {
+        n: {**{k: i.get(k) for k in ("aof_enabled", "aof_last_write_status")},
+            "appendfsync": fsync.get(n)}
+        for n, i in infos.items()
+    }
+    return [
+        check_version({n: str(i.get("redis_version", "?")) for n, i in infos.items()}),
+        check_mode(mode, len(infos), state),
+        check_persistence(persistence),
+        check_eviction(infos),
+        check_memory(infos),
+    ]
+
+
+def _script_check(store: Store) -> Check:
+    loaded: dict[str, str | None] = {}
+    errors: dict[str, str] = {}
+    for name, source in sources().items():
+        try:
+            loaded[name] = _text(store.client.script_load(source))
+        except (redis.RedisError, OSError) as exc:
+            errors[name] = _refused(exc)
+    return check_scripts(loaded, errors)
+
+
+def _latency_check(store: Store, pings: int) -> Check:
+    samples: list[float] = []
+    for _ in range(pings):
+        began = time.perf_counter()
+        store.ping()
+        samples.append((time.perf_counter() - began) * 1000.0)
+    return check_latency(samples)
+
+
+def _keys_check(store: Store, scan_limit: int) -> Check:
+    names: list[str] = []
+    truncated = False
+    try:
+        for key in store.client.scan_iter(match=store.keys.pattern(), count=1000):
+            if len(names) >= scan_limit:
+                truncated = True
+                break
+            names.append(_text(key))
+    except (redis.RedisError, OSError) as exc:
+        return Check("keys", WARN, f"SCAN refused ({_refused(exc)})", {})
+    counts = count_keys(names, store.namespace)
+    shown = ", ".join(f"{k} {v}" for k, v in counts.items() if v)
+    more = f" (stopped at {scan_limit}: at least)" if truncated else ""
+    return Check(
+        "keys", INFO,
+        f"namespace {store.namespace!r}: {len(names)} keys{more}" + (f": {shown}" if shown
+                                                                     else ""),
+        {"total": len(names), "truncated": truncated, "by_pillar": counts},
+    )
+
+
+def run_doctor(store: Store, *, pings: int = 20, scan_limit: int = 1_000_000) -> DoctorReport:
+    """Check the Redis behind ``store`` (see the module docstring for the checks).
+
+    Args:
+        store: A connected store (its namespace is the one whose keys are counted).
+        pings: PINGs timed for the latency check.
+        scan_limit: Stop counting keys after this many.
+
+    Raises:
+        StorageUnavailable: Redis cannot be reached at all.
+    """
+    checks = []
+    began = time.perf_counter()
+    store.ping()  # StorageUnavailable: nothing else can be checked
+    checks.append(Check(
+        "connection", OK, "PING answered",
+        {"first_ping_ms": round((time.perf_counter() - began) * 1000.0, 3)},
+    ))
+    checks += _info_checks(store)
+    checks.append(_script_check(store))
+    checks.append(_latency_check(store, max(1, pings)))
+    checks.append(_keys_check(store, max(1, scan_limit)))
+    return DoctorReport(hide_password(store.url), store.namespace, checks)

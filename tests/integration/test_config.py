@@ -1,0 +1,217 @@
+"""The fleet config in Redis: one script stores an entry as readable JSON and
+bumps the version; replicas apply changes on refresh, with an event."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from structlog.testing import capture_logs
+
+import durabilis
+from durabilis import CircuitBreakerConfig, CorruptData, RetryPolicy
+from durabilis.config import AsyncConfigSync, ConfigSync, Reload
+from durabilis.layer import AsyncDurabilityLayer, DurabilityConfig, DurabilityLayer
+from durabilis.testing import RedisServer
+from tests.support.acl import rules_for
+
+MCP5 = RetryPolicy("mcp_call", 5, 100, 1000, jitter=False)
+MEM = CircuitBreakerConfig("memory_service", 0.9, 10, 30, 2, 20, 30)
+
+
+def fleet_key(namespace: str) -> str:
+    return f"{namespace}:config:{{config}}:fleet"
+
+
+def test_publishing_stores_readable_json_bumps_the_version_and_logs_the_change(
+    store: durabilis.Store, namespace: str, raw: redis.Redis
+) -> None:
+    sync = ConfigSync(store, replica_id="ops-1")
+    assert sync.fleet_config().version == 0
+    assert sync.publish_policy(MCP5) == 1
+    assert sync.publish_breaker(MEM) == 2
+    assert sync.publish_policy(MCP5) == 2  # the same value again: nothing written
+
+    stored = {k.decode(): v.decode() for k, v in raw.hgetall(fleet_key(namespace)).items()}
+    assert stored["v"] == "2" and int(stored["t"]) > 0
+    assert json.loads(stored["retry:mcp_call"])["max_attempts"] == 5
+    assert json.loads(stored["breaker:memory_service"])["failure_rate_threshold"] == 0.9
+    assert raw.ttl(fleet_key(namespace)) == -1  # the documented non-expiring key
+
+    log = raw.xrange(f"{namespace}:config:{{config}}:log")
+    assert [(e[b"version"], e[b"field"], e[b"by"]) for _, e in log] == [
+        (b"1", b"retry:mcp_call", b"ops-1"), (b"2", b"breaker:memory_service", b"ops-1"),
+    ]
+    fleet = sync.fleet_config()
+    assert fleet.version == 2 and fleet.updated_at is not None
+    assert fleet.retry_policies == {"mcp_call": MCP5}
+    assert fleet.breakers == {"memory_service": MEM}
+
+    assert sync.unpublish("retry", "mcp_call") == 3
+    assert sync.unpublish("retry", "mcp_call") == 3  # nothing to remove
+    assert sync.fleet_config().retry_policies == {}
+
+
+def test_another_replica_applies_changes_on_refresh_and_logs_durability_config_reloaded(
+    store: durabilis.Store,
+) -> None:
+    operator = ConfigSync(store)
+    operator.publish_policy(MCP5)
+    replica = DurabilityLayer(store, replica_id="replica-b")
+    sync = ConfigSync(replica)
+    seen: list[Reload] = []
+    sync.on_reload(seen.append)
+    with capture_logs() as logs:
+        first = sync.refresh()
+    assert first is not None and first.initial and first.retry_policies == ("mcp_call",)
+    assert replica.retry.get_policy("mcp_call") == MCP5
+    assert sync.refresh() is None  # the version has not moved: one HGET, nothing applied
+
+    operator.publish_breaker(MEM)
+    with capture_logs() as more:
+        second = sync.refresh()
+    assert second is not None and second.breakers == ("memory_service",)
+    assert replica.breakers.get_config("memory_service") == MEM
+    assert seen == [first, second]
+    reloads = [e for e in logs + more if e["event"] == "durability_config_reloaded"]
+    assert [(e["version"], e["retry_policies"], e["breakers"], e["replica_id"])
+            for e in reloads] == [(1, ["mcp_call"], [], "replica-b"),
+                                  (2, [], ["memory_service"], "replica-b")]
+
+    own = DurabilityLayer(store).retry.get_policy("mcp_call")
+    operator.unpublish("retry", "mcp_call")
+    third = sync.refresh()
+    assert third is not None and third.removed == ("retry:mcp_call",)
+    assert replica.retry.get_policy("mcp_call") == own  # back to its own config
+    replica.close()
+
+
+def test_a_published_change_reaches_the_layers_behaviour(store: durabilis.Store) -> None:
+    layer = DurabilityLayer(store, DurabilityConfig(dependencies={}))
+    sync = ConfigSync(layer, interval_seconds=0.05)
+    ConfigSync(store).publish_policy(RetryPolicy("job", 4, 1, 1, jitter=False))
+    calls: list[int] = []
+
+    def fails(ctx: Any) -> None:
+        calls.append(ctx.attempt)
+        raise durabilis.OperationError("NETWORK_TIMEOUT", "down")
+
+    # start() (entering the sync) applies what is published at once.
+    with sync, pytest.raises(durabilis.RetryExhausted) as info:
+        layer.execute("a", "job", {"n": 1}, fails)
+    assert info.value.attempts == 4 and calls == [0, 1, 2, 3]
+    layer.close()
+
+
+def test_a_bad_entry_is_rejected_with_an_event_and_the_others_still_apply(
+    store: durabilis.Store, namespace: str, raw: redis.Redis
+) -> None:
+    ConfigSync(store).publish_breaker(MEM)
+    raw.hset(fleet_key(namespace), mapping={"retry:mcp_call": '{"max_attempts": "many"}',
+                                            "v": "7"})
+    layer = DurabilityLayer(store)
+    with capture_logs() as logs:
+        reload = ConfigSync(layer).refresh()
+    assert reload is not None and set(reload.rejected) == {"retry:mcp_call"}
+    assert reload.breakers == ("memory_service",)
+    assert layer.breakers.get_config("memory_service") == MEM
+    rejected = [e for e in logs if e["event"] == "durability_config_entry_rejected"]
+    assert rejected and rejected[0]["entry"] == "retry:mcp_call"
+    assert set(ConfigSync(store).fleet_config().rejected) == {"retry:mcp_call"}
+    layer.close()
+
+
+def test_foreign_data_at_the_fleet_key_is_corrupt_data_naming_it(
+    store: durabilis.Store, namespace: str, raw: redis.Redis
+) -> None:
+    raw.set(fleet_key(namespace), "not a hash")
+    with pytest.raises(CorruptData) as info:
+        ConfigSync(store).publish_policy(MCP5)
+    assert info.value.key == fleet_key(namespace)
+    raw.delete(fleet_key(namespace))
+    raw.hset(fleet_key(namespace), "v", "seven")
+    with pytest.raises(CorruptData):
+        ConfigSync(store).refresh()
+    with pytest.raises(CorruptData):
+        ConfigSync(store).publish_policy(MCP5)
+
+
+def test_invalid_arguments_are_refused_before_any_redis_call() -> None:
+    store = durabilis.connect("redis://127.0.0.1:1/0", socket_connect_timeout=0.2)
+    sync = ConfigSync(store)
+    with pytest.raises(durabilis.ConfigError):
+        sync.publish_policy("mcp_call")  # type: ignore[arg-type]
+    with pytest.raises(durabilis.ConfigError):
+        sync.unpublish("budget", "x")
+    with pytest.raises(durabilis.ConfigError):
+        ConfigSync(store, interval_seconds=0)
+    store.close()
+
+
+def test_the_async_twin_publishes_and_applies(redis_url: str, namespace: str) -> None:
+    async def main() -> None:
+        store = durabilis.connect_async(redis_url, namespace=namespace)
+        layer = AsyncDurabilityLayer(store)
+        sync = AsyncConfigSync(layer, interval_seconds=0.05)
+        other = AsyncDurabilityLayer(store)
+        async with AsyncConfigSync(other, interval_seconds=0.05) as watcher:
+            assert await sync.publish_policy(MCP5) == 1
+            assert layer.retry.get_policy("mcp_call") == MCP5  # applied here at once
+            for _ in range(100):
+                if other.retry.get_policy("mcp_call") == MCP5:
+                    break
+                await asyncio.sleep(0.02)
+            assert other.retry.get_policy("mcp_call") == MCP5
+            assert watcher.version == 1
+            assert (await sync.fleet_config()).retry_policies == {"mcp_call": MCP5}
+            assert await sync.unpublish("retry", "mcp_call") == 2
+        await layer.close()
+        await other.close()
+        await store.close()
+
+    asyncio.run(main())
+
+
+def test_the_poller_rides_out_a_redis_outage_and_catches_up(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis", appendonly=True).start()
+    try:
+        store = durabilis.connect(server.url, namespace="outage", socket_timeout=0.3,
+                                  socket_connect_timeout=0.3)
+        layer = DurabilityLayer(store)
+        with capture_logs() as logs, ConfigSync(layer, interval_seconds=0.05):
+            server.stop()
+            time.sleep(0.5)
+            server.start()
+            ConfigSync(store).publish_policy(MCP5)
+            deadline = time.monotonic() + 5
+            while layer.retry.get_policy("mcp_call") != MCP5 and time.monotonic() < deadline:
+                time.sleep(0.02)
+        assert layer.retry.get_policy("mcp_call") == MCP5
+        events = [e["event"] for e in logs]
+        assert events.count("durability_config_sync_failed") == 1  # once per outage
+        assert "durability_config_sync_recovered" in events
+        layer.close()
+        store.close()
+    finally:
+        server.stop()
+
+
+def test_the_documented_application_user_can_publish_and_follow_the_fleet_config(
+    private_redis: RedisServer,
+) -> None:
+    admin = redis.Redis.from_url(private_redis.url)
+    admin.execute_command("ACL", "SETUSER", "app", *rules_for("tenant", "pw"))
+    admin.close()
+    store = durabilis.connect(private_redis.url.replace("redis://", "redis://app:pw@"),
+                              namespace="tenant")
+    layer = DurabilityLayer(store)
+    assert ConfigSync(store).publish_policy(MCP5) == 1  # no pub/sub, no extra command
+    assert ConfigSync(layer).refresh() is not None
+    assert layer.retry.get_policy("mcp_call") == MCP5
+    layer.close()
+    store.close()
