@@ -29,6 +29,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from durabilis._store import DEFAULT_SOCKET_OPTIONS as CLIENT_OPTIONS
+
 KINDS = ("ping", "ping x2", "evalsha x2", "durabilis", "pybreaker")
 FAILING_KINDS = ("durabilis 5%", "pybreaker 5%")
 """With ``--with-failures``: every 20th call raises (the window is never all successes)."""
@@ -65,7 +67,7 @@ def _make_op(kind: str, url: str, namespace: str) -> tuple[Callable[[], Any], Ca
     import redis  # noqa: PLC0415
 
     if kind in ("ping", "ping x2"):
-        client = redis.Redis.from_url(url)
+        client = redis.Redis.from_url(url, **CLIENT_OPTIONS)
         if kind == "ping":
             return client.ping, client.close
 
@@ -80,7 +82,7 @@ def _make_op(kind: str, url: str, namespace: str) -> tuple[Callable[[], Any], Ca
         from durabilis._keys import KeySpace  # noqa: PLC0415
         from durabilis.breaker import CircuitBreakerConfig, _BreakerOps  # noqa: PLC0415
 
-        client = redis.Redis.from_url(url)
+        client = redis.Redis.from_url(url, **CLIENT_OPTIONS)
         ops = _BreakerOps(KeySpace(namespace), "bench-replica", 1000)
         ops.upsert(CircuitBreakerConfig("evalsha"))
         first = ops.before_call("evalsha")
@@ -110,7 +112,7 @@ def _make_op(kind: str, url: str, namespace: str) -> tuple[Callable[[], Any], Ca
     if kind.startswith("pybreaker"):
         import pybreaker  # noqa: PLC0415
 
-        client = redis.Redis.from_url(url)
+        client = redis.Redis.from_url(url, **CLIENT_OPTIONS)
         storage = pybreaker.CircuitRedisStorage(
             pybreaker.STATE_CLOSED, client, namespace=f"{namespace}-{kind.replace(' ', '-')}"
         )

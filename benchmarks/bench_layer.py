@@ -1,0 +1,182 @@
+"""The durable call: the full layer's happy path, sync and async, alone and under contention.
+
+Workloads (factories for :mod:`benchmarks._harness`):
+
+- ``durable_sync``: ``DurabilityLayer.execute(agent, "memory_write", payload, fn)``,
+  ``fn`` a no-op returning a small dict; every call a new payload, so a new
+  idempotency key (claim, breaker admission and in-flight index in one round
+  trip; record, breaker report and index in a second). ``memory_write`` is
+  guarded by the ``memory_service`` breaker: every process of a run shares it.
+- ``durable_sync_checkpoint``: the same with ``task_id``/``phase``: the result
+  is also saved as a checkpoint in the second round trip.
+- ``durable_async``: ``AsyncDurabilityLayer.execute``, one call in flight.
+- ``durable_async_x16``: the same with 16 calls in flight in one event loop.
+- ``durable_duplicate``: a call whose operation already completed (a retry of
+  a finished write): the stored result comes back, ``fn`` does not run.
+- ``durable_contention``: every process walks the SAME sequence of payloads, so
+  the processes race for the same keys: one wins each key ("new"), the others
+  get its stored result ("duplicate") or, while the winner runs,
+  ``OperationInProgress`` ("in_progress").
+
+The payload is a small JSON-compatible dict (about 150 bytes), hashed into the
+key as the layer does by default.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import durabilis
+from benchmarks._harness import Workload
+from durabilis import AsyncDurabilityLayer, DurabilityLayer, OperationInProgress
+
+NAMESPACE = "bench"
+TEXT = "x" * 100
+
+
+def payload(tag: str, index: int, i: int) -> dict[str, Any]:
+    """The operation's payload (distinct per tag, process and call)."""
+    return {"page": f"Page-{i}", "text": TEXT, "tag": tag, "w": index, "i": i}
+
+
+def _result(ctx: durabilis.OperationContext) -> dict[str, Any]:
+    return {"ok": True, "attempt": ctx.attempt}
+
+
+async def _aresult(ctx: durabilis.OperationContext) -> dict[str, Any]:
+    return {"ok": True, "attempt": ctx.attempt}
+
+
+class DurableSync(Workload):
+    def __init__(self, url: str, index: int, *, checkpoint: bool = False) -> None:
+        self.store = durabilis.connect(url, namespace=NAMESPACE)
+        self.layer = DurabilityLayer(self.store)
+        self.index = index
+        self.checkpoint = checkpoint
+        self.tag = "-"
+        self.counter = itertools.count()
+
+    def start(self, tag: str) -> None:
+        self.tag = tag
+        self.counter = itertools.count()
+
+    def call(self) -> object:
+        i = next(self.counter)
+        if self.checkpoint:
+            self.layer.execute(
+                "agent-1", "memory_write", payload(self.tag, self.index, i), _result,
+                task_id=f"task-{self.tag}-{self.index}-{i}", phase="write",
+            )
+        else:
+            self.layer.execute("agent-1", "memory_write", payload(self.tag, self.index, i), _result)
+        return None
+
+    def close(self) -> None:
+        self.layer.close()
+        self.store.close()
+
+
+class DurableAsync(Workload):
+    is_async = True
+
+    def __init__(self, url: str, index: int, *, concurrency: int = 1) -> None:
+        self.store = durabilis.connect_async(url, namespace=NAMESPACE)
+        self.layer = AsyncDurabilityLayer(self.store)
+        self.index = index
+        self.concurrency = concurrency
+        self.tag = "-"
+        self.counter = itertools.count()
+
+    def start(self, tag: str) -> None:
+        self.tag = tag
+        self.counter = itertools.count()
+
+    async def acall(self) -> object:
+        i = next(self.counter)
+        await self.layer.execute(
+            "agent-1", "memory_write", payload(self.tag, self.index, i), _aresult
+        )
+        return None
+
+    async def aclose(self) -> None:
+        await self.layer.close()
+        await self.store.close()
+
+
+class DurableContention(DurableSync):
+    """Every process walks the same payloads: most calls are duplicates or in progress."""
+
+    def call(self) -> object:
+        i = next(self.counter)
+        ran = False
+
+        def fn(ctx: durabilis.OperationContext) -> dict[str, Any]:
+            nonlocal ran
+            ran = True
+            return _result(ctx)
+
+        try:
+            self.layer.execute("agent-1", "memory_write", payload(self.tag, -1, i), fn)
+        except OperationInProgress:
+            return "in_progress"
+        return "new" if ran else "duplicate"
+
+
+class DurableDuplicate(Workload):
+    """A durable call whose operation already completed: answered from the stored result."""
+
+    def __init__(self, url: str, index: int) -> None:
+        self.inner = DurableSync(url, index)
+
+    def start(self, tag: str) -> None:
+        self.inner.start(tag)
+        self.inner.call()  # the one real run; every later call is its duplicate
+
+    def call(self) -> object:
+        self.inner.counter = itertools.count()  # the same payload again
+        return self.inner.call()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def durable_sync(url: str, index: int) -> Workload:
+    return DurableSync(url, index)
+
+
+def durable_sync_checkpoint(url: str, index: int) -> Workload:
+    return DurableSync(url, index, checkpoint=True)
+
+
+def durable_async(url: str, index: int) -> Workload:
+    return DurableAsync(url, index)
+
+
+def durable_async_x16(url: str, index: int) -> Workload:
+    return DurableAsync(url, index, concurrency=16)
+
+
+def durable_contention(url: str, index: int) -> Workload:
+    return DurableContention(url, index)
+
+
+def durable_duplicate(url: str, index: int) -> Workload:
+    return DurableDuplicate(url, index)
+
+
+SINGLE = {
+    "durable call (sync)": "benchmarks.bench_layer:durable_sync",
+    "durable call + checkpoint (sync)": "benchmarks.bench_layer:durable_sync_checkpoint",
+    "durable call (async, 1 in flight)": "benchmarks.bench_layer:durable_async",
+    "durable call (async, 16 in flight)": "benchmarks.bench_layer:durable_async_x16",
+    "durable call, completed duplicate (sync)": "benchmarks.bench_layer:durable_duplicate",
+}
+"""In-process figures (1 process)."""
+
+PROCESSES = {
+    "durable call (sync)": "benchmarks.bench_layer:durable_sync",
+    "durable call (async)": "benchmarks.bench_layer:durable_async",
+    "contention: same keys (sync)": "benchmarks.bench_layer:durable_contention",
+}
+"""Multi-process figures (1..8 processes sharing one breaker)."""

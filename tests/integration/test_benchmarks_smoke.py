@@ -1,0 +1,96 @@
+"""The benchmark suite (``python -m benchmarks``) still runs, in its tiny smoke mode.
+
+Speed is never asserted here (benchmarks/README.md has the figures): this test
+only keeps the harness from rotting, checking that every section of the results
+is there, well formed, and that each bench-only peer installed was measured.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _figure(f: Any) -> None:
+    assert f["min"] <= f["median"] <= f["max"], f
+    assert f["min"] > 0 and len(f["runs"]) >= 1, f
+
+
+def _installed(*modules: str) -> bool:
+    return all(importlib.util.find_spec(m) is not None for m in modules)
+
+
+@pytest.mark.slow
+def test_the_suite_runs_in_smoke_mode_and_writes_every_section(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--smoke", "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    table = (tmp_path / "results.txt").read_text()
+    assert "Targets (ratios measured in this run)" in proc.stdout and table.strip()
+
+    meta = results["meta"]
+    assert meta["mode"] == "smoke" and meta["machine"]["redis_server"]
+    single, procs = results["single"], results["processes"]
+    for kind in (
+        "redis PING", "redis EVALSHA (return 1)", "durable call (sync)",
+        "durable call + checkpoint (sync)", "durable call (async, 1 in flight)",
+        "durable call (async, 16 in flight)", "durable call, completed duplicate (sync)",
+        "idempotency claim+record", "idempotency duplicate (completed key)",
+        "breaker admit+report", "checkpoint save", "checkpoint restore", "DLQ enqueue",
+        "DLQ replay",
+    ):
+        _figure(single[kind])
+        assert single[kind]["client_cpu_us"] > 0, kind
+    for kind in ("redis PING", "durable call (sync)", "durable call (async)",
+                 "contention: same keys (sync)", "idempotency claim+record"):
+        assert set(procs[kind]) == {"1", "2"}, kind
+        for f in procs[kind].values():
+            _figure(f)
+    # Two processes walking the same keys: one wins each, the other is answered.
+    mix = procs["contention: same keys (sync)"]["2"]["outcomes"]
+    assert mix["new"] < 1.0 and set(mix) <= {"new", "duplicate", "in_progress"}
+
+    costs = results["cost"]["per_operation"]
+    assert costs["redis PING"]["round_trips"] == 1.0
+    assert costs["durable call (new key)"]["round_trips"] == 2.0  # the layer's promise
+    assert costs["durable call (new key)"]["commands"] > costs["redis PING"]["commands"]
+    for kind in ("idempotency record", "durable call record", "breaker", "checkpoint",
+                 "DLQ record"):
+        assert results["cost"]["memory"][kind]["bytes"] > 0, kind
+
+    targets = {t["name"]: t for t in results["targets"]}
+    assert len(targets) == 4
+    durable = next(t for t in targets.values() if "PING" in t["name"])
+    assert durable["ratio"] > 0 and isinstance(durable["met"], bool)
+
+    # Each peer is measured when its bench-only extra is installed, else says why not.
+    powertools = single["powertools idempotency (Redis)"]
+    if _installed("aws_lambda_powertools", "boto3"):
+        _figure(powertools)
+        assert all(isinstance(t["met"], bool) for t in targets.values()
+                   if "powertools" in t["name"])
+    else:
+        assert "skipped" in powertools
+    if _installed("pybreaker"):
+        for f in results["breaker"]["processes"]["1"].values():
+            _figure(f)
+        assert results["breaker"]["ratios"]["1"]["durabilis/pybreaker"] > 0
+    else:
+        assert "skipped" in results["breaker"]
+    if _installed("tenacity", "stamina"):
+        assert results["retry"]["ratios"]["durabilis execute / tenacity Retrying"] > 0
+    else:
+        assert "skipped" in results["retry"]
+    if _installed("matplotlib"):
+        assert (tmp_path / "throughput.png").stat().st_size > 10_000
