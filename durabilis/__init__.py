@@ -26,6 +26,7 @@ from durabilis.checkpoint import (
     CheckpointManager,
     TaskRun,
 )
+from durabilis.config import AsyncConfigSync, ConfigSync, FleetConfig, Reload, load_config
 from durabilis.dlq import (
     AsyncDeadLetterQueue,
     DeadLetterQueue,
@@ -43,6 +44,7 @@ from durabilis.errors import (
     CheckpointNotFound,
     CircuitOpen,
     ConfigError,
+    ConfigFileError,
     CorruptData,
     DependencyNotFound,
     DurabilisError,
@@ -58,6 +60,7 @@ from durabilis.errors import (
     StorageUnavailable,
     UnsupportedUrl,
 )
+from durabilis.events import configure_logging
 from durabilis.idempotency import (
     AsyncIdempotencyGuard,
     CheckResult,
@@ -66,6 +69,14 @@ from durabilis.idempotency import (
     IdempotencyGuard,
     IdempotencyKey,
     New,
+)
+from durabilis.layer import (
+    AsyncDurabilityLayer,
+    DurabilityConfig,
+    DurabilityLayer,
+    LayerStats,
+    OperationContext,
+    current_operation,
 )
 from durabilis.retry import (
     AsyncRetryEngine,
@@ -85,7 +96,9 @@ __all__ = [
     "NO_CHECKPOINT",
     "AsyncCheckpointManager",
     "AsyncCircuitBreakerRegistry",
+    "AsyncConfigSync",
     "AsyncDeadLetterQueue",
+    "AsyncDurabilityLayer",
     "AsyncIdempotencyGuard",
     "AsyncRetryEngine",
     "AsyncStore",
@@ -102,6 +115,8 @@ __all__ = [
     "CircuitBreakerRegistry",
     "CircuitOpen",
     "ConfigError",
+    "ConfigFileError",
+    "ConfigSync",
     "CorruptData",
     "DeadLetterQueue",
     "DependencyNotFound",
@@ -112,6 +127,9 @@ __all__ = [
     "DlqStatus",
     "Duplicate",
     "DurabilisError",
+    "DurabilityConfig",
+    "DurabilityLayer",
+    "FleetConfig",
     "IdempotencyConfig",
     "IdempotencyGuard",
     "IdempotencyKey",
@@ -119,12 +137,15 @@ __all__ = [
     "InvalidPayload",
     "InvalidTtl",
     "KeyReuseMismatch",
+    "LayerStats",
     "LeaseLost",
     "New",
+    "OperationContext",
     "OperationError",
     "OperationInProgress",
     "PayloadTooLarge",
     "Permit",
+    "Reload",
     "ReplayOutcome",
     "ReplayResult",
     "ReplaySummary",
@@ -139,9 +160,12 @@ __all__ = [
     "TaskRun",
     "UnsupportedUrl",
     "__version__",
+    "configure_logging",
     "connect",
     "connect_async",
+    "current_operation",
     "error_code",
+    "load_config",
     "register_error_code",
     "retry",
 ]
