@@ -29,7 +29,14 @@ from tests.support.garbage import (
     snapshot,
     untouched_or_valid,
 )
-from tests.support.hypo import any_text, garbage_bytes, hostile, hostile_or, pick
+from tests.support.hypo import (
+    any_text,
+    garbage_bytes,
+    hostile,
+    hostile_or,
+    pick,
+    plant_drawn_garbage,
+)
 
 _fresh = itertools.count()
 
@@ -200,14 +207,7 @@ def test_garbage_in_any_field_of_any_breaker_key_works_or_raises_and_keeps_every
         key = pick(data, [k for k in keys if shape[k][0] != "set"])
         kind = shape[key][0]
         blob = data.draw(garbage_bytes)
-        if kind == "hash":
-            fields = [f.decode() for f in raw.hkeys(key)]
-            field = pick(data, fields)
-            raw.hset(key, field, blob)
-        elif kind == "zset":
-            raw.zadd(key, {blob: data.draw(st.floats(allow_nan=False))})
-        else:  # stream: an entry of foreign fields
-            raw.xadd(key, {data.draw(st.sampled_from([b"from", b"to", b"time", b"x"])): blob})
+        plant_drawn_garbage(raw, data, key, kind, blob)
         exercise(registry, name)
         assert no_ttl_lost(raw, shape) == []
     finally:

@@ -46,6 +46,7 @@ from tests.support.hypo import (
     msgpack_values,
     normalised,
     pick,
+    plant_drawn_garbage,
     same,
     unencodable,
 )
@@ -215,20 +216,7 @@ def test_garbage_in_any_field_of_any_checkpoint_key_works_or_raises_and_keeps_ev
         key = pick(data, keys)
         kind = shape[key][0]
         blob = data.draw(garbage_bytes)
-        if kind == "hash":
-            field = pick(data, [f.decode() for f in raw.hkeys(key)])
-            raw.hset(key, field, blob)
-        elif kind == "zset":
-            members = raw.zrange(key, 0, -1)
-            if members and data.draw(st.booleans()):  # a known member, garbage score
-                raw.zadd(key, {pick(data, members): data.draw(
-                    st.floats(allow_nan=False))})
-            else:
-                raw.zadd(key, {blob: data.draw(st.floats(allow_nan=False))})
-        elif kind == "string":
-            raw.set(key, blob, keepttl=True)
-        else:
-            raw.sadd(key, blob) if kind == "set" else raw.rpush(key, blob)
+        plant_drawn_garbage(raw, data, key, kind, blob)
         exercise(manager, checkpoint_id)
         assert no_ttl_lost(raw, shape) == []
     finally:

@@ -38,6 +38,7 @@ from tests.support.hypo import (
     msgpack_values,
     normalised,
     pick,
+    plant_drawn_garbage,
     same,
     unencodable,
 )
@@ -232,23 +233,7 @@ def test_garbage_in_any_field_of_any_dlq_key_works_or_raises_and_keeps_every_ttl
         key = pick(data, keys)
         kind = shape[key][0]
         blob = data.draw(garbage_bytes)
-        if kind == "hash":
-            field = pick(data, [f.decode() for f in raw.hkeys(key)])
-            raw.hset(key, field, blob)
-        elif kind == "zset":
-            members = raw.zrange(key, 0, -1)
-            if members and data.draw(st.booleans()):
-                raw.zadd(key, {pick(data, members): data.draw(
-                    st.floats(allow_nan=False))})
-            else:
-                raw.zadd(key, {blob: data.draw(st.floats(allow_nan=False))})
-        elif kind == "stream":
-            entries = raw.xrange(key)
-            fields = dict(entries[-1][1]) if entries else {}
-            name = pick(data, list(fields) or [b"x"])
-            raw.xadd(key, {**fields, name: blob})
-        else:
-            raw.set(key, blob, keepttl=True) if kind == "string" else raw.sadd(key, blob)
+        plant_drawn_garbage(raw, data, key, kind, blob)
         exercise(dlq, ids)
         assert no_ttl_lost(raw, shape) == []
     finally:

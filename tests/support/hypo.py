@@ -112,3 +112,29 @@ def pick(data: st.DataObject, items: list[Any]) -> Any:
     would change its constraints between runs and fail as flaky)."""
     ordered = sorted(items)
     return ordered[data.draw(st.integers(min_value=0, max_value=999)) % len(ordered)]
+
+
+def plant_drawn_garbage(raw: Any, data: st.DataObject, key: str, kind: str, blob: bytes) -> None:
+    """Write ``blob`` into ONE place of ``key`` chosen by hypothesis, by the key's type.
+
+    hash: a field the pillar wrote; zset: a known member with a drawn score, or
+    a foreign member; stream: an entry like the last one with one field replaced;
+    string/set/list: the value / a member / an element. Keeps the key's TTL.
+    """
+    if kind == "hash":
+        raw.hset(key, pick(data, [f.decode() for f in raw.hkeys(key)]), blob)
+    elif kind == "zset":
+        members = raw.zrange(key, 0, -1)
+        score = data.draw(st.floats(allow_nan=False))
+        known = members and data.draw(st.booleans())
+        raw.zadd(key, {pick(data, members) if known else blob: score})
+    elif kind == "stream":
+        entries = raw.xrange(key)
+        fields = dict(entries[-1][1]) if entries else {}
+        raw.xadd(key, {**fields, pick(data, list(fields) or [b"x"]): blob})
+    elif kind == "string":
+        raw.set(key, blob, keepttl=True)
+    elif kind == "set":
+        raw.sadd(key, blob)
+    else:
+        raw.rpush(key, blob)
