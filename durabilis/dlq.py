@@ -28,8 +28,6 @@ is two per batch.
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import json
 import math
 import os
@@ -41,13 +39,14 @@ from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
-from typing import Any, NamedTuple, TypeAlias, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import structlog
 
 from durabilis import _codec
 from durabilis._keys import KeySpace
 from durabilis._scripts import ScriptCall
+from durabilis._steps import Command, Run, Sleep, adrive, drive
 from durabilis._store import AsyncStore, Store
 from durabilis.errors import (
     ConfigError,
@@ -78,6 +77,8 @@ _PAGE = 100
 _JSON_FIELD = "original_operation"
 _MSGPACK_FIELD = "original_operation_msgpack"
 _META_PREFIX = "meta:"
+MAX_METADATA_FIELDS = 1000
+"""Most metadata fields a record may carry (each is a field of its stream entry)."""
 # Caller-chosen ids end up inside index members separated by "|": keep them plain.
 _ID_RE = re.compile(r"^[A-Za-z0-9_.:%\-]{1,200}$")
 # TTLs become PEXPIRE milliseconds in Lua: beyond ten years they stop being
@@ -369,8 +370,9 @@ def _truncate(text: str, limit: int) -> str:
     return data[: limit - len(marker)].decode("utf-8", errors="ignore") + marker
 
 
-def _encode_operation(value: Any) -> tuple[str, bytes]:
-    """JSON text when the value survives a JSON round trip unchanged, else msgpack."""
+def _encode_operation(value: Any, room: int | None = None) -> tuple[str, bytes]:
+    """JSON text when the value survives a JSON round trip unchanged (and fits
+    in ``room`` bytes), else msgpack (often smaller: bytes, floats, non-ASCII)."""
     text = _codec.json_text_or_none(value)
     if text is not None:
         try:
@@ -379,9 +381,16 @@ def _encode_operation(value: Any) -> tuple[str, bytes]:
             same = False
         if same:
             try:
-                return _JSON_FIELD, text.encode("utf-8")
+                encoded = text.encode("utf-8")
             except UnicodeEncodeError:
-                pass  # a lone surrogate: msgpack refuses it too, as InvalidPayload
+                encoded = None  # a lone surrogate: msgpack refuses it too, as InvalidPayload
+            if encoded is not None:
+                if room is None or len(encoded) <= room:
+                    return _JSON_FIELD, encoded
+                packed = _codec.pack(value, what="original_operation")
+                if len(packed) < len(encoded):
+                    return _MSGPACK_FIELD, packed
+                return _JSON_FIELD, encoded
     return _MSGPACK_FIELD, _codec.pack(value, what="original_operation")
 
 
@@ -433,6 +442,17 @@ class _Enqueued:
 
 
 @dataclass(frozen=True, slots=True)
+class Prepared:
+    """A DLQ record checked and encoded ahead of time (``_DlqOps.prepare``)."""
+
+    agent_id: str
+    operation_type: str
+    payload_field: str
+    payload: bytes
+    metadata: tuple[str, ...]  # field, value, ... (fields already prefixed)
+
+
+@dataclass(frozen=True, slots=True)
 class _Claimed:
     token: str
     record: DlqRecord
@@ -442,29 +462,21 @@ class _Claimed:
 # --- the steps a plan asks its driver to do ---------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class _Command:
-    """A plain read command; ``key`` names the key in errors."""
-
-    args: tuple[Any, ...]
-    key: str
-
-
-@dataclass(frozen=True, slots=True)
-class _Handle:
-    """Run the replay handler on ``record``; the driver sends back None or the exception."""
-
-    record: DlqRecord
-
-
-@dataclass(frozen=True, slots=True)
-class _Sleep:
-    seconds: float
-
-
-_Step: TypeAlias = ScriptCall | _Command | _Handle | _Sleep
 _T = TypeVar("_T")
-_Plan = Generator[_Step, Any, _T]
+_Plan = Generator[Any, Any, _T]
+Handle = Callable[[DlqRecord], "_Plan[BaseException | None]"]
+"""How a replay runs a record: a plan returning ``None`` (done) or the failure."""
+
+
+def handler_plan(handler: Callable[[DlqRecord], Any]) -> Handle:
+    """The replay plan of a plain handler: run it (it fails by raising)."""
+
+    def handle(record: DlqRecord) -> _Plan[BaseException | None]:
+        ok, value = yield Run(handler, record)
+        return None if ok else value
+
+    return handle
+
 
 
 class _Pacer:
@@ -605,6 +617,95 @@ class _DlqOps:
 
     # enqueue ---------------------------------------------------------------
 
+    def prepare(
+        self,
+        agent_id: str,
+        operation_type: str,
+        original_operation: Any,
+        metadata: Mapping[str, str] | None = None,
+        *,
+        spare_bytes: int = 0,
+    ) -> Prepared:
+        """Check and encode what a later :meth:`enqueue_prepared` parks (no I/O).
+
+        The composed layer prepares its DLQ record BEFORE it claims an
+        operation, so a failure can always be parked (check before the effect).
+
+        Args:
+            spare_bytes: Room kept under ``max_payload_bytes`` for metadata
+                added at enqueue time.
+
+        Raises:
+            InvalidKey: Empty/over-long/NUL ``agent_id`` or ``operation_type``.
+            InvalidPayload: Metadata not str -> str, too many metadata fields, or
+                an operation msgpack cannot encode.
+            PayloadTooLarge: The encoded operation plus metadata is over
+                ``max_payload_bytes``.
+        """
+        self.name("agent_id", agent_id)
+        self.name("operation_type", operation_type)
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise InvalidPayload(f"metadata must be a mapping, got {type(metadata).__name__}")
+        if metadata is not None and len(metadata) > MAX_METADATA_FIELDS:
+            raise InvalidPayload(
+                f"metadata has {len(metadata)} fields, over the limit of {MAX_METADATA_FIELDS}"
+            )
+        meta: list[str] = []
+        size = spare_bytes
+        for key, value in (metadata or {}).items():
+            if not isinstance(key, str) or not key or not isinstance(value, str):
+                raise InvalidPayload(
+                    f"metadata must map non-empty str to str, got {key!r}: {type(value).__name__}"
+                )
+            meta += [_META_PREFIX + _clean(key), _clean(value)]
+            size += len(key.encode("utf-8", "replace")) + len(value.encode("utf-8", "replace"))
+        payload_field, payload = _encode_operation(
+            original_operation, self.config.max_payload_bytes - size
+        )
+        size += len(payload)
+        if size > self.config.max_payload_bytes:
+            raise PayloadTooLarge("original_operation", size, self.config.max_payload_bytes)
+        return Prepared(agent_id, operation_type, payload_field, payload, tuple(meta))
+
+    def enqueue_prepared(
+        self,
+        prepared: Prepared,
+        retry_count: int,
+        last_error: str,
+        *,
+        dlq_id: str,
+        ttl_seconds: float | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> ScriptCall:
+        """The enqueue call of a prepared record (never raises for its content:
+        the error text is truncated, ``metadata`` here is small and trusted)."""
+        meta = list(prepared.metadata)
+        for key, value in (metadata or {}).items():
+            meta += [_META_PREFIX + _clean(key), _clean(value)]
+        return ScriptCall(
+            "dlq_enqueue",
+            [
+                self.stream_key,
+                self.expiry_key,
+                self.pending_key,
+                self.pending_by_op_key,
+                self.counts_key,
+                self.record_key(dlq_id),
+            ],
+            [
+                dlq_id,
+                self.ttl_ms(ttl_seconds),
+                self.config.purge_per_enqueue,
+                prepared.agent_id,
+                prepared.operation_type,
+                str(max(0, int(retry_count))),
+                _truncate(_clean(last_error), self.config.max_error_bytes),
+                prepared.payload_field,
+                prepared.payload,
+                *meta,
+            ],
+        )
+
     def enqueue(  # noqa: PLR0917  (the seed's signature)
         self,
         agent_id: str,
@@ -623,13 +724,13 @@ class _DlqOps:
             InvalidKey: Empty/over-long/NUL ``agent_id`` or ``operation_type``,
                 or a malformed caller-chosen ``dlq_id``.
             InvalidPayload: ``retry_count`` not an int >= 0, ``last_error`` not
-                text, metadata not str -> str, or an operation msgpack cannot encode.
+                text, metadata not str -> str (or more than
+                ``MAX_METADATA_FIELDS`` fields), or an operation msgpack cannot encode.
             PayloadTooLarge: The encoded operation plus metadata is over
                 ``max_payload_bytes``.
             InvalidTtl: ``ttl_seconds`` <= 0.
         """
-        self.name("agent_id", agent_id)
-        self.name("operation_type", operation_type)
+        prepared = self.prepare(agent_id, operation_type, original_operation, metadata)
         if not isinstance(retry_count, int) or isinstance(retry_count, bool) or retry_count < 0:
             raise InvalidPayload(f"retry_count must be an integer >= 0, got {retry_count!r}")
         if last_error is None:
@@ -640,43 +741,9 @@ class _DlqOps:
             dlq_id = uuid.uuid4().hex
         elif not isinstance(dlq_id, str) or not _ID_RE.match(dlq_id):
             raise InvalidKey(str(dlq_id), "a dlq_id must be 1-200 chars of [A-Za-z0-9_.:%-]")
-        ttl_ms = self.ttl_ms(ttl_seconds)
-        payload_field, payload = _encode_operation(original_operation)
-        meta: list[str] = []
-        size = len(payload)
-        if metadata is not None and not isinstance(metadata, Mapping):
-            raise InvalidPayload(f"metadata must be a mapping, got {type(metadata).__name__}")
-        for key, value in (metadata or {}).items():
-            if not isinstance(key, str) or not key or not isinstance(value, str):
-                raise InvalidPayload(
-                    f"metadata must map non-empty str to str, got {key!r}: {type(value).__name__}"
-                )
-            meta += [_META_PREFIX + _clean(key), _clean(value)]
-            size += len(key.encode("utf-8", "replace")) + len(value.encode("utf-8", "replace"))
-        if size > self.config.max_payload_bytes:
-            raise PayloadTooLarge("original_operation", size, self.config.max_payload_bytes)
-        return ScriptCall(
-            "dlq_enqueue",
-            [
-                self.stream_key,
-                self.expiry_key,
-                self.pending_key,
-                self.pending_by_op_key,
-                self.counts_key,
-                self.record_key(dlq_id),
-            ],
-            [
-                dlq_id,
-                ttl_ms,
-                self.config.purge_per_enqueue,
-                agent_id,
-                operation_type,
-                str(retry_count),
-                _truncate(last_error, self.config.max_error_bytes),
-                payload_field,
-                payload,
-                *meta,
-            ],
+        self.ttl_ms(ttl_seconds)
+        return self.enqueue_prepared(
+            prepared, retry_count, last_error, dlq_id=dlq_id, ttl_seconds=ttl_seconds
         )
 
     def decode_enqueue(self, call: ScriptCall, reply: Any) -> _Enqueued:
@@ -813,20 +880,20 @@ class _DlqOps:
             original_error=original_error,
         )
 
-    def pending_range(self, operation_type: str | None, after: bytes | None) -> _Command:
+    def pending_range(self, operation_type: str | None, after: bytes | None) -> Command:
         """One page of the pending index (lex order = enqueue order).
 
         ``after`` is exclusive: a raw member, or ``sort_key(sid) + b"|\\xff"``.
         """
         if operation_type is None:
             low = b"-" if after is None else b"(" + after
-            return _Command(
+            return Command(
                 ("ZRANGEBYLEX", self.pending_key, low, b"+", "LIMIT", 0, _PAGE), self.pending_key
             )
         prefix = operation_type.encode("utf-8") + b"\x00"
         low = b"[" + prefix if after is None else b"(" + prefix + after
         high = b"(" + operation_type.encode("utf-8") + b"\x01"
-        return _Command(
+        return Command(
             ("ZRANGEBYLEX", self.pending_by_op_key, low, high, "LIMIT", 0, _PAGE),
             self.pending_by_op_key,
         )
@@ -843,9 +910,9 @@ class _DlqOps:
             out.append(_Member(raw, _text(sk, key, "member"), _text(dlq_id, key, "member")))
         return out
 
-    def stream_range(self, after: str | None) -> _Command:
+    def stream_range(self, after: str | None) -> Command:
         low = "-" if after is None else "(" + after
-        return _Command(("XRANGE", self.stream_key, low, "+", "COUNT", _PAGE), self.stream_key)
+        return Command(("XRANGE", self.stream_key, low, "+", "COUNT", _PAGE), self.stream_key)
 
     def decode_entries(self, reply: Any) -> list[tuple[str, dict[str, Any]]]:
         key = self.stream_key
@@ -943,7 +1010,7 @@ class _DlqOps:
         text = _truncate(error_text(error), self.config.max_error_bytes)
         return ScriptCall("dlq_fail", [self.record_key(dlq_id)], [token, text])
 
-    def replay_steps(self, dlq_id: str) -> _Plan[ReplayResult]:
+    def replay_steps(self, dlq_id: str, handle: Handle) -> _Plan[ReplayResult]:
         """Claim, run the handler, then finish (fenced) or report the failure."""
         if not self.known_id(dlq_id):
             return ReplayResult(dlq_id, ReplayOutcome.NOT_FOUND)
@@ -951,7 +1018,7 @@ class _DlqOps:
         if isinstance(claimed, ReplayResult):
             return claimed
         record = claimed.record
-        error = yield _Handle(record)
+        error = yield from handle(record)
         key = self.record_key(dlq_id)
         if isinstance(error, BaseException):
             call = self.fail(dlq_id, claimed.token, error)
@@ -1015,6 +1082,7 @@ class _DlqOps:
         operation_type: str | None,
         limit: int | None,
         max_per_second: float | None,
+        handle: Handle,
     ) -> _Plan[ReplaySummary]:
         """Walk the pending index once, oldest first, replaying each record."""
         if operation_type is not None:
@@ -1037,9 +1105,9 @@ class _DlqOps:
                     break
                 wait = pacer.wait(time.monotonic())
                 if wait > 0:
-                    yield _Sleep(wait)
+                    yield Sleep(wait)
                 started = time.monotonic()
-                result = yield from self.replay_steps(member.dlq_id)
+                result = yield from self.replay_steps(member.dlq_id, handle)
                 if tally.add(result):
                     pacer.started(started)
             if len(page) < _PAGE:
@@ -1230,72 +1298,7 @@ def _default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
-def _rekey(exc: CorruptData, key: str) -> CorruptData:
-    # Plain commands are mapped without knowing their key ("?"): name it.
-    return CorruptData(key, "a key holds a value of the wrong type") if exc.key == "?" else exc
-
-
 # --- the twins: thin I/O shells -------------------------------------------------------
-
-
-def _drive(store: Store, plan: _Plan[_T], handler: Callable[[DlqRecord], Any] | None) -> _T:
-    """Run a plan's steps against ``store`` (the sync driver)."""
-    reply: Any = None
-    while True:
-        try:
-            step = plan.send(reply)
-        except StopIteration as stop:
-            result: _T = stop.value
-            return result
-        if isinstance(step, ScriptCall):
-            reply = store.run(step)
-        elif isinstance(step, _Command):
-            try:
-                reply = store.command(*step.args)
-            except CorruptData as exc:
-                raise _rekey(exc, step.key) from exc
-        elif isinstance(step, _Handle):
-            assert handler is not None
-            try:
-                handler(step.record)
-                reply = None
-            except Exception as exc:  # the handler's failure is data, not ours
-                reply = exc
-        else:
-            time.sleep(step.seconds)
-            reply = None
-
-
-async def _adrive(
-    store: AsyncStore, plan: _Plan[_T], handler: Callable[[DlqRecord], Any] | None
-) -> _T:
-    """Run a plan's steps against ``store`` (the asyncio driver)."""
-    reply: Any = None
-    while True:
-        try:
-            step = plan.send(reply)
-        except StopIteration as stop:
-            result: _T = stop.value
-            return result
-        if isinstance(step, ScriptCall):
-            reply = await store.run(step)
-        elif isinstance(step, _Command):
-            try:
-                reply = await store.command(*step.args)
-            except CorruptData as exc:
-                raise _rekey(exc, step.key) from exc
-        elif isinstance(step, _Handle):
-            assert handler is not None
-            try:
-                outcome = handler(step.record)
-                if inspect.isawaitable(outcome):
-                    await outcome
-                reply = None
-            except Exception as exc:  # the handler's failure is data, not ours
-                reply = exc
-        else:
-            await asyncio.sleep(step.seconds)
-            reply = None
 
 
 class DeadLetterQueue:
@@ -1389,7 +1392,7 @@ class DeadLetterQueue:
             after: Continue after this record (or its ``stream_id``): pass the
                 last record of the previous page.
         """
-        return _drive(self.store, self._ops.list_pending_steps(operation_type, limit, after), None)
+        return drive(self._ops.list_pending_steps(operation_type, limit, after), self.store)
 
     def list_all(
         self,
@@ -1404,7 +1407,7 @@ class DeadLetterQueue:
             ``(records, pending_count)``; ``pending_count`` counts every pending
             record (of ``operation_type`` when given), not only this page.
         """
-        return _drive(self.store, self._ops.list_all_steps(operation_type, limit, after), None)
+        return drive(self._ops.list_all_steps(operation_type, limit, after), self.store)
 
     def pending_count(self, operation_type: str | None = None) -> int:
         """How many live records are pending (of ``operation_type`` when given)."""
@@ -1445,7 +1448,7 @@ class DeadLetterQueue:
         ``KeyboardInterrupt`` and other ``BaseException``s propagate: the
         claim then expires after ``claim_ttl_seconds``.
         """
-        return _drive(self.store, self._ops.replay_steps(dlq_id), handler)
+        return drive(self._ops.replay_steps(dlq_id, handler_plan(handler)), self.store)
 
     def replay_pending(
         self,
@@ -1462,12 +1465,14 @@ class DeadLetterQueue:
             limit: Run the handler at most this many times.
             max_per_second: Start at most this many handlers per second.
         """
-        plan = self._ops.replay_pending_steps(operation_type, limit, max_per_second)
-        return _drive(self.store, plan, handler)
+        plan = self._ops.replay_pending_steps(
+            operation_type, limit, max_per_second, handler_plan(handler)
+        )
+        return drive(plan, self.store)
 
     def cleanup_expired(self) -> int:
         """Remove expired records from every structure; returns how many."""
-        return _drive(self.store, self._ops.cleanup_steps(), None)
+        return drive(self._ops.cleanup_steps(), self.store)
 
 
 class AsyncDeadLetterQueue:
@@ -1528,7 +1533,7 @@ class AsyncDeadLetterQueue:
     ) -> list[DlqRecord]:
         """See :meth:`DeadLetterQueue.list_pending`."""
         plan = self._ops.list_pending_steps(operation_type, limit, after)
-        return await _adrive(self.store, plan, None)
+        return await adrive(plan, self.store)
 
     async def list_all(
         self,
@@ -1539,7 +1544,7 @@ class AsyncDeadLetterQueue:
     ) -> DlqListing:
         """See :meth:`DeadLetterQueue.list_all`."""
         plan = self._ops.list_all_steps(operation_type, limit, after)
-        return await _adrive(self.store, plan, None)
+        return await adrive(plan, self.store)
 
     async def pending_count(self, operation_type: str | None = None) -> int:
         """See :meth:`DeadLetterQueue.pending_count`."""
@@ -1569,7 +1574,7 @@ class AsyncDeadLetterQueue:
         self, dlq_id: str, handler: Callable[[DlqRecord], Awaitable[object] | object]
     ) -> ReplayResult:
         """See :meth:`DeadLetterQueue.replay`."""
-        return await _adrive(self.store, self._ops.replay_steps(dlq_id), handler)
+        return await adrive(self._ops.replay_steps(dlq_id, handler_plan(handler)), self.store)
 
     async def replay_pending(
         self,
@@ -1579,9 +1584,11 @@ class AsyncDeadLetterQueue:
         max_per_second: float | None = None,
     ) -> ReplaySummary:
         """See :meth:`DeadLetterQueue.replay_pending`."""
-        plan = self._ops.replay_pending_steps(operation_type, limit, max_per_second)
-        return await _adrive(self.store, plan, handler)
+        plan = self._ops.replay_pending_steps(
+            operation_type, limit, max_per_second, handler_plan(handler)
+        )
+        return await adrive(plan, self.store)
 
     async def cleanup_expired(self) -> int:
         """See :meth:`DeadLetterQueue.cleanup_expired`."""
-        return await _adrive(self.store, self._ops.cleanup_steps(), None)
+        return await adrive(self._ops.cleanup_steps(), self.store)

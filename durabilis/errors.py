@@ -7,10 +7,18 @@ dependency, the DLQ id, ...), as attributes, not only in its message.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 
 class DurabilisError(Exception):
-    """Root of every error raised by durabilis itself."""
+    """Root of every error raised by durabilis itself.
+
+    Attributes:
+        partial: Set when a multi-script step failed part-way (internal: which
+            of its calls had run, see ``Store.run_step``); ``None`` otherwise.
+    """
+
+    partial: Any = None
 
 
 # --- configuration and input -------------------------------------------------
@@ -158,6 +166,62 @@ class OperationInProgress(DurabilisError):
         super().__init__(f"operation {key!r} is already in progress elsewhere")
         self.key = key
         self.claimed_at = claimed_at
+
+
+class ResultNotStored(DurabilisError):
+    """The operation RAN and completed, but its result could not be stored.
+
+    Its record says "completed, result not stored" (with ``reason``), so the
+    operation is never run again for this key: every duplicate gets this error
+    too. Raised instead of returning when the result is not encodable (see
+    ``docs/layer.md``, "Values that round-trip") or is over a size limit of a
+    pillar that stores it.
+
+    Attributes:
+        key: The idempotency key.
+        reason: Why the result was not stored.
+        result: The result itself, for the caller whose ``fn`` produced it
+            (``None`` for duplicates: it was never stored).
+    """
+
+    def __init__(self, key: str, reason: str, result: Any = None) -> None:
+        super().__init__(
+            f"operation {key!r} ran and completed, but its result was not stored: {reason}"
+        )
+        self.key = key
+        self.reason = reason
+        self.result = result
+
+
+class OutcomeUnrecorded(DurabilisError):
+    """The operation RAN, but its outcome could not be recorded in Redis.
+
+    The layer kept trying while its claim's lease lasted (renewing it). The
+    claim stays in progress: once the lease ends, the operation is treated as
+    one whose worker died (taken over with ``ctx.recovered`` set, or parked by
+    ``recover_orphans`` as ``WORKER_LOST``), so a downstream that dedups on the
+    forwarded idempotency key keeps it exactly once.
+
+    Attributes:
+        key: The idempotency key.
+        succeeded: ``fn`` succeeded (its result was not recorded); ``False``:
+            it failed and could not be parked.
+        result: ``fn``'s result when it succeeded.
+    """
+
+    def __init__(self, key: str, *, succeeded: bool, result: Any = None) -> None:
+        what = "succeeded" if succeeded else "failed"
+        super().__init__(
+            f"operation {key!r} ran and {what}, but its outcome could not be recorded "
+            "(Redis unavailable for the whole lease)"
+        )
+        self.key = key
+        self.succeeded = succeeded
+        self.result = result
+
+
+class LayerClosed(DurabilisError):
+    """The layer was closed: it accepts no new operation."""
 
 
 # --- retry -------------------------------------------------------------------

@@ -201,6 +201,9 @@ class Duplicate:
         original_timestamp: When the original claim was made (UTC).
         dedup_window_expires_at: When the dedup window ends (UTC).
         in_progress: The original operation has not recorded its result yet.
+        lease_expired: (``check`` only) the in-progress claim's lease has ended.
+        not_stored: The operation completed but its result was not stored;
+            why (``original_result`` is then ``None``).
     """
 
     original_result: Any
@@ -208,6 +211,7 @@ class Duplicate:
     dedup_window_expires_at: datetime
     in_progress: bool = False
     lease_expired: bool = field(default=False, compare=False)
+    not_stored: str | None = field(default=None, compare=False)
 
     @property
     def is_new(self) -> bool:
@@ -259,13 +263,23 @@ class _IdemOps:
         return _codec.pack(value, what=what, limit=self.config.max_value_bytes)
 
     def claim(
-        self, key: IdempotencyKey, placeholder: Any, payload: bytes = b""
+        self,
+        key: IdempotencyKey,
+        placeholder: Any,
+        payload: bytes = b"",
+        nonce: str = "",
+        lease_ms: int | None = None,
     ) -> ScriptCall:
+        """The ``idem_claim`` call; ``nonce`` names this claim (sent again after a
+        lost reply, the same nonce gets the same claim back)."""
         packed = b"" if placeholder is None else self.pack_value(placeholder, "placeholder")
         return ScriptCall(
             "idem_claim",
             [self.keys.idem(key.value)],
-            [self.window_ms, self.lease_ms, packed, key.fingerprint or "", payload],
+            [
+                self.window_ms, self.lease_ms if lease_ms is None else lease_ms, packed,
+                key.fingerprint or "", payload, nonce,
+            ],
         )
 
     def decode_claim(self, key: IdempotencyKey, reply: Any) -> CheckResult:
@@ -279,7 +293,7 @@ class _IdemOps:
                 taken_over=bool(int(reply[4])),
             )
         if tag == "dup":
-            return self._duplicate(rkey, reply[1:5], lease_expired=False)
+            return self._duplicate(rkey, reply[1:6], lease_expired=False)
         if tag == "mismatch":
             raise KeyReuseMismatch(key.value)
         raise _corrupt(rkey, reply)
@@ -288,21 +302,30 @@ class _IdemOps:
         state = _codec.as_text(parts[0], key=rkey, field="s")
         raw = parts[1]
         value = _codec.unpack(raw, key=rkey) if raw else None
+        reason = _codec.as_text(parts[4], key=rkey, field="ns") if len(parts) > 4 else ""
         return Duplicate(
             original_result=value,
             original_timestamp=_codec.as_datetime(parts[2], key=rkey, field="ts"),
             dedup_window_expires_at=_codec.as_datetime(parts[3], key=rkey, field="w"),
             in_progress=state == "p",
             lease_expired=lease_expired,
+            not_stored=reason or None,
         )
 
     def record(self, key: IdempotencyKey, result: Any, token: str | None) -> ScriptCall:
+        return self.record_packed(key, self.pack_value(result, "result"), token)
+
+    def record_packed(
+        self, key: IdempotencyKey, packed: bytes, token: str | None, not_stored: str = ""
+    ) -> ScriptCall:
+        """The ``idem_record`` call of an encoded result, or of "completed,
+        result not stored" (``not_stored``: why)."""
         if token:  # "" or None: record without fencing, as before
             _check_token(token)
         return ScriptCall(
             "idem_record",
             [self.keys.idem(key.value)],
-            [self.pack_value(result, "result"), token or "", self.window_ms],
+            [b"" if not_stored else packed, token or "", self.window_ms, not_stored],
         )
 
     def decode_record(self, key: IdempotencyKey, reply: Any) -> None:
@@ -314,9 +337,19 @@ class _IdemOps:
             raise LeaseLost(key.value)
         raise _corrupt(rkey, reply)
 
-    def release(self, key: IdempotencyKey, token: str) -> ScriptCall:
-        _check_token(token)
-        return ScriptCall("idem_release", [self.keys.idem(key.value)], [token])
+    def release(self, key: IdempotencyKey, token: str | None, nonce: str = "") -> ScriptCall:
+        """The ``idem_release`` call: by the claim's token, or by its nonce."""
+        if token or not nonce:
+            _check_token(token)
+        return ScriptCall("idem_release", [self.keys.idem(key.value)], [token or "", nonce])
+
+    def renew(self, key: IdempotencyKey, token: str, lease_ms: int) -> ScriptCall:
+        """The ``idem_renew`` call extending one claim's lease (reply ``[1]``: still held)."""
+        return ScriptCall("idem_renew", [self.keys.idem(key.value)], [token, lease_ms])
+
+    def reclaim(self, key: str, lease_ms: int, nonce: str) -> ScriptCall:
+        """The ``idem_reclaim`` call taking an orphaned claim over for recovery."""
+        return ScriptCall("idem_reclaim", [self.keys.idem(key)], [lease_ms, nonce])
 
     def check(self, key: IdempotencyKey) -> ScriptCall:
         return ScriptCall("idem_check", [self.keys.idem(key.value)], [])
@@ -327,8 +360,12 @@ class _IdemOps:
         if tag == "none":
             return None
         if tag == "dup":
-            return self._duplicate(rkey, reply[1:5], lease_expired=bool(int(reply[5])))
+            parts = [*reply[1:5], reply[6] if len(reply) > 6 else ""]
+            return self._duplicate(rkey, parts, lease_expired=bool(int(reply[5])))
         raise _corrupt(rkey, reply)
+
+
+_LIVE = ("s", frozenset((b"p", b"d")))  # released claims stay as tombstones ("x")
 
 
 def _check_token(token: Any) -> None:
@@ -420,8 +457,13 @@ class IdempotencyGuard:
         return self._ops.decode_check(key, self.store.run(self._ops.check(key)))
 
     def record_count(self) -> int:
-        """How many records (in progress or done) are live in this namespace."""
-        return int(self.store.scan_count(self.store.keys.idem_pattern()))
+        """How many records (in progress or done) are live in this namespace.
+
+        A SCAN of the namespace, reading each record's state: an operator's tool,
+        not for hot paths. Released claims (tombstones keeping their last
+        fencing token until the record's TTL) are not counted.
+        """
+        return int(self.store.scan_count(self.store.keys.idem_pattern(), _LIVE))
 
 
 class AsyncIdempotencyGuard:
@@ -468,4 +510,4 @@ class AsyncIdempotencyGuard:
 
     async def record_count(self) -> int:
         """See :meth:`IdempotencyGuard.record_count`."""
-        return int(await self.store.scan_count(self.store.keys.idem_pattern()))
+        return int(await self.store.scan_count(self.store.keys.idem_pattern(), _LIVE))

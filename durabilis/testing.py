@@ -6,14 +6,18 @@
   loopback port (the helper durabilis's own suite uses).
 - :func:`instant_retries` makes retries instant (and optionally fewer) in
   your own tests, like stamina's ``set_testing``.
+- :func:`offset_server_clock` moves the clock every script of one store
+  reads, for simulators that make leases and windows expire without waiting.
 """
 
 from __future__ import annotations
 
 import uuid
 from types import TracebackType
+from typing import Any
 
 from durabilis._retry_core import TESTING
+from durabilis._scripts import ScriptRegistry
 from durabilis._server import INSTALL_HINT, RedisServer, find_redis_server, free_port
 from durabilis.errors import ConfigError
 
@@ -24,6 +28,7 @@ __all__ = [
     "free_port",
     "instant_retries",
     "isolated_namespace",
+    "offset_server_clock",
     "start_redis_server",
 ]
 
@@ -40,6 +45,21 @@ def start_redis_server(data_dir: str, **options: object) -> RedisServer:
         FileNotFoundError: No redis-server on PATH (the message says how to install it).
     """
     return RedisServer(data_dir, **options).start()  # type: ignore[arg-type]
+
+
+def offset_server_clock(store: Any, clock_key: str) -> None:
+    """Test hook: every script run through ``store`` reads the Redis server
+    clock plus an offset, in microseconds, stored as a string at ``clock_key``.
+
+    ``raw.set(clock_key, 30_000_000)`` then moves that store's view of time 30 s
+    ahead: leases, dedup windows, breaker timeouts and DLQ TTLs expire without
+    waiting. Only for a standalone test server (the key is read without being
+    declared, which Redis Cluster refuses), and only for stores that all share
+    the same hook: one store's "now" is then consistent for every pillar.
+    """
+    if getattr(store, "is_cluster", False):
+        raise ConfigError("store", "offset_server_clock needs a standalone Redis server")
+    store.scripts = ScriptRegistry(store.client, clock_key=clock_key)
 
 
 class instant_retries:

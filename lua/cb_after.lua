@@ -11,20 +11,26 @@ One atomic step for the whole fleet.
   when min_reporters > 1, at least min_reporters distinct replicas reported a
   bad result (failure or slow) still inside the window.
 - HALF_OPEN: only a probe in flight counts (its slot is freed); a report naming
-  no live probe is a stray and is ignored. A failed (or slow) probe reopens
-  with the reset timer restarted; probe_cap successes close with an empty
-  window. HALF_OPEN results never enter the window. Without a permit (seed
-  API), the oldest probe in flight is credited.
+  no live probe is a stray and is ignored. A probe admitted probe_timeout_ms or
+  more ago is presumed abandoned: its report is not credited (its slot is
+  freed, the report ignored), even before a caller re-arms the slots. A failed
+  (or slow) probe reopens with the reset timer restarted; probe_cap successes
+  close with an empty window. HALF_OPEN results never enter the window.
+  Without a permit (seed API), the oldest probe in flight admitted less than
+  probe_timeout_ms ago is credited.
 - OPEN: every report is a stray.
-Outcome "r" (release) frees a probe slot without a result (cancelled call).
-Foreign data is reported before any write, except a foreign events stream
-found when tripping: then only the window's evictions of this call happened
-(the next report recounts the window).
+Outcome "r" (release) frees a probe slot without a result (cancelled call); a
+release naming a probe id without a permit generation (permit_gen "") frees
+that slot in HALF_OPEN if it is live and is ignored otherwise.
+Checks first, then ready(), then writes (see durabilis/_scripts.py): foreign
+data, stale reports and strays that free nothing return before ready() and
+write nothing; every report that writes (an abandoned probe's freed slot
+included) or counts calls ready(), the hot path too (it writes nothing).
 
 KEYS[1]  state hash      <ns>:cb:{<name>}
 KEYS[2]  window zset     <ns>:cb:{<name>}:window    member <score><flag>, flag s|f|S|F
                                                     (S/F = slow success/failure)
-KEYS[3]  probes hash     <ns>:cb:{<name>}:probes
+KEYS[3]  probes hash     <ns>:cb:{<name>}:probes    probe id -> admitted at (ms)
 KEYS[4]  events stream   <ns>:cb:{<name>}:events
 KEYS[5]  reporters zset  <ns>:cb:{<name>}:reporters replica -> score of its last bad result
 ARGV[1]  config, fields joined by "|" (one argument: fewer to encode per call):
@@ -39,6 +45,7 @@ ARGV[1]  config, fields joined by "|" (one argument: fewer to encode per call):
          probe_cap         probe successes that close (probe_success_required)
          reset_ms          reset timeout (ms), written to the events stream
          events_maxlen     approximate cap of the events stream (entries)
+         probe_timeout_ms  a probe admitted this long ago is presumed abandoned (ms)
          replica           id of the reporting process (the rest of the argument)
 ARGV[2]  report, fields joined by "|":
          permit_gen        generation of the permit, "" = no permit
@@ -55,9 +62,10 @@ Returns one of
   1                                    counted while CLOSED, no transition (the hot path)
   {"counted", state, generation [, transition]}
   {"released", state, generation}      a probe slot was freed, no result
-  {"ignored", state, generation}       stray: no live probe / OPEN / nothing to free
+  {"ignored", state, generation}       stray: no live probe / OPEN / nothing to free /
+                                       a probe admitted probe_timeout_ms or more ago
   {"stale", state, generation}         the permit is from another generation
-  {"corrupt", key_index, detail}
+  {"corrupt", key_index, detail}       KEYS[key_index] holds foreign data
 transition = {from, to, at_ms, failures, requests, slow, reason, generation, stream_id}
 TTLs: the state hash and window are re-armed to ttl_ms when created and then at
 most every ttl_ms / 4 (field tx), so an idle breaker expires after 3/4 to 1 ttl.
@@ -82,6 +90,7 @@ if string.byte(ARGV[2]) == 43 then
   if st == "C" and h[3] == wsize and h[4] == "0" and h[5] == "0" then
     -- A full count-based window of successes plus one more success is the same
     -- last-N results: nothing changes, nothing is written (the healthy hot path).
+    ready()
     return 1
   end
   probe, outcome, duration, check = "", "s", "-1", "0"
@@ -106,25 +115,35 @@ if st == "C" then
 end
 
 local ttl, threshold, min_requests, slow_threshold, min_reporters, probe_cap, reset_ms, maxlen,
-  replica = string.match(ARGV[1],
-  "^[^|]*|[^|]*|[^|]*|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.*)$")
+  probe_timeout, replica = string.match(ARGV[1],
+  "^[^|]*|[^|]*|[^|]*|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.*)$")
 threshold, min_reporters = tonumber(threshold), tonumber(min_reporters)
+probe_timeout = tonumber(probe_timeout)
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
--- Appends a transition to the events stream; nil + error if the key is foreign.
+-- Foreign data where the events stream belongs (checked before ready() by
+-- every report that will append a transition), else nil.
+local function foreign_events()
+  local kind = redis.call("TYPE", ek)["ok"]
+  if kind ~= "none" and kind ~= "stream" then
+    return "a " .. kind .. " where the events stream belongs"
+  end
+  return nil
+end
+
+-- Appends a transition to the events stream (checked by foreign_events()).
 local function transition(from, to, failures, requests, slow, reason, gen)
   local NAMES = {C = "closed", O = "open", H = "half_open"}
   local rate = ""
   if reason == "failure_rate" or reason == "slow_call_rate" then
     rate = string.format("%.6g", failures / requests)
   end
-  local id = redis.pcall("XADD", ek, "MAXLEN", "~", maxlen, "*",
+  local id = redis.call("XADD", ek, "MAXLEN", "~", maxlen, "*",
     "time", string.format("%d", now), "from", NAMES[from], "to", NAMES[to],
     "reason", reason, "failures", failures, "requests", requests, "slow", slow,
     "failure_rate", rate, "reset_timeout_ms", reset_ms, "replica", replica,
     "generation", gen)
-  if type(id) == "table" then return nil, id.err end
   redis.call("PEXPIRE", ek, ttl)
   return {from, to, now, failures, requests, slow, reason, gen, id}
 end
@@ -145,17 +164,15 @@ end
 
 if st == "C" then
   local refresh = not h[1] or now - tx >= tonumber(ttl) / 4
-  local card = n
-  if refresh then
-    -- When the hash is new or its TTLs are due anyway, check that the counters
-    -- still match the window (a key lost or touched from outside) and recount
-    -- if not, so the rate is always the window's.
-    card = redis.pcall("ZCARD", wk)
-    if type(card) == "table" then return {"corrupt", 2, card.err} end
-    if card ~= n then
-      n, fc, sc = recount()
-      if not n then return {"corrupt", 2, "window member without a result flag"} end
-    end
+  -- The window's size, read at every report: it is also the check of the
+  -- window key's type, before any write. When the counters do not match it (a
+  -- key lost or touched from outside), recount, so the rate is always the window's.
+  local card = redis.pcall("ZCARD", wk)
+  if type(card) == "table" then return {"corrupt", 2, card.err} end
+  local n0, fc0, sc0 = n, fc, sc  -- as stored
+  if card ~= n then
+    n, fc, sc = recount()
+    if not n then return {"corrupt", 2, "window member without a result flag"} end
   end
   local bad = failed or is_slow
   local mine = false
@@ -164,28 +181,20 @@ if st == "C" then
     if type(mine) == "table" then return {"corrupt", 5, mine.err} end
   end
   local score = math.max(now * 1000, ls + 1)
-  local n0, fc0, sc0 = n, fc, sc
   local drop = 0
   if window_ms ~= "0" then
     drop = redis.call("ZCOUNT", wk, "-inf", string.format("(%d", (now - window_ms) * 1000))
   end
   if card - drop + 1 > window_size then drop = card + 1 - window_size end
   if drop > 0 then
-    local gone = redis.pcall("ZPOPMIN", wk, drop)
-    if gone.err then return {"corrupt", 2, gone.err} end
-    if #gone == 2 * drop then
-      for i = 1, #gone, 2 do
-        local c = string.sub(gone[i], -1)
-        if c == "f" then fc = fc - 1
-        elseif c == "S" then sc = sc - 1
-        elseif c == "F" then fc, sc = fc - 1, sc - 1 end
-      end
-      n = n - drop
-    else
-      -- Fewer results than the counters said: the window was cut from outside.
-      n, fc, sc = recount()
-      if not n then return {"corrupt", 2, "window member without a result flag"} end
+    -- The oldest results leave the window: counted out now, removed after ready().
+    for _, m in ipairs(redis.call("ZRANGE", wk, 0, drop - 1)) do
+      local c = string.sub(m, -1)
+      if c == "f" then fc = fc - 1
+      elseif c == "S" then sc = sc - 1
+      elseif c == "F" then fc, sc = fc - 1, sc - 1 end
     end
+    n = n - drop
   end
   n = n + 1
   if failed then fc = fc + 1 end
@@ -199,18 +208,22 @@ if st == "C" then
   if reason and min_reporters > 1 then
     -- Distinct replicas whose latest bad result is still in the window.
     local oldest = score
-    if n > 1 then oldest = tonumber(redis.call("ZRANGE", wk, 0, 0, "WITHSCORES")[2]) end
+    if n > 1 then oldest = tonumber(redis.call("ZRANGE", wk, drop, drop, "WITHSCORES")[2]) end
     local distinct = redis.call("ZCOUNT", rk, string.format("%d", oldest), "+inf")
     if bad and not (mine and tonumber(mine) >= oldest) then distinct = distinct + 1 end
     if distinct < min_reporters then reason = nil end
   end
+  if reason then
+    local foreign = foreign_events()
+    if foreign then return {"corrupt", 4, foreign} end
+  end
 
+  ready()
+  if drop > 0 then redis.call("ZREMRANGEBYRANK", wk, 0, drop - 1) end
   local tr, g2 = nil, g
   if reason then
     g2 = g + 1
-    local err
-    tr, err = transition("C", "O", fc, n, sc, reason, g2)
-    if not tr then return {"corrupt", 4, err} end
+    tr = transition("C", "O", fc, n, sc, reason, g2)
   end
   local flag = "s"
   if failed and is_slow then flag = "F" elseif failed then flag = "f" elseif is_slow then flag = "S" end
@@ -244,44 +257,63 @@ end
 -- HALF_OPEN
 if pgen ~= "" and probe == "" then return {"ignored", "H", g} end
 local pid = probe
+local abandoned = false
 if pid == "" then
-  -- No permit (seed API): credit the oldest probe in flight, if any.
+  -- No permit (seed API): credit the oldest probe in flight, if any, among
+  -- those admitted less than probe_timeout_ms ago.
   local all = redis.pcall("HGETALL", pk)
   if all.err then return {"corrupt", 3, all.err} end
   local oldest = nil
   for i = 1, #all, 2 do
     local at = tonumber(all[i + 1])
     if not at then return {"corrupt", 3, "probe admission time is not a number"} end
-    if oldest == nil or at < oldest then oldest, pid = at, all[i] end
+    if now - at < probe_timeout and (oldest == nil or at < oldest) then
+      oldest, pid = at, all[i]
+    end
   end
 else
-  local live = redis.pcall("HEXISTS", pk, pid)
-  if type(live) == "table" then return {"corrupt", 3, live.err} end
-  if live == 0 then pid = "" end
+  local at = redis.pcall("HGET", pk, pid)
+  if type(at) == "table" then return {"corrupt", 3, at.err} end
+  if not at then
+    pid = ""
+  else
+    at = tonumber(at)
+    if not at then return {"corrupt", 3, "probe admission time is not a number"} end
+    abandoned = now - at >= probe_timeout
+  end
 end
 if pid == "" then return {"ignored", "H", g} end
 if outcome == "r" then
+  ready()
   redis.call("HDEL", pk, pid)
   return {"released", "H", g}
+end
+if abandoned then
+  -- Admitted probe_timeout_ms or more ago: presumed abandoned, never credited.
+  ready()
+  redis.call("HDEL", pk, pid)
+  return {"ignored", "H", g}
 end
 local ps = tonumber(redis.call("HGET", sk, "ps") or 0)
 if not ps then return {"corrupt", 1, "field ps is not a number"} end
 ps = ps + 1
 if not (failed or is_slow) and ps < tonumber(probe_cap) then
+  ready()
   redis.call("HDEL", pk, pid)
   redis.call("HSET", sk, "ps", ps)
   redis.call("PEXPIRE", sk, ttl)
   return {"counted", "H", g}
 end
+local foreign = foreign_events()
+if foreign then return {"corrupt", 4, foreign} end
+ready()
 local g2 = g + 1
-local tr, err
+local tr
 if failed or is_slow then
-  tr, err = transition("H", "O", 1, ps, is_slow and 1 or 0, "probe_failed", g2)
-  if not tr then return {"corrupt", 4, err} end
+  tr = transition("H", "O", 1, ps, is_slow and 1 or 0, "probe_failed", g2)
   redis.call("HSET", sk, "st", "O", "g", g2, "oa", string.format("%d", now), "ps", 0)
 else
-  tr, err = transition("H", "C", 0, ps, 0, "probes_succeeded", g2)
-  if not tr then return {"corrupt", 4, err} end
+  tr = transition("H", "C", 0, ps, 0, "probes_succeeded", g2)
   redis.call("HSET", sk, "st", "C", "g", g2, "ps", 0, "n", 0, "f", 0, "sl", 0,
     "tx", string.format("%d", now))
   redis.call("DEL", wk, rk)

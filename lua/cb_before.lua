@@ -4,12 +4,17 @@ One atomic step for the whole fleet.
 - CLOSED admits and writes nothing (the hot path: one HMGET).
 - OPEN rejects until reset_ms have passed since it opened; the first caller
   after that turns it HALF_OPEN (a transition) and is its first probe.
-- HALF_OPEN admits while fewer than probe_cap probes are in flight. When every
-  slot is taken and the newest probe is older than probe_timeout_ms, all slots
-  are freed (re-arm: the abandoned probes' late reports are then ignored) and
-  the caller is admitted.
+- HALF_OPEN: when at least one probe is in flight and the newest probe was
+  admitted probe_timeout_ms or more ago, every slot is freed first (re-arm:
+  the abandoned probes' late reports are then ignored), so a stale probe never
+  holds a slot. Then the caller is admitted while fewer than probe_cap probes
+  are in flight. A probe id already in flight (the caller's own, its first
+  reply lost) is admitted again on its own slot, its admission time unchanged.
 A transition bumps the generation, is appended to the events stream and is
 returned, so the calling process fires its callbacks.
+Checks first, then ready(), then writes: a rejection ("open") or foreign data
+("corrupt") returns before ready() and writes nothing; every admission calls
+ready(), the CLOSED hot path included (see durabilis/_scripts.py).
 
 KEYS[1]  state hash      <ns>:cb:{<name>}
 KEYS[2]  probes hash     <ns>:cb:{<name>}:probes    probe id -> admitted at (ms)
@@ -21,6 +26,9 @@ ARGV[1]  config, fields joined by "|" (one argument: fewer to encode per call):
          ttl_ms            idle TTL of the breaker's keys (ms)
          events_maxlen     approximate cap of the events stream (entries)
          replica           id of the calling process (the rest of the argument)
+ARGV[2]  probe id chosen by the caller (optional; "" or absent = none): if the
+         call is admitted as a probe, this is its id in the probes hash instead
+         of the counter pid + 1 (no "|", at most 64 characters)
 
 Returns one of
   generation                           admitted while CLOSED (the hot path: a bare integer)
@@ -31,8 +39,9 @@ Returns one of
 transition = {from, to, at_ms, failures, requests, slow, reason, generation, stream_id}
 
 State hash fields: st state (C|O|H), g generation, oa opened at ms, pn newest
-probe admitted at ms, pid last probe id, ps probe successes, n f sl window
-counts (results, failures, slow), ls last window score, tx TTLs refreshed at ms.
+probe admitted at ms, pid last counter probe id, ps probe successes, n f sl
+window counts (results, failures, slow), ls last window score, tx TTLs
+refreshed at ms.
 ]]
 local sk, pk, ek = KEYS[1], KEYS[2], KEYS[3]
 local h = redis.pcall("HMGET", sk, "st", "g")
@@ -40,7 +49,10 @@ if h.err then return {"corrupt", 1, h.err} end
 local st = h[1]
 local g = tonumber(h[2] or 0)
 if not g then return {"corrupt", 1, "field g is not a number"} end
-if not st or st == "C" then return g end
+if not st or st == "C" then
+  ready()
+  return g
+end
 if st ~= "O" and st ~= "H" then return {"corrupt", 1, "unknown breaker state " .. st} end
 h = redis.call("HMGET", sk, "oa", "pn", "pid", "n")
 
@@ -52,9 +64,17 @@ local oa, pn, pid, n = tonumber(h[1] or 0), tonumber(h[2] or 0), tonumber(h[3] o
 if not (oa and pn and pid and n) then
   return {"corrupt", 1, "a timestamp or counter field is not a number"}
 end
+local chosen = ARGV[2] or ""
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local snow = string.format("%d", now)
+
+-- The id of a newly admitted probe: the caller's, else the next counter value.
+local function next_id()
+  if chosen ~= "" then return chosen end
+  pid = pid + 1
+  return tostring(pid)
+end
 
 if st == "O" then
   if now - oa < reset then return {"open", g, oa + reset - now} end
@@ -62,33 +82,46 @@ if st == "O" then
   if kind ~= "none" and kind ~= "hash" then
     return {"corrupt", 2, "a " .. kind .. " where the probes hash belongs"}
   end
-  g, pid = g + 1, pid + 1
-  local id = redis.pcall("XADD", ek, "MAXLEN", "~", maxlen, "*",
+  kind = redis.call("TYPE", ek)["ok"]
+  if kind ~= "none" and kind ~= "stream" then
+    return {"corrupt", 3, "a " .. kind .. " where the events stream belongs"}
+  end
+  ready()
+  g = g + 1
+  local id = next_id()
+  local sid = redis.call("XADD", ek, "MAXLEN", "~", maxlen, "*",
     "time", snow, "from", "open", "to", "half_open", "reason", "reset_timeout",
     "failures", 0, "requests", n, "slow", 0, "failure_rate", "",
     "reset_timeout_ms", reset, "replica", replica, "generation", g)
-  if type(id) == "table" then return {"corrupt", 3, id.err} end
   redis.call("PEXPIRE", ek, ttl)
   redis.call("DEL", pk)
-  redis.call("HSET", pk, pid, snow)
+  redis.call("HSET", pk, id, snow)
   redis.call("PEXPIRE", pk, ttl)
   redis.call("HSET", sk, "st", "H", "g", g, "pn", snow, "pid", pid, "ps", 0)
   redis.call("PEXPIRE", sk, ttl)
-  return {"ok", g, tostring(pid), "H", 0, {"O", "H", now, 0, n, 0, "reset_timeout", g, id}}
+  return {"ok", g, id, "H", 0, {"O", "H", now, 0, n, 0, "reset_timeout", g, sid}}
 end
 
 -- HALF_OPEN
 local inflight = redis.pcall("HLEN", pk)
 if type(inflight) == "table" then return {"corrupt", 2, inflight.err} end
 local rearmed = 0
-if inflight >= cap then
-  if now - pn < timeout then return {"open", g, pn + timeout - now} end
+if inflight > 0 and now - pn >= timeout then
+  -- The newest probe is presumed abandoned, and so is every older one: free
+  -- every slot before deciding, so no stale probe is ever credited.
   rearmed = 1
-  redis.call("DEL", pk)
+elseif chosen ~= "" and inflight > 0 and redis.call("HEXISTS", pk, chosen) == 1 then
+  -- Our own probe, asked for again (its first reply was lost): the same slot.
+  ready()
+  return {"ok", g, chosen, "H", 0}
+elseif inflight >= cap then
+  return {"open", g, pn + timeout - now}
 end
-pid = pid + 1
-redis.call("HSET", pk, pid, snow)
+ready()
+if rearmed == 1 then redis.call("DEL", pk) end
+local id = next_id()
+redis.call("HSET", pk, id, snow)
 redis.call("PEXPIRE", pk, ttl)
 redis.call("HSET", sk, "pn", snow, "pid", pid)
 redis.call("PEXPIRE", sk, ttl)
-return {"ok", g, tostring(pid), "H", rearmed}
+return {"ok", g, id, "H", rearmed}

@@ -64,21 +64,22 @@ for _, spec in ipairs({{cur, "hash"}, {old, "zset"}, {live, "zset"}, {order, "zs
     return {"corrupt", spec[1], "a " .. ty .. " where a checkpoint " .. spec[2] .. " belongs"}
   end
 end
-if kind(rec) ~= "none" then return {"exists"} end
+if kind(rec) ~= "none" then
+  -- Already saved under this id: a step sent again after its reply was lost
+  -- (ids are fresh UUIDv7s). Nothing to refuse, nothing to write.
+  ready()
+  return {"exists"}
+end
 
 local function alive(member)
   local e = redis.call("ZSCORE", live, member)
   return e ~= false and tonumber(e) > now
 end
 
--- Entries whose record expired are dropped here (bounded; the rest are
--- skipped by every reader and dropped by later calls).
-local dead = redis.call("ZRANGEBYSCORE", live, "-inf", now, "LIMIT", 0, 1000)
-if #dead > 0 then
-  redis.call("ZREM", live, unpack(dead))
-  redis.call("ZREM", order, unpack(dead))
-end
-redis.call("ZREMRANGEBYSCORE", old, "-inf", now)
+-- Every check (and refusal) comes before the first write: in a fused step a
+-- refusal must leave nothing written (see ready() in durabilis/_scripts.py).
+-- Housekeeping found on the way is done after ready().
+local stale_fields = {}
 
 if mode ~= "save" then
   local ty = kind(src)
@@ -110,7 +111,7 @@ for i = 1, #entries, 2 do
     if q > latest_seq then latest, latest_seq = cid, q end
     if f == field then replaced = cid end
   else
-    redis.call("HDEL", cur, f)
+    stale_fields[#stale_fields + 1] = f
   end
 end
 
@@ -145,8 +146,8 @@ local n = redis.call("ZCOUNT", live, "(" .. now, "+inf")
 if replaced then n = n - 1 end
 local excess = n + 1 - max
 local victims = {}
+local cand = {}
 if excess > 0 then
-  local cand = {}
   for i = 13, #ARGV do cand[ARGV[i]] = 2 * (i - 13) + 8 end
   victims = oldest(excess, replaced_member)
   for _, m in ipairs(victims) do
@@ -155,6 +156,20 @@ if excess > 0 then
     end
     if not cand[m] then return {"miss", oldest(excess + hint_n, replaced_member)} end
   end
+end
+
+ready()
+-- Entries whose record expired are dropped here (bounded; the rest are
+-- skipped by every reader and dropped by later calls).
+local dead = redis.call("ZRANGEBYSCORE", live, "-inf", now, "LIMIT", 0, 1000)
+if #dead > 0 then
+  redis.call("ZREM", live, unpack(dead))
+  redis.call("ZREM", order, unpack(dead))
+end
+redis.call("ZREMRANGEBYSCORE", old, "-inf", now)
+if #stale_fields > 0 then redis.call("HDEL", cur, unpack(stale_fields)) end
+
+if excess > 0 then
   for _, m in ipairs(victims) do
     local vrec, vidx = KEYS[cand[m]], KEYS[cand[m] + 1]
     local vid = string.sub(m, 1, string.find(m, ":", 1, true) - 1)

@@ -99,6 +99,7 @@ local function iso_utc(ms)
 end
 -- iso_utc:end
 
+ready()
 if purge_limit > 0 then
   for _, member in ipairs(redis.call("ZRANGEBYSCORE", E, "-inf", now, "LIMIT", 0, purge_limit)) do
     purge(member)

@@ -3,9 +3,9 @@
 KEYS[1]  the record hash            (<ns>:idem:{<key>})
 
 Returns one of
-  {"none"}
+  {"none"}                          no record (or a released claim's tombstone)
   {"dup", state ("p"|"d"), value ("" = none), claimed_ms, window_expires_ms,
-   lease_expired (0|1)}
+   lease_expired (0|1), not_stored ("" = the result is stored, else why not)}
   {"corrupt", detail}
 ]]
 local key = KEYS[1]
@@ -23,17 +23,18 @@ local function int(v)
   if n and n == n and n > -1e15 and n < 1e15 and n == math.floor(n) then return n end
   return nil
 end
-local f = redis.call("HMGET", key, "s", "ts", "le", "w", "ph", "r")
+local f = redis.call("HMGET", key, "s", "ts", "le", "w", "ph", "r", "ns")
 local state, ts, le, window = f[1], int(f[2]), int(f[3]), int(f[4])
+if state == "x" then return {"none"} end
 if (state ~= "p" and state ~= "d") or not ts or not window then
   return {"corrupt", "record hash without a valid state, claim time or window"}
 end
 if state == "d" then
-  return {"dup", "d", f[6] or "", ts, ts + window, 0}
+  return {"dup", "d", f[6] or "", ts, ts + window, 0, f[7] or ""}
 end
 if not le then
   return {"corrupt", "in-progress record without a valid lease expiry"}
 end
 local expired = 0
 if now >= le then expired = 1 end
-return {"dup", "p", f[5] or "", ts, ts + window, expired}
+return {"dup", "p", f[5] or "", ts, ts + window, expired, ""}

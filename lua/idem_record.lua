@@ -1,13 +1,19 @@
---[[ idem_record: store the real result of a claimed operation.
+--[[ idem_record: store the outcome of a claimed operation.
 
 With a token, only the current owner may record: a stale owner (whose lease
 expired and was taken over, or who released) is refused and overwrites
-nothing. Without a token the result is stored as is (the seed's record()).
+nothing. Sending the same record again (its reply was lost) answers "ok"
+again. Without a token the result is stored as is (the seed's record()).
+
+The first write is the HDEL of the claim's lease fields: it frees memory, and
+Redis refuses a write for maxmemory (noeviction) only as a script's FIRST
+write, so the outcome of an operation that has run is always recorded.
 
 KEYS[1]  the record hash            (<ns>:idem:{<key>})
-ARGV[1]  result                     msgpack bytes
+ARGV[1]  result                     msgpack bytes ("" with ARGV[4])
 ARGV[2]  token                      fencing token from the claim, "" = none
 ARGV[3]  window_ms                  dedup window, used when no claim exists
+ARGV[4]  not_stored                 "" = store ARGV[1]; else why the result is not stored
 
 Returns one of
   {"ok", claimed_ms, window_expires_ms}
@@ -16,19 +22,29 @@ Returns one of
 ]]
 local key = KEYS[1]
 local token = ARGV[2]
+local not_stored = ARGV[4] or ""
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
+local function outcome()
+  if not_stored ~= "" then return "ns", not_stored, "r" end
+  return "r", ARGV[1], "ns"
+end
+
 local kind = redis.call("TYPE", key)["ok"]
-if kind == "none" then
+if kind ~= "none" and kind ~= "hash" then
+  return {"corrupt", "a " .. kind .. " where an idempotency record (hash) belongs"}
+end
+local state = kind == "hash" and redis.call("HGET", key, "s") or nil
+if kind == "none" or state == "x" then
   if token ~= "" then return {"lost"} end
   local window = tonumber(ARGV[3])
-  redis.call("HSET", key, "s", "d", "tok", "", "ts", now, "w", window, "r", ARGV[1])
+  local field, value = outcome()
+  ready()
+  if state == "x" then redis.call("DEL", key) end
+  redis.call("HSET", key, "s", "d", "tok", "", "ts", now, "w", window, field, value)
   redis.call("PEXPIREAT", key, now + window)
   return {"ok", now, now + window}
-end
-if kind ~= "hash" then
-  return {"corrupt", "a " .. kind .. " where an idempotency record (hash) belongs"}
 end
 
 -- A stored millisecond count, or nil: tonumber() alone also accepts "inf",
@@ -39,15 +55,21 @@ local function int(v)
   return nil
 end
 local f = redis.call("HMGET", key, "s", "tok", "ts", "w")
-local state, tok, ts, window = f[1], f[2], int(f[3]), int(f[4])
+local tok, ts, window = f[2], int(f[3]), int(f[4])
 if (state ~= "p" and state ~= "d") or not ts or not window then
   return {"corrupt", "record hash without a valid state, claim time or window"}
 end
 if token ~= "" and tok ~= token then
   return {"lost"}
 end
-redis.call("HSET", key, "s", "d", "r", ARGV[1])
-redis.call("HDEL", key, "ph", "le", "pl")
+if token ~= "" and state == "d" then
+  ready()  -- recorded already, by this owner (a step sent again): accepted, nothing to write
+  return {"ok", ts, ts + window}
+end
+local field, value, other = outcome()
+ready()
+redis.call("HDEL", key, "ph", "le", "pl", "cn", other)
+redis.call("HSET", key, "s", "d", field, value)
 -- The window counts from the claim; a result recorded after the window has
 -- already passed (a very slow operation) is still kept for one second.
 local expires = math.max(ts + window, now + 1000)

@@ -1,18 +1,30 @@
---[[ idem_release: give an in-progress claim back after a failed operation.
+--[[ idem_release: give an in-progress claim back (the operation failed or was cancelled).
 
-Only the current owner's token releases, and only while in progress: a
-recorded result is never deleted here.
+Only the current owner releases, named by its token or by its claim nonce
+(when the claim's reply was lost, the caller knows only its nonce), and only
+while in progress: a recorded result is never deleted here. The record becomes
+a tombstone keeping the last token (until the record's TTL), so the next
+claim's token is still higher.
 
 KEYS[1]  the record hash            (<ns>:idem:{<key>})
-ARGV[1]  token                      fencing token from the claim
+ARGV[1]  token                      fencing token from the claim, "" = unknown
+ARGV[2]  nonce                      the claim's nonce, "" = unknown
 
-Returns 1 when released, 0 when the token does not hold an in-progress claim.
+Returns 1 when released, 0 when neither holds an in-progress claim.
 ]]
 local key = KEYS[1]
 if redis.call("TYPE", key)["ok"] ~= "hash" then return 0 end
-local f = redis.call("HMGET", key, "s", "tok")
-if f[1] == "p" and f[2] == ARGV[1] then
-  redis.call("DEL", key)
+local f = redis.call("HMGET", key, "s", "tok", "cn")
+local token, nonce = ARGV[1], ARGV[2] or ""
+if f[1] == "p" and ((token ~= "" and f[2] == token) or (nonce ~= "" and f[3] == nonce)) then
+  ready()
+  local fields = redis.call("HKEYS", key)
+  local drop = {}
+  for _, name in ipairs(fields) do
+    if name ~= "s" and name ~= "tok" then drop[#drop + 1] = name end
+  end
+  if #drop > 0 then redis.call("HDEL", key, unpack(drop)) end
+  redis.call("HSET", key, "s", "x")
   return 1
 end
 return 0

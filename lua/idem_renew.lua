@@ -21,6 +21,7 @@ local function int(v)
   return nil
 end
 local out = {}
+ready()  -- nothing to refuse: renewing is best effort, key by key
 for i, key in ipairs(KEYS) do
   out[i] = 0
   if redis.call("TYPE", key)["ok"] == "hash" then
@@ -28,8 +29,10 @@ for i, key in ipairs(KEYS) do
     local ts, window = int(f[3]), int(f[4])
     -- A record with garbage times is left as it is (foreign data): not renewed.
     if f[1] == "p" and f[2] == ARGV[i] and ts and window then
-      redis.call("HSET", key, "le", now + lease)
+      -- PEXPIREAT first: it does not count as growing memory, so under
+      -- maxmemory (noeviction) the renewal still goes through.
       redis.call("PEXPIREAT", key, math.max(ts + window, now + lease))
+      redis.call("HSET", key, "le", now + lease)
       out[i] = 1
     end
   end

@@ -1,32 +1,56 @@
 --[[ layer_note: keep the layer's in-flight index and its counters.
 
-The in-flight index lists the operations that hold a claim, scored by when
-their lease ends, so that recover_orphans finds those whose worker died
-without scanning every idempotency record. The counters are the fleet-wide
-totals an operator (and the demo) reads back.
+The in-flight index lists the claims in progress, scored by when their lease
+ends, so that recover_orphans finds those whose worker died without scanning
+every idempotency record. Each entry is owned by ONE claim: its member is
+"<idempotency key>|<claim nonce>", so an old owner removing its entry never
+touches a newer owner's. The counters are the fleet-wide totals an operator
+(and the demo) reads back.
 
 KEYS[1]  in-flight sorted set        (<ns>:layer:{layer}:inflight)
 KEYS[2]  counters hash               (<ns>:layer:{layer}:stats)
-ARGV[1]  mode                        "add" | "rem" | "none"
-ARGV[2]  member                      the idempotency key ("" with mode none)
-ARGV[3]  lease_ms                    with "add": the lease, counted from now
-ARGV[4..] field, increment, ...      counters to add to
+ARGV[1]  mode                        "add" | "rem" | "renew" | "at" | "none"
+ARGV[2]  lease_ms                    with "add"/"renew": the lease, counted from now;
+                                     with "at": the score itself (ms, when the lease ends)
+ARGV[3]  n                           how many members follow
+ARGV[4..3+n] members                 "<key>|<nonce>"
+ARGV[4+n..] field, increment, ...    counters to add to; with "rem", only when
+                                     an entry was removed (a "rem" sent again
+                                     after a lost reply counts nothing twice)
 
-Returns 1.
+Returns the number of entries added, removed or renewed.
 ]]
 local mode = ARGV[1]
-if mode == "add" then
+local n = tonumber(ARGV[3])
+local done = 0
+ready()
+if mode == "add" or mode == "renew" then
   local t = redis.call("TIME")
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local lease = tonumber(ARGV[3])
-  redis.call("ZADD", KEYS[1], now + lease, ARGV[2])
-  -- Entries of workers that died are removed by recover_orphans; if nobody
-  -- ever runs it, the whole index still goes a week after the last claim.
-  redis.call("PEXPIRE", KEYS[1], math.max(lease * 4, 604800000))
+  local lease = tonumber(ARGV[2])
+  for i = 4, 3 + n do
+    if mode == "add" then
+      done = done + redis.call("ZADD", KEYS[1], now + lease, ARGV[i])
+    else
+      done = done + redis.call("ZADD", KEYS[1], "XX", "CH", now + lease, ARGV[i])
+    end
+  end
+  if mode == "add" then
+    -- Entries of workers that died are removed by recover_orphans; if nobody
+    -- ever runs it, the whole index still goes a week after the last claim.
+    redis.call("PEXPIRE", KEYS[1], math.max(lease * 4, 604800000))
+  end
+elseif mode == "at" then
+  for i = 4, 3 + n do
+    done = done + redis.call("ZADD", KEYS[1], "XX", "CH", tonumber(ARGV[2]), ARGV[i])
+  end
 elseif mode == "rem" then
-  redis.call("ZREM", KEYS[1], ARGV[2])
+  for i = 4, 3 + n do
+    done = done + redis.call("ZREM", KEYS[1], ARGV[i])
+  end
+  if done == 0 and n > 0 then return 0 end
 end
-for i = 4, #ARGV, 2 do
+for i = 4 + n, #ARGV, 2 do
   redis.call("HINCRBY", KEYS[2], ARGV[i], tonumber(ARGV[i + 1]))
 end
-return 1
+return done

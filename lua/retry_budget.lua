@@ -52,7 +52,7 @@ if kind == "hash" then
     if made_with == nil and #flat > 0 then
       return {"corrupt", "retry budget hash without its bucket width field"}
     end
-    redis.call("DEL", key)
+    stale = nil  -- drop the whole hash (after the checks, below)
     flat = {}
   end
   for i = 1, #flat, 2 do
@@ -73,7 +73,15 @@ if kind == "hash" then
     end
   end
 end
-if #stale > 0 then redis.call("HDEL", key, unpack(stale)) end
+if mode ~= "call" and mode ~= "retry" then
+  return redis.error_reply("retry_budget: unknown mode " .. tostring(mode))
+end
+ready()
+if stale == nil then
+  redis.call("DEL", key)
+elseif #stale > 0 then
+  redis.call("HDEL", key, unpack(stale))
+end
 
 local tag = "ok"
 if mode == "call" then
@@ -87,8 +95,6 @@ elseif mode == "retry" then
   else
     tag = "denied"
   end
-else
-  return redis.error_reply("retry_budget: unknown mode " .. tostring(mode))
 end
 if tag == "ok" then
   redis.call("HSET", key, "b", bucket_ms)

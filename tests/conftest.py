@@ -45,6 +45,12 @@ _CLUSTER_DIR = Path(__file__).parent / "cluster"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    sim = parser.getgroup("durabilis fault simulator (tests/sim)")
+    sim.addoption("--sim-seeds", type=int, default=None,
+                  help="how many seeds the fault simulator runs (default 2000)")
+    sim.addoption("--sim-first", type=int, default=0, help="its first seed (default 0)")
+    sim.addoption("--sim-seed", type=int, default=None,
+                  help="replay ONE seed of the fault simulator and print its trace")
     parser.addoption(
         "--backend",
         choices=BACKENDS,

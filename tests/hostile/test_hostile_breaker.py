@@ -157,6 +157,36 @@ def test_any_replica_id_and_events_cap_are_refused_or_show_in_the_events_stream(
         assert opened.replica_id == replica_id
 
 
+@hostile(60)
+@given(probe_id=any_text | st.none() | st.integers() | st.binary(max_size=8))
+@example(probe_id="a|b")
+@example(probe_id="x" * 65)
+@example(probe_id="é" * 64)
+@example(probe_id="\udfff")
+@example(probe_id="1")
+def test_any_probe_id_is_refused_as_a_value_error_or_is_that_probe_and_is_released_by_it(
+    store: durabilis.Store, raw: Any, probe_id: Any
+) -> None:
+    name = f"dep-{next(_fresh)}"
+    config = CircuitBreakerConfig(name, probe_success_required=1)
+    ops = CircuitBreakerRegistry(store, [config], replica_id="hostile").ops
+    probes = store.keys.breaker_probes(name)
+    raw.hset(store.keys.breaker(name), mapping={"st": "H", "g": 1})  # HALF_OPEN, no probe
+    try:
+        call = ops.before_call(name, probe_id)
+    except ValueError:
+        with pytest.raises(ValueError):
+            ops.release_probe(name, probe_id)
+        assert raw.exists(probes) == 0  # refused before any I/O
+        return
+    chosen = ops.decode_before(name, store.run(call))[0].probe_id
+    assert chosen is not None and chosen == ("1" if probe_id is None else probe_id)
+    assert raw.hlen(probes) == 1
+    assert ops.decode_after(name, store.run(ops.release_probe(name, chosen)))[0]
+    assert raw.exists(probes) == 0
+    assert not ops.decode_after(name, store.run(ops.release_probe(name, chosen)))[0]
+
+
 # --- foreign data at the keys -----------------------------------------------------------------
 
 

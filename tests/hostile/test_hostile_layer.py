@@ -224,9 +224,13 @@ def test_foreign_members_in_the_in_flight_index_never_block_the_recovery_of_real
         idempotency=IdempotencyConfig(in_progress_ttl_seconds=0.2), breakers=()))
     try:
         index = store.keys.layer("inflight")
-        claim = layer.idempotency.check_and_record("orphan", placeholder="a dead worker's")
+        ops = layer.idempotency._ops
+        claim = ops.decode_claim(  # claimed and listed as execute does, by a worker that died
+            durabilis.IdempotencyKey("orphan"),
+            store.run(ops.claim(durabilis.IdempotencyKey("orphan"), "a dead worker's", b"", "n1")),
+        )
         assert isinstance(claim, durabilis.New)
-        store.run(layer._core._note("add", "orphan"))  # listed, as execute lists it
+        store.run(layer._core._note("add", [layer._core.member("orphan", "n1")]))
         raw.zadd(index, {b"\xff\xfe not text": 0, b"": 1, "gone-key": 2})
         time.sleep(0.3)  # the dead worker's lease ends
         (parked,) = layer.recover_orphans()

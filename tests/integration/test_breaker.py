@@ -19,6 +19,7 @@ from durabilis.breaker import (
     Permit,
     StateTransition,
 )
+from durabilis.idempotency import IdempotencyConfig, IdempotencyKey, _IdemOps
 
 CLOSED, OPEN, HALF_OPEN = BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN
 RESET = 1.0  # seconds: every timeout in these tests is the shortest the config allows
@@ -636,3 +637,177 @@ def test_async_cancelled_probe_frees_its_slot(redis_url: str, namespace: str) ->
             await store.close()
 
     asyncio.run(scenario())
+
+
+# --- probe re-arm, abandoned probes, caller-chosen probe ids ---------------------
+
+
+def test_a_stale_probe_is_rearmed_even_with_a_free_slot_and_its_late_report_is_not_credited(
+    store: durabilis.Store,
+) -> None:
+    # Regression: with two slots and one stuck probe, the next caller after
+    # probe_timeout took the free slot without a re-arm, and the stuck probe's
+    # late success was then credited toward closing.
+    registry = make(store, cfg(probe_success_required=2))
+    stuck = half_open(registry)
+    time.sleep(RESET + 0.05)  # the newest (only) probe is now probe_timeout old
+    with structlog.testing.capture_logs() as logs:
+        fresh = registry.before_call("dep")
+    assert fresh.is_probe and fresh.rearmed and fresh.probe_id != stuck.probe_id
+    assert [e["event"] for e in logs] == ["durability_circuit_probes_rearmed"]
+    assert registry.state_info("dep").probes_in_flight == 1  # the stuck slot is gone
+    assert not registry.after_call("dep", True, stuck)  # a stray now: not credited
+    info = registry.state_info("dep")
+    assert (info.state, info.probes_in_flight, info.probe_successes) == (HALF_OPEN, 1, 0)
+    assert registry.after_call("dep", True, fresh)
+    assert registry.state_info("dep").probe_successes == 1  # one of two: still HALF_OPEN
+    assert registry.state("dep") is HALF_OPEN
+
+
+def test_a_report_of_a_probe_admitted_probe_timeout_ago_is_not_credited_before_any_rearm(
+    store: durabilis.Store, raw: redis.Redis
+) -> None:
+    registry = make(store, cfg(probe_success_required=2))
+    first = half_open(registry)
+    second = registry.before_call("dep")
+    seen: list[StateTransition] = []
+    registry.on_transition(seen.append)
+    time.sleep(RESET + 0.05)
+    # Nobody called before_call since: both slots are still taken.
+    assert registry.state_info("dep").probes_in_flight == 2
+    assert not registry.after_call("dep", True, first)  # not a success of this round
+    assert not registry.after_call("dep", False, second)  # nor a failure: no reopening
+    assert not registry.after_call("dep", True)  # seed API: no live probe to credit
+    info = registry.state_info("dep")
+    assert (info.state, info.probes_in_flight, info.probe_successes) == (HALF_OPEN, 0, 0)
+    assert raw.exists(store.keys.breaker_probes("dep")) == 0  # each slot freed
+    assert seen == []
+    fresh = registry.before_call("dep")  # a free slot: no re-arm needed
+    assert fresh.is_probe and not fresh.rearmed
+
+
+def test_a_caller_chosen_probe_id_is_the_probe_and_frees_its_slot_without_the_permit(
+    store: durabilis.Store, raw: redis.Redis
+) -> None:
+    registry = make(store, cfg(probe_success_required=1))
+    ops = registry.ops
+    probes = store.keys.breaker_probes("dep")
+
+    def admit(probe_id: str | None) -> Permit:
+        return ops.decode_before("dep", store.run(ops.before_call("dep", probe_id)))[0]
+
+    def release(probe_id: str) -> bool:
+        return ops.decode_after("dep", store.run(ops.release_probe("dep", probe_id)))[0]
+
+    assert admit("layer-7f3a") == Permit("dep", 0)  # CLOSED: not a probe, id unused
+    assert not release("layer-7f3a")  # CLOSED: nothing to free
+    trip(registry)
+    assert not release("layer-7f3a")  # OPEN: ignored
+    wait_reset()
+    probe = admit("layer-7f3a")  # the first probe, turning it HALF_OPEN
+    assert (probe.probe_id, probe.is_probe, probe.rearmed) == ("layer-7f3a", True, False)
+    assert set(raw.hkeys(probes)) == {b"layer-7f3a"}
+    # The same id again (a resend after a lost reply): the same slot, not another.
+    assert admit("layer-7f3a").probe_id == "layer-7f3a"
+    assert registry.state_info("dep").probes_in_flight == 1
+    with pytest.raises(durabilis.CircuitOpen):
+        admit("layer-other")  # the only slot is taken
+    assert not release("layer-unknown")  # an id with no slot: ignored
+    assert raw.hlen(probes) == 1
+    assert release("layer-7f3a")  # freed without the permit (nor its generation)
+    assert raw.hlen(probes) == 0
+    assert not release("layer-7f3a")  # already free: ignored
+    late = ops.decode_after("dep", store.run(ops.after_call("dep", True, probe)))
+    assert late == (False, None)  # its permit's report finds no live slot
+    counter = registry.before_call("dep")  # the public API keeps the counter ids
+    assert counter.is_probe and counter.probe_id is not None and counter.probe_id.isdigit()
+    assert registry.after_call("dep", True, counter)
+    assert registry.state("dep") is CLOSED
+
+
+def test_a_caller_chosen_probe_id_closes_the_breaker_with_its_permit(
+    store: durabilis.Store,
+) -> None:
+    registry = make(store, cfg(probe_success_required=1))
+    ops = registry.ops
+    trip(registry)
+    wait_reset()
+    permit, transition = ops.decode_before("dep", store.run(ops.before_call("dep", "p-1")))
+    assert permit.probe_id == "p-1" and transition is not None
+    assert transition.to_state is HALF_OPEN
+    counted, closed = ops.decode_after("dep", store.run(ops.after_call("dep", True, permit)))
+    assert counted and closed is not None and closed.to_state is CLOSED
+
+
+# --- in a fused step (standalone: one atomic script for the whole step) ----------
+
+
+def _refused(reply: Any) -> bool:
+    return isinstance(reply, list) and reply[0] in (b"open", "open")
+
+
+@pytest.mark.standalone_only
+def test_a_fused_step_whose_breaker_refuses_writes_nothing_from_any_body(
+    store: durabilis.Store, raw: redis.Redis
+) -> None:
+    registry = make(store, cfg(probe_success_required=1))
+    ops = registry.ops
+    idem = _IdemOps(store.keys, IdempotencyConfig())
+
+    def step(key: str, probe_id: str | None = None) -> Any:
+        claim = idem.claim(IdempotencyKey.from_raw(key), None)
+        return store.run_step([claim, ops.before_call("dep", probe_id)], gates={1: _refused})
+
+    registry.force_open("dep")
+    replies = step("refused")
+    assert replies.status == "nr"  # the claim passed its checks, then was never resumed
+    assert raw.exists(store.keys.idem("refused")) == 0
+    with pytest.raises(durabilis.CircuitOpen):
+        ops.decode_before("dep", replies[1])
+
+    wait_reset()
+    replies = step("probe", "step-probe")  # OPEN -> HALF_OPEN inside the step
+    assert replies.status == "cc"
+    permit, transition = ops.decode_before("dep", replies[1])
+    assert permit.probe_id == "step-probe" and transition is not None
+    assert raw.exists(store.keys.idem("probe")) == 1
+    replies = step("full", "another")  # the only probe slot is taken: refused
+    assert replies.status == "nr"
+    assert raw.exists(store.keys.idem("full")) == 0
+    assert raw.hkeys(store.keys.breaker_probes("dep")) == [b"step-probe"]
+
+    registry.force_close("dep")
+    replies = step("closed")  # the CLOSED hot path writes nothing yet admits
+    assert replies.status == "cc"
+    assert ops.decode_before("dep", replies[1])[0] == Permit("dep", permit.generation + 1)
+    assert raw.exists(store.keys.idem("closed")) == 1
+
+
+@pytest.mark.standalone_only
+def test_every_breaker_script_runs_as_a_body_of_a_fused_step(
+    store: durabilis.Store, raw: redis.Redis
+) -> None:
+    registry = make(store, cfg(probe_success_required=1))
+    ops = registry.ops
+    idem = _IdemOps(store.keys, IdempotencyConfig())
+    n = iter(range(100))
+
+    def step(call: Any) -> Any:
+        claim = idem.claim(IdempotencyKey.from_raw(f"k{next(n)}"), None)
+        replies = store.run_step([claim, call])
+        assert replies.status[0] == "c", replies.status
+        return replies
+
+    assert step(ops.register("dep")).status == "cc"
+    assert step(ops.register("dep"))[1] == 0  # already known
+    assert registry.stored_names() == {"dep"}
+    for _ in range(4):
+        permit = ops.decode_before("dep", step(ops.before_call("dep"))[1])[0]
+        replies = step(ops.after_call("dep", False, permit))
+        assert replies.status == "cc"
+    assert registry.state("dep") is OPEN
+    assert step(ops.after_call("dep", True)).status == "cr"  # OPEN: a stray, no write
+    assert ops.decode_force("dep", step(ops.force("dep", "close"))[1]) is not None
+    assert registry.state("dep") is CLOSED
+    assert step(ops.read("dep")).status == "cr"  # read-only
+    assert raw.exists(store.keys.idem("k0")) == 1

@@ -422,11 +422,11 @@ def test_task_run_skips_completed_phases_and_returns_their_saved_state(
         return value
 
     with mgr.task("job", "agent") as run:
-        assert run.phase("fetch", lambda: step("fetch", (1, 2))) == [1, 2]
+        assert run.phase("fetch", lambda: step("fetch", (1, 2))) == (1, 2)
         assert run.phase("parse", lambda: step("parse", {"n": 3})) == {"n": 3}
     with mgr.task("job", "agent") as run:
         assert set(run.completed) == {"fetch", "parse"}
-        assert run.phase("fetch", lambda: step("fetch again", 0)) == [1, 2]
+        assert run.phase("fetch", lambda: step("fetch again", 0)) == (1, 2)
         assert run.phase("parse", lambda: step("parse again", 0)) == {"n": 3}
         assert run.phase("store", lambda: step("store", "ok")) == "ok"
     assert calls == ["fetch", "parse", "store"]

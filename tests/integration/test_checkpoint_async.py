@@ -83,10 +83,10 @@ def test_async_task_run_skips_completed_phases_and_awaits_async_phases(
 
     async def body(m: AsyncCheckpointManager) -> None:
         async with m.task("job", "agent") as r:
-            assert await r.phase("fetch", fetch) == [1, 2]
+            assert await r.phase("fetch", fetch) == (1, 2)
         async with m.task("job", "agent") as r:
             assert set(r.completed) == {"fetch"}
-            assert await r.phase("fetch", fetch) == [1, 2]
+            assert await r.phase("fetch", fetch) == (1, 2)
             assert await r.phase("parse", parse) == {"ok": True}
         lazy = m.task("job", "agent")
         assert await lazy.phase("parse", parse) == {"ok": True}

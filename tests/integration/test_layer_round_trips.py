@@ -19,11 +19,11 @@ from tests.integration._layer_support import Counter, fast_config
 
 # Round trips per call: standalone (scripts of a step fused) / Cluster (one per script).
 # Cluster (docs/layer.md): claim, admit, index before fn; record, report, index after
-# (+ the checkpoint); a duplicate: claim, admit, index, then count it; a retry: report,
-# count it, admit again.
+# (+ the checkpoint); a duplicate: index, claim (refused: the step stops there), then
+# count it; a retry: report, count it, admit again.
 EXPECTED = {
     "standalone": {"happy": 2, "checkpoint": 2, "duplicate": 2, "one_retry": 4},
-    "cluster": {"happy": 6, "checkpoint": 7, "duplicate": 4, "one_retry": 9},
+    "cluster": {"happy": 6, "checkpoint": 7, "duplicate": 3, "one_retry": 9},
 }
 
 

@@ -61,6 +61,6 @@ def plain_commands() -> set[str]:
     name (every Redis command does; table headers and error codes do not).
     """
     found: set[str] = set()
-    for path in sorted((ROOT / "durabilis").glob("*.py")):
+    for path in sorted((ROOT / "durabilis").rglob("*.py")):
         found |= {w.lower() for w in _PLAIN.findall(path.read_text(encoding="utf-8"))}
     return {c for c in found if callable(getattr(redis.Redis, c, None))}

@@ -225,6 +225,50 @@ def test_report_is_plain_only_for_a_successful_non_probe_count_based_call(
     assert ops.release("dep", Permit("dep", 4, "17")).args[1] == "4|17|r|-1|0"
 
 
+def test_before_call_takes_a_caller_chosen_probe_id_and_keeps_its_prebuilt_call() -> None:
+    ops = registry(CircuitBreakerConfig("dep")).ops
+    plain = ops.before_call("dep")
+    assert ops.before_call("dep") is plain  # the hot path: prebuilt, only looked up
+    assert ops.before_call("dep", None) is plain
+    assert len(plain.args) == 1
+    chosen = ops.before_call("dep", "layer-1")
+    assert (chosen.name, chosen.keys, chosen.args) == (
+        "cb_before", plain.keys, (plain.args[0], "layer-1")
+    )
+    assert ops.before_call("dep", "é" * 64).args[1] == "é" * 64
+
+
+def test_release_probe_names_the_probe_without_a_permit_generation() -> None:
+    ops = registry(CircuitBreakerConfig("dep")).ops
+    call = ops.release_probe("dep", "layer-1")
+    assert call.name == "cb_after" and call.keys == ops.after_call("dep", True).keys
+    assert call.args[1] == "|layer-1|r|-1|0"  # no generation, that probe id, a release
+    with pytest.raises(durabilis.DependencyNotFound):
+        ops.release_probe("nope", "layer-1")
+
+
+@pytest.mark.parametrize("probe_id", ["", "a|b", "x" * 65, "\ud800", 7, b"id", None])
+def test_an_invalid_probe_id_is_a_value_error_before_any_io(probe_id: Any) -> None:
+    ops = registry(CircuitBreakerConfig("dep")).ops
+    if probe_id is not None:
+        with pytest.raises(ValueError, match="probe id"):
+            ops.before_call("dep", probe_id)
+    with pytest.raises(ValueError, match="probe id"):
+        ops.release_probe("dep", probe_id)
+
+
+def test_the_report_config_carries_the_probe_timeout_before_the_replica_id() -> None:
+    reg = CircuitBreakerRegistry(
+        NoIO(), [CircuitBreakerConfig("dep", probe_timeout_seconds=2.5)],  # type: ignore[arg-type]
+        replica_id="host|with|bars",
+    )
+    config_arg = reg.ops.after_call("dep", True).args[0]
+    assert isinstance(config_arg, bytes)
+    fields = config_arg.decode().split("|", 12)
+    assert fields[11] == "2500"  # probe_timeout_ms
+    assert fields[12] == "host|with|bars"  # the rest of the argument
+
+
 def test_after_call_refuses_a_permit_of_another_dependency() -> None:
     ops = registry(CircuitBreakerConfig("a"), CircuitBreakerConfig("b")).ops
     with pytest.raises(ValueError, match="issued for 'a'"):

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 import durabilis
 from durabilis._keys import KeySpace
+from durabilis._steps import Run
 from durabilis.dlq import (
     DeadLetterQueue,
     DlqConfig,
@@ -20,7 +21,7 @@ from durabilis.dlq import (
     ReplayResult,
     _DlqOps,
     _encode_operation,
-    _Handle,
+    handler_plan,
     _Pacer,
     _Tally,
     error_text,
@@ -348,8 +349,12 @@ def test_members_of_the_by_type_index_decode_to_their_ids() -> None:
 # --- replay plan decisions ----------------------------------------------------------------
 
 
+def _handler(record: DlqRecord) -> None:
+    raise AssertionError("the plan asks its driver to run the handler")
+
+
 def test_a_claim_held_elsewhere_skips_without_running_the_handler() -> None:
-    plan = ops().replay_steps("abc")
+    plan = ops().replay_steps("abc", handler_plan(_handler))
     call = plan.send(None)
     assert call.name == "dlq_claim"  # type: ignore[union-attr]
     with pytest.raises(StopIteration) as done:
@@ -359,14 +364,14 @@ def test_a_claim_held_elsewhere_skips_without_running_the_handler() -> None:
 
 
 def test_a_raising_handler_is_reported_with_its_error_and_token() -> None:
-    plan = ops().replay_steps("abc")
+    plan = ops().replay_steps("abc", handler_plan(_handler))
     plan.send(None)
     h = [x for kv in hash_fields(co=b"me", ct=b"1-5", ce=b"1").items() for x in kv]
     s = [x for kv in stream_fields().items() for x in kv]
     step = plan.send([b"ok", b"1-5", 0, h, s])
-    assert isinstance(step, _Handle)
-    assert step.record.dlq_id == "abc"
-    fail = plan.send(OperationError("SERVICE_UNAVAILABLE", "down"))
+    assert isinstance(step, Run) and step.fn is _handler
+    assert step.arg.dlq_id == "abc"
+    fail = plan.send((False, OperationError("SERVICE_UNAVAILABLE", "down")))
     assert fail.name == "dlq_fail"  # type: ignore[union-attr]
     assert list(fail.args) == ["1-5", "SERVICE_UNAVAILABLE: down"]  # type: ignore[union-attr]
     with pytest.raises(StopIteration) as done:

@@ -1,0 +1,402 @@
+"""One step vocabulary for every plan, and one driver per mode.
+
+A *plan* is a generator that never does I/O itself: it yields steps and is
+sent their replies. The layer's execute, replay and recovery, the DLQ's
+replays and the checkpoint task runs are all plans, driven by:
+
+- :func:`drive` (sync), :func:`adrive` (asyncio): the same loop, with and
+  without ``await``;
+- the deterministic fault simulator of the test suite, which steps many plans
+  at once and injects a fault at every step boundary.
+
+Steps and what the plan is sent back:
+
+========================  =====================================================
+``IO(calls, gates)``      :class:`~durabilis._scripts.Replies` (one step; see
+                          ``Store.run_step``)
+``ScriptCall``            its one reply (shorthand for a single script)
+``Command(args)``         the reply of a plain read command
+``Run(fn, arg)``          ``(True, value)`` or ``(False, exception)``
+``Sleep(seconds)``        ``None``
+``Hold(key, token, m)``   ``None``; the claim's lease is renewed until the plan ends
+========================  =====================================================
+
+A step that fails with a :class:`~durabilis.DurabilisError` is thrown into the
+plan (``exc.partial`` tells which calls of an IO step ran), so the plan can
+compensate. So are interruptions: ``asyncio.CancelledError`` (async) and
+``KeyboardInterrupt``/``SystemExit``. A *shielded* step (``IO(shield=True)``,
+``Sleep(shield=True)``, and an async driver's plain function running in a
+thread) is never interrupted: a cancellation that arrives meanwhile is
+delivered at the next step boundary (or when the plan ends), after the step's
+reply was handed to the plan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import threading
+import time
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from durabilis._retry_core import TESTING
+from durabilis._scripts import ScriptCall
+from durabilis.errors import CorruptData, DurabilisError
+
+if TYPE_CHECKING:
+    from durabilis._store import AsyncStore, Gates, Store
+
+T = TypeVar("T")
+
+Plan = Generator[Any, Any, T]
+"""A generator of steps returning ``T``."""
+
+INTERRUPTS: tuple[type[BaseException], ...] = (
+    asyncio.CancelledError,
+    KeyboardInterrupt,
+    SystemExit,
+)
+"""What a plan treats as "stop now": compensate (shielded), then re-raise.
+
+``GeneratorExit`` is deliberately absent: an abandoned plan (its process died,
+in the simulator) must not run anything more.
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class IO:
+    """Run the calls of one step (``Store.run_step``).
+
+    Attributes:
+        calls: The scripts, in order.
+        gates: Call index -> "did this reply refuse?"; a gated refusal aborts
+            the step (standalone: nothing written; Cluster: the calls after it
+            are not sent).
+        shield: Not interrupted by a cancellation (asyncio): the outcome of an
+            operation that ran is recorded whatever happens to the caller.
+    """
+
+    calls: Sequence[ScriptCall]
+    gates: Gates | None = None
+    shield: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """A plain read-only command; ``key`` names the key in errors."""
+
+    args: tuple[Any, ...]
+    key: str = "?"
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Call user code: ``fn(arg)``, with ``context`` as the current operation."""
+
+    fn: Callable[[Any], Any]
+    arg: Any
+    context: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    """Wait (retry backoff, polling); ``shield``: not interrupted by a cancellation."""
+
+    seconds: float
+    shield: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Keep this claim's lease (and its in-flight index entry) alive until the plan ends."""
+
+    key: str
+    token: str
+    member: str
+
+
+CURRENT: contextvars.ContextVar[Any] = contextvars.ContextVar(
+    "durabilis_current_operation", default=None
+)
+"""The context of the durable operation running now (``current_operation()``)."""
+
+
+def shielded(step: Any) -> bool:
+    return bool(getattr(step, "shield", False))
+
+
+# --- leases held by a process -------------------------------------------------------
+
+
+class LeaseBook:
+    """The claims a process holds now, for its keep-alive.
+
+    Args:
+        on_hold: Called when a claim is held (starts the keep-alive if needed).
+    """
+
+    def __init__(self, on_hold: Callable[[], None] | None = None) -> None:
+        self._held: dict[tuple[str, str, str], None] = {}
+        self._lock = threading.Lock()
+        self._on_hold = on_hold
+
+    def hold(self, step: Hold) -> tuple[str, str, str]:
+        item = (step.key, step.token, step.member)
+        with self._lock:
+            self._held[item] = None
+        if self._on_hold is not None:
+            self._on_hold()
+        return item
+
+    def drop(self, item: tuple[str, str, str]) -> None:
+        with self._lock:
+            self._held.pop(item, None)
+
+    def held(self) -> list[tuple[str, str, str]]:
+        with self._lock:
+            return list(self._held)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._held)
+
+
+# --- the sync driver ----------------------------------------------------------------
+
+
+def _command(store: Store | AsyncStore, step: Command) -> Any:
+    return store.command(*step.args)
+
+
+def _rekey(exc: DurabilisError, step: Any) -> DurabilisError:
+    # Plain commands are mapped without knowing their key ("?"): name it.
+    if isinstance(exc, CorruptData) and exc.key == "?" and isinstance(step, Command):
+        return CorruptData(step.key, "a key holds a value of the wrong type")
+    return exc
+
+
+def _call(step: Run) -> tuple[bool, Any]:
+    reset = CURRENT.set(step.context)
+    try:
+        return True, step.fn(step.arg)
+    except Exception as exc:  # the user's failure is data for the plan
+        return False, exc
+    finally:
+        CURRENT.reset(reset)
+
+
+def perform(store: Store, step: Any, leases: LeaseBook | None, held: list[Any]) -> Any:
+    """Do one step synchronously (raises what the step raised)."""
+    kind = type(step)
+    if kind is IO:
+        return store.run_step(step.calls, step.gates)
+    if kind is ScriptCall:
+        return store.run(step)
+    if kind is Run:
+        return _call(step)
+    if kind is Command:
+        return _command(store, step)
+    if kind is Sleep:
+        if not TESTING.instant and step.seconds > 0:
+            time.sleep(step.seconds)
+        return None
+    if kind is Hold:
+        if leases is not None:
+            held.append(leases.hold(step))
+        return None
+    raise TypeError(f"unknown plan step {step!r}")
+
+
+class Stepper:
+    """Advances a plan one step at a time: the part every driver shares.
+
+    ``step`` is the step to perform next; hand its outcome back with
+    :meth:`send` (its reply) or :meth:`throw` (its error, or an interruption).
+    A cancellation that arrives during a shielded step is :meth:`defer`-red:
+    it is thrown into the plan at the next unshielded step, or raised when
+    the plan ends. When ``done``, ``value`` is what the plan returned; an error
+    the plan raises propagates out of :meth:`send` / :meth:`throw`.
+    """
+
+    __slots__ = ("_plan", "_shielded", "deferred", "done", "step", "value")
+
+    def __init__(self, plan: Plan[Any], shielded: Callable[[Any], bool] = shielded) -> None:
+        self._plan = plan
+        self._shielded = shielded
+        self.deferred: BaseException | None = None
+        self.done = False
+        self.step: Any = None
+        self.value: Any = None
+        self._advance(None, None)
+
+    def _advance(self, send: Any, error: BaseException | None) -> None:
+        while True:
+            try:
+                step = self._plan.send(send) if error is None else self._plan.throw(error)
+            except StopIteration as stop:
+                self.done, self.step = True, None
+                if self.deferred is not None:
+                    deferred, self.deferred = self.deferred, None
+                    raise deferred from None
+                self.value = stop.value
+                return
+            if self.deferred is not None and not self._shielded(step):
+                send, error, self.deferred = None, self.deferred, None  # deliver it here
+                continue
+            self.step = step
+            return
+
+    def send(self, reply: Any) -> None:
+        """The step's reply."""
+        self._advance(reply, None)
+
+    def throw(self, error: BaseException) -> None:
+        """The step failed with ``error`` (or was interrupted by it)."""
+        self._advance(None, error)
+
+    def defer(self, interruption: BaseException) -> None:
+        """An interruption during a shielded step: delivered after it."""
+        self.deferred = interruption
+
+
+def drive(plan: Plan[T], store: Store, *, leases: LeaseBook | None = None) -> T:
+    """Run ``plan`` to its end against ``store`` (the sync driver)."""
+    held: list[Any] = []
+    try:
+        run = Stepper(plan)
+        while not run.done:
+            step = run.step
+            try:
+                reply = perform(store, step, leases, held)
+            except DurabilisError as exc:
+                run.throw(_rekey(exc, step))
+                continue
+            except Exception:
+                raise  # a bug below the plan: not the plan's to handle
+            except BaseException as exc:  # KeyboardInterrupt, SystemExit
+                run.throw(exc)
+                continue
+            run.send(reply)
+        result: T = run.value
+        return result
+    finally:
+        if leases is not None:
+            for item in held:
+                leases.drop(item)
+
+
+# --- the asyncio driver ---------------------------------------------------------------
+
+
+def is_async_callable(fn: Any) -> bool:
+    """Whether calling ``fn`` returns a coroutine without blocking (``async def``)."""
+    while isinstance(fn, partial):
+        fn = fn.func
+    if inspect.iscoroutinefunction(fn):
+        return True
+    call = getattr(fn, "__call__", None)  # noqa: B004  (an object with an async __call__)
+    return call is not None and not inspect.isfunction(fn) and inspect.iscoroutinefunction(call)
+
+
+async def _acall(step: Run) -> tuple[bool, Any]:
+    reset = CURRENT.set(step.context)
+    try:
+        value = step.fn(step.arg)
+        if inspect.isawaitable(value):
+            value = await value
+        return True, value
+    except Exception as exc:
+        return False, exc
+    finally:
+        CURRENT.reset(reset)
+
+
+async def _thread_call(step: Run) -> tuple[bool, Any]:
+    # A plain function never runs on the event loop (it would block the loop
+    # and with it the keep-alive that renews this claim's lease).
+    reset = CURRENT.set(step.context)
+    try:
+        ok, value = await asyncio.to_thread(_call, step)
+    finally:
+        CURRENT.reset(reset)
+    if ok and inspect.isawaitable(value):  # a plain function returning a coroutine
+        try:
+            value = await value
+        except Exception as exc:
+            return False, exc
+    return ok, value
+
+
+async def aperform(store: AsyncStore, step: Any, leases: LeaseBook | None, held: list[Any]) -> Any:
+    """Do one step on the event loop (raises what the step raised)."""
+    kind = type(step)
+    if kind is IO:
+        return await store.run_step(step.calls, step.gates)
+    if kind is ScriptCall:
+        return await store.run(step)
+    if kind is Run:
+        if is_async_callable(step.fn):
+            return await _acall(step)
+        return await _thread_call(step)
+    if kind is Command:
+        return await _command(store, step)
+    if kind is Sleep:
+        if not TESTING.instant and step.seconds > 0:
+            await asyncio.sleep(step.seconds)
+        return None
+    if kind is Hold:
+        if leases is not None:
+            held.append(leases.hold(step))
+        return None
+    raise TypeError(f"unknown plan step {step!r}")
+
+
+def async_shielded(step: Any) -> bool:
+    """Shielded under the asyncio driver: marked so, or a plain function (runs in a thread)."""
+    return shielded(step) or (type(step) is Run and not is_async_callable(step.fn))
+
+
+async def adrive(plan: Plan[T], store: AsyncStore, *, leases: LeaseBook | None = None) -> T:
+    """Run ``plan`` to its end against ``store`` (the asyncio driver).
+
+    A cancellation during an unshielded step is thrown into the plan at once
+    (it compensates, shielded, and re-raises). During a shielded step it is
+    held back until the step's reply reached the plan (:class:`Stepper`).
+    """
+    held: list[Any] = []
+    try:
+        run = Stepper(plan, async_shielded)
+        while not run.done:
+            step = run.step
+            try:
+                if async_shielded(step):
+                    task = asyncio.ensure_future(aperform(store, step, leases, held))
+                    while True:
+                        try:
+                            reply = await asyncio.shield(task)
+                            break
+                        except asyncio.CancelledError as exc:
+                            if task.done():
+                                raise
+                            run.defer(exc)  # the step finishes first
+                else:
+                    reply = await aperform(store, step, leases, held)
+            except DurabilisError as exc:
+                run.throw(_rekey(exc, step))
+                continue
+            except Exception:
+                raise
+            except BaseException as exc:  # CancelledError, KeyboardInterrupt, SystemExit
+                run.throw(exc)
+                continue
+            run.send(reply)
+        result: T = run.value
+        return result
+    finally:
+        if leases is not None:
+            for item in held:
+                leases.drop(item)

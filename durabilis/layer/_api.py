@@ -1,0 +1,397 @@
+"""The two layers, sync and asyncio: thin shells over the plans and a driver."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import structlog
+
+from durabilis._steps import LeaseBook, adrive, drive
+from durabilis._store import AsyncStore, Store
+from durabilis.breaker import AsyncCircuitBreakerRegistry, CircuitBreakerRegistry
+from durabilis.checkpoint import AsyncCheckpointManager, CheckpointManager
+from durabilis.dlq import AsyncDeadLetterQueue, DeadLetterQueue, ReplayResult, ReplaySummary
+from durabilis.errors import DurabilisError, LayerClosed
+from durabilis.idempotency import AsyncIdempotencyGuard, IdempotencyGuard, IdempotencyKey
+from durabilis.layer._config import DurabilityConfig, LayerStats, OperationContext
+from durabilis.layer._plans import _LayerCore
+from durabilis.retry import AsyncRetryEngine, RetryEngine
+
+_log = structlog.get_logger("durabilis")
+
+T = TypeVar("T")
+
+
+def _payload_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return {"args": list(args), "kwargs": kwargs}
+
+
+class DurabilityLayer:
+    """The five pillars composed; what a gateway replica calls for every critical write.
+
+    Args:
+        store: From :func:`durabilis.connect`.
+        config: Settings of every pillar (seed defaults when omitted).
+        replica_id: Identifies this process (breaker reports, DLQ replays).
+
+    Attributes:
+        idempotency, retry, breakers, checkpoints, dlq: The pillars, usable alone.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        config: DurabilityConfig | None = None,
+        *,
+        replica_id: str | None = None,
+    ) -> None:
+        self.store = store
+        self.config = config or DurabilityConfig()
+        cfg = self.config
+        self.idempotency = IdempotencyGuard(store, cfg.idempotency)
+        self.retry = RetryEngine(store) if cfg.retry_policies is None else RetryEngine.empty(store)
+        for policy in cfg.retry_policies or ():
+            self.retry.upsert_policy(policy)
+        self.breakers = CircuitBreakerRegistry(store, cfg.breakers, replica_id=replica_id)
+        self.checkpoints = CheckpointManager(store, cfg.checkpoint)
+        self.dlq = DeadLetterQueue(store, cfg.dlq, replayer_id=self.breakers.replica_id)
+        self._core = _LayerCore(
+            store, cfg, self.idempotency._ops, self.retry, self.breakers,
+            self.checkpoints._ops, self.dlq._ops,
+        )
+        self._leases = LeaseBook(on_hold=self._ensure_renewer)
+        self._renewer: threading.Thread | None = None
+        self._renewer_lock = threading.Lock()
+        self._closed = False
+
+    # -- the keep-alive --
+
+    def _ensure_renewer(self) -> None:
+        with self._renewer_lock:
+            if self._renewer is None or not self._renewer.is_alive():
+                self._renewer = threading.Thread(
+                    target=self._renew_loop, name="durabilis-lease-renewer", daemon=True
+                )
+                self._renewer.start()
+
+    def _renew_loop(self) -> None:
+        stop = threading.Event()
+        while not stop.wait(self.config.renew_interval):
+            held = self._leases.held()
+            if not held:
+                if self._closed:
+                    return
+                continue
+            try:
+                self.store.run_many(self._core.renew_calls(held))
+            except DurabilisError as exc:
+                _log.warning("durability_lease_renew_failed", error=f"{type(exc).__name__}: {exc}")
+
+    def _open(self) -> None:
+        if self._closed:
+            raise LayerClosed("this DurabilityLayer was closed; it accepts no new operation")
+
+    # -- the API --
+
+    def execute(
+        self,
+        agent_id: str,
+        operation_type: str,
+        payload: Any,
+        fn: Callable[[OperationContext], T],
+        *,
+        dependency: str | None = None,
+        idempotency_key: IdempotencyKey | str | None = None,
+        task_id: str | None = None,
+        phase: str | None = None,
+        wait: float | None = None,
+        park_on_open: bool = False,
+        deadline_seconds: float | None = None,
+    ) -> T:
+        """Run ``fn(ctx)`` once, durably (``docs/layer.md`` states the guarantee).
+
+        Args:
+            agent_id: Who runs it.
+            operation_type: Selects the retry policy and, through
+                ``config.dependencies``, the breaker.
+            payload: The operation's payload: hashed into the idempotency key
+                (unless ``idempotency_key`` is given), kept with the claim for
+                crash recovery and parked in the DLQ on failure.
+            fn: The operation; receives an :class:`OperationContext`.
+            dependency: The breaker to use instead of the configured one.
+            idempotency_key: A caller-supplied key (e.g. an HTTP Idempotency-Key).
+            task_id: With ``phase``: save the result as this task's checkpoint.
+            phase: The checkpoint phase.
+            wait: When another caller runs the same operation, wait up to this
+                many seconds for its result instead of raising OperationInProgress.
+            park_on_open: When the breaker refuses the first attempt, park the
+                operation in the DLQ (fire-and-forget writes) instead of raising
+                CircuitOpen.
+            deadline_seconds: Total time for all attempts (overrides the policy's).
+
+        Returns:
+            ``fn``'s result, or the stored result of a completed duplicate.
+
+        Raises:
+            InvalidKey, InvalidPayload, PayloadTooLarge, ConfigError,
+                DependencyNotFound: Bad input, found before anything ran.
+            RetryExhausted: Parked in the DLQ (``dlq_id``); the claim is released.
+            CircuitOpen: The breaker refused before any attempt (nothing ran).
+            OperationInProgress: Another caller runs it (and ``wait`` ran out).
+            ResultNotStored: ``fn`` ran and completed, but its result cannot be
+                stored (recorded as such: never run again for this key).
+            OutcomeUnrecorded: ``fn`` ran, but Redis did not take its outcome
+                for the whole lease.
+            LeaseLost: ``fn`` succeeded but its claim had been taken over.
+            StorageUnavailable: Redis is down; nothing ran (fail closed).
+            LayerClosed: :meth:`close` was called.
+            Exception: ``fn``'s own non-retryable error (the claim is released).
+        """
+        self._open()
+        req = self._core.request(
+            agent_id, operation_type, payload, dependency=dependency,
+            idempotency_key=idempotency_key, task_id=task_id, phase=phase, wait=wait,
+            park_on_open=park_on_open, deadline_seconds=deadline_seconds,
+        )
+        result: T = drive(self._core.execute_plan(req, fn), self.store, leases=self._leases)
+        return result
+
+    def durable(
+        self,
+        operation_type: str,
+        *,
+        agent_id: str = "default",
+        dependency: str | None = None,
+        key: Callable[..., str] | None = None,
+        wait: float | None = None,
+    ) -> Callable[[Callable[..., T]], Callable[..., T]]:
+        """Decorator: each call of the function becomes a durable operation.
+
+        The payload is ``{"args": [...], "kwargs": {...}}`` of the call (so it must
+        be JSON-compatible for content keys); ``key(*args, **kwargs)`` supplies a
+        raw idempotency key instead. Inside, :func:`current_operation` gives the
+        context (key, fencing token, attempt).
+        """
+
+        def decorate(func: Callable[..., T]) -> Callable[..., T]:
+            @functools.wraps(func)
+            def wrapper(*args: Any, **kwargs: Any) -> T:
+                return self.execute(
+                    agent_id, operation_type, _payload_of(args, kwargs),
+                    lambda _ctx: func(*args, **kwargs), dependency=dependency,
+                    idempotency_key=None if key is None else key(*args, **kwargs), wait=wait,
+                )
+
+            return wrapper
+
+        return decorate
+
+    def recover_orphans(self, limit: int = 1000) -> list[str]:
+        """Park the operations whose worker died (lease ended) in the DLQ.
+
+        Safe to run from every replica at once (each orphan is reclaimed by one);
+        looks at up to ``limit`` in-flight entries whose lease has ended and
+        returns the DLQ ids written. The records carry ``last_error=WORKER_LOST``
+        and the original idempotency key, so :meth:`replay` never runs twice an
+        operation that had in fact completed.
+        """
+        return drive(self._core.recover_plan(limit), self.store)
+
+    def replay(self, dlq_id: str, fn: Callable[[OperationContext], Any]) -> ReplayResult:
+        """Replay a parked operation through the layer with its original key.
+
+        A completed operation is not run again (its stored result counts as the
+        replay's success).
+        """
+        return drive(
+            self.dlq._ops.replay_steps(dlq_id, self._core.replay_plan(fn)), self.store,
+            leases=self._leases,
+        )
+
+    def replay_pending(
+        self,
+        fn: Callable[[OperationContext], Any],
+        operation_type: str | None = None,
+        limit: int | None = None,
+        max_per_second: float | None = None,
+    ) -> ReplaySummary:
+        """Replay pending DLQ records through the layer (see :meth:`replay`)."""
+        return drive(
+            self.dlq._ops.replay_pending_steps(
+                operation_type, limit, max_per_second, self._core.replay_plan(fn)
+            ),
+            self.store, leases=self._leases,
+        )
+
+    def stats(self) -> LayerStats:
+        """The fleet-wide totals of this namespace (read from Redis)."""
+        raw = self.store.command("HGETALL", self._core._stats)
+        in_flight = self.store.command("ZCARD", self._core._index)
+        return self._core.decode_stats(raw, int(in_flight or 0))
+
+    def close(self) -> None:
+        """Accept no new operation (they raise :class:`~durabilis.LayerClosed`).
+
+        Operations already running finish normally; the keep-alive renews their
+        leases until the last one ends, then stops. The store stays open.
+        """
+        self._closed = True
+
+
+class AsyncDurabilityLayer:
+    """The asyncio twin of :class:`DurabilityLayer` (same methods, awaited).
+
+    ``fn`` may be an ``async def`` function (awaited on the event loop) or a
+    plain function: a plain function runs in a worker thread
+    (``asyncio.to_thread``), never on the loop, whose keep-alive must go on
+    renewing the claim's lease while ``fn`` runs.
+    """
+
+    def __init__(
+        self,
+        store: AsyncStore,
+        config: DurabilityConfig | None = None,
+        *,
+        replica_id: str | None = None,
+    ) -> None:
+        self.store = store
+        self.config = config or DurabilityConfig()
+        cfg = self.config
+        self.idempotency = AsyncIdempotencyGuard(store, cfg.idempotency)
+        self.retry = (
+            AsyncRetryEngine(store) if cfg.retry_policies is None
+            else AsyncRetryEngine.empty(store)
+        )
+        for policy in cfg.retry_policies or ():
+            self.retry.upsert_policy(policy)
+        self.breakers = AsyncCircuitBreakerRegistry(store, cfg.breakers, replica_id=replica_id)
+        self.checkpoints = AsyncCheckpointManager(store, cfg.checkpoint)
+        self.dlq = AsyncDeadLetterQueue(store, cfg.dlq, replayer_id=self.breakers.replica_id)
+        self._core = _LayerCore(
+            store, cfg, self.idempotency._ops, self.retry, self.breakers,
+            self.checkpoints._ops, self.dlq._ops,
+        )
+        self._leases = LeaseBook(on_hold=self._ensure_renewer)
+        self._renewers: dict[asyncio.AbstractEventLoop, asyncio.Task[None]] = {}
+        self._closed = False
+
+    def _ensure_renewer(self) -> None:
+        loop = asyncio.get_running_loop()
+        task = self._renewers.get(loop)
+        if task is None or task.done():
+            self._renewers[loop] = loop.create_task(self._renew_loop())
+
+    async def _renew_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.renew_interval)
+            held = self._leases.held()
+            if not held:
+                if self._closed:
+                    return
+                continue
+            try:
+                await self.store.run_many(self._core.renew_calls(held))
+            except DurabilisError as exc:
+                _log.warning("durability_lease_renew_failed", error=f"{type(exc).__name__}: {exc}")
+
+    def _open(self) -> None:
+        if self._closed:
+            raise LayerClosed("this AsyncDurabilityLayer was closed; it accepts no new operation")
+
+    async def execute(
+        self,
+        agent_id: str,
+        operation_type: str,
+        payload: Any,
+        fn: Callable[[OperationContext], Awaitable[T] | T],
+        *,
+        dependency: str | None = None,
+        idempotency_key: IdempotencyKey | str | None = None,
+        task_id: str | None = None,
+        phase: str | None = None,
+        wait: float | None = None,
+        park_on_open: bool = False,
+        deadline_seconds: float | None = None,
+    ) -> T:
+        """See :meth:`DurabilityLayer.execute`.
+
+        A cancellation (``wait_for``, ``TaskGroup``) before ``fn`` returned
+        releases the claim and the probe slot (shielded) and re-raises
+        ``CancelledError``; once ``fn`` returned, its outcome is recorded
+        (shielded) before ``CancelledError`` is raised.
+        """
+        self._open()
+        req = self._core.request(
+            agent_id, operation_type, payload, dependency=dependency,
+            idempotency_key=idempotency_key, task_id=task_id, phase=phase, wait=wait,
+            park_on_open=park_on_open, deadline_seconds=deadline_seconds,
+        )
+        result: T = await adrive(self._core.execute_plan(req, fn), self.store, leases=self._leases)
+        return result
+
+    def durable(
+        self,
+        operation_type: str,
+        *,
+        agent_id: str = "default",
+        dependency: str | None = None,
+        key: Callable[..., str] | None = None,
+        wait: float | None = None,
+    ) -> Callable[[Callable[..., Awaitable[T]]], Callable[..., Awaitable[T]]]:
+        """See :meth:`DurabilityLayer.durable` (decorates ``async def`` functions)."""
+
+        def decorate(func: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+            @functools.wraps(func)
+            async def wrapper(*args: Any, **kwargs: Any) -> T:
+                async def call(_ctx: OperationContext) -> T:
+                    return await func(*args, **kwargs)
+
+                return await self.execute(
+                    agent_id, operation_type, _payload_of(args, kwargs), call,
+                    dependency=dependency,
+                    idempotency_key=None if key is None else key(*args, **kwargs), wait=wait,
+                )
+
+            return wrapper
+
+        return decorate
+
+    async def recover_orphans(self, limit: int = 1000) -> list[str]:
+        """See :meth:`DurabilityLayer.recover_orphans`."""
+        return await adrive(self._core.recover_plan(limit), self.store)
+
+    async def replay(self, dlq_id: str, fn: Callable[[OperationContext], Any]) -> ReplayResult:
+        """See :meth:`DurabilityLayer.replay`."""
+        return await adrive(
+            self.dlq._ops.replay_steps(dlq_id, self._core.replay_plan(fn)), self.store,
+            leases=self._leases,
+        )
+
+    async def replay_pending(
+        self,
+        fn: Callable[[OperationContext], Any],
+        operation_type: str | None = None,
+        limit: int | None = None,
+        max_per_second: float | None = None,
+    ) -> ReplaySummary:
+        """See :meth:`DurabilityLayer.replay_pending`."""
+        return await adrive(
+            self.dlq._ops.replay_pending_steps(
+                operation_type, limit, max_per_second, self._core.replay_plan(fn)
+            ),
+            self.store, leases=self._leases,
+        )
+
+    async def stats(self) -> LayerStats:
+        """See :meth:`DurabilityLayer.stats`."""
+        raw = await self.store.command("HGETALL", self._core._stats)
+        in_flight = await self.store.command("ZCARD", self._core._index)
+        return self._core.decode_stats(raw, int(in_flight or 0))
+
+    async def close(self) -> None:
+        """See :meth:`DurabilityLayer.close`."""
+        self._closed = True

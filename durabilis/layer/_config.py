@@ -1,0 +1,191 @@
+"""The layer's settings and the values it hands out (no I/O, no plans)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from durabilis._steps import CURRENT
+from durabilis.breaker import CircuitBreakerConfig
+from durabilis.checkpoint import CheckpointConfig
+from durabilis.dlq import DlqConfig
+from durabilis.errors import ConfigError
+from durabilis.idempotency import IdempotencyConfig
+from durabilis.retry import RetryPolicy
+
+DEFAULT_DEPENDENCIES: Mapping[str, str] = MappingProxyType(
+    {
+        "mcp_call": "external_mcp_client",
+        "memory_write": "memory_service",
+        "wiki_write": "wiki_service",
+    }
+)
+"""Which breaker guards which operation type by default (the seed's three breakers)."""
+
+WORKER_LOST = "WORKER_LOST"
+"""``last_error`` of an operation whose worker died mid-flight (``recover_orphans``): it
+may or may not have run."""
+
+CIRCUIT_OPEN = "CIRCUIT_OPEN"
+"""``final_error`` of an operation parked because its breaker was open."""
+
+
+# --- configuration -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DurabilityConfig:
+    """The five pillars' settings, and which breaker guards which operation type.
+
+    Attributes:
+        idempotency: Dedup window, key limits and the claim's lease
+            (``in_progress_ttl_seconds``: how long after a worker's death its
+            operation can be recovered; a live worker renews it).
+        retry_policies: The retry policies; ``None``: the seed's five.
+        breakers: The breakers; ``None``: the seed's three.
+        checkpoint: Checkpoint settings.
+        dlq: Dead-letter queue settings.
+        dependencies: Operation type -> breaker name (``execute(dependency=…)``
+            overrides it); types not listed run without a breaker.
+        renew_every_seconds: How often a live worker renews its leases;
+            ``None``: a third of the lease.
+    """
+
+    idempotency: IdempotencyConfig = field(
+        default_factory=lambda: IdempotencyConfig(in_progress_ttl_seconds=30)
+    )
+    retry_policies: tuple[RetryPolicy, ...] | None = None
+    breakers: tuple[CircuitBreakerConfig, ...] | None = None
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    dlq: DlqConfig = field(default_factory=DlqConfig)
+    dependencies: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_DEPENDENCIES))
+    renew_every_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raises ``ConfigError`` naming the first invalid field."""
+        checks: tuple[tuple[str, object, type], ...] = (
+            ("idempotency", self.idempotency, IdempotencyConfig),
+            ("checkpoint", self.checkpoint, CheckpointConfig),
+            ("dlq", self.dlq, DlqConfig),
+        )
+        for name, value, kind in checks:
+            if not isinstance(value, kind):
+                raise ConfigError(name, f"must be a {kind.__name__}, got {type(value).__name__}")
+        if not isinstance(self.dependencies, Mapping) or not all(
+            isinstance(k, str) and k and isinstance(v, str) and v
+            for k, v in self.dependencies.items()
+        ):
+            raise ConfigError("dependencies", "must map operation types to breaker names (str)")
+        renew = self.renew_every_seconds
+        if renew is not None and (
+            isinstance(renew, bool)
+            or not isinstance(renew, (int, float))
+            or not 0 < renew < self.idempotency.in_progress_ttl_seconds
+        ):
+            raise ConfigError(
+                "renew_every_seconds",
+                "must be > 0 and shorter than idempotency.in_progress_ttl_seconds",
+            )
+
+    @property
+    def renew_interval(self) -> float:
+        return self.renew_every_seconds or self.idempotency.in_progress_ttl_seconds / 3.0
+
+    @classmethod
+    def from_toml(
+        cls, path: str | Path | None, *, environ: Mapping[str, str] | None = None
+    ) -> DurabilityConfig:
+        """Load a TOML file in the seed's layout, with environment overrides.
+
+        See :func:`durabilis.config.load_config` (``docs/production.md``).
+
+        Raises:
+            ConfigFileError: Naming the file (or variable), section and field.
+        """
+        from durabilis.config import load_config  # noqa: PLC0415  (config imports this module)
+
+        return load_config(path, environ=environ)
+
+
+# --- what fn sees ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OperationContext:
+    """What an operation is handed: forward ``idempotency_key`` and ``token`` downstream.
+
+    A downstream that dedups on ``idempotency_key`` (and, to fence stale
+    writers, refuses a ``token`` lower than one it has seen) makes even the
+    rare re-run after a crash between its side effect and our record harmless.
+
+    Attributes:
+        agent_id: Who runs it.
+        operation_type: Its type (selects the retry policy).
+        payload: The operation's payload.
+        idempotency_key: The key claimed for it.
+        token: The claim's fencing token (``None`` with idempotency disabled);
+            tokens of successive claims of one key increase.
+        attempt: 0-based attempt number.
+        dependency: The breaker guarding it, if any.
+        task_id: The checkpointed task, if any.
+        phase: The checkpoint phase, if any.
+        replay: The operation runs from a DLQ replay.
+        recovered: An earlier run of this operation may have happened: its
+            claim was taken over from a worker whose lease ended (it died, or
+            could not record its outcome). With ``replay``, the two cases in
+            which ``fn`` may see an operation again after its effect: forward
+            ``idempotency_key`` so the downstream keeps it exactly once.
+    """
+
+    agent_id: str
+    operation_type: str
+    payload: Any
+    idempotency_key: str
+    token: str | None
+    attempt: int
+    dependency: str | None = None
+    task_id: str | None = None
+    phase: str | None = None
+    replay: bool = False
+    recovered: bool = False
+
+
+def current_operation() -> OperationContext | None:
+    """The context of the durable operation running now (inside ``fn`` and
+    ``@layer.durable`` functions, also in the worker thread of a plain
+    function run by the asyncio layer)."""
+    current: OperationContext | None = CURRENT.get()
+    return current
+
+
+@dataclass(frozen=True, slots=True)
+class LayerStats:
+    """Fleet-wide totals kept in Redis by every layer of the namespace.
+
+    Attributes:
+        started: Operations that won their claim and ran.
+        succeeded: Operations whose result was recorded.
+        duplicates: Calls answered from a stored result or refused as in progress.
+        retries: Retries made (attempts after the first).
+        parked: Operations parked in the DLQ (exhausted, circuit open, recovered).
+        non_retryable: Operations stopped by a non-retryable error.
+        recovered: Orphans (dead workers) moved to the DLQ by ``recover_orphans``.
+        in_flight: Operations holding a claim now (including dead ones not yet recovered).
+    """
+
+    started: int = 0
+    succeeded: int = 0
+    duplicates: int = 0
+    retries: int = 0
+    parked: int = 0
+    non_retryable: int = 0
+    recovered: int = 0
+    in_flight: int = 0
+
+

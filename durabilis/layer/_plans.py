@@ -1,0 +1,915 @@
+"""The whole logic of the layer, as plans of steps (``durabilis._steps``). No I/O here.
+
+The rules that make the core promise hold (``docs/layer.md``):
+
+- **Check before the effect.** Everything checkable (the payload in the
+  encoding of every pillar that may store it, every key part against every
+  cap, checkpoint ids) is checked in :meth:`_LayerCore.request`, before the
+  claim. The DLQ record of a failure is prepared there too.
+- **After the effect, record first.** Once ``fn`` returned, nothing raises
+  before the outcome is recorded: an unstorable result is recorded as
+  "completed, result not stored"; a record step that fails is sent again
+  (shielded, with backoff) while the claim's lease lasts.
+- **Steps are all-or-nothing.** The claim step gates on the claim and the
+  breaker: a refusal by either writes nothing (standalone) or is compensated
+  (Cluster). Every claim carries a nonce, so it can be released, and its
+  probe slot freed, even when the reply that named them was lost.
+- **Entries are owned.** An in-flight index entry is ``<key>|<nonce>``: only
+  its own claim removes it, recovery drops it once another claim holds the key.
+- **Interruptions.** A cancellation (or ``KeyboardInterrupt``) before the
+  outcome releases the claim and the probe slot (shielded) and re-raises.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import secrets
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from durabilis import _codec
+from durabilis._retry_core import NON_RETRYABLE, TESTING, RetryDecision, decide
+from durabilis._scripts import Replies, ScriptCall
+from durabilis._steps import INTERRUPTS, IO, Hold, Plan, Run, Sleep
+from durabilis._store import AsyncStore, Store
+from durabilis.breaker import (
+    AsyncCircuitBreakerRegistry,
+    CircuitBreakerRegistry,
+    Permit,
+)
+from durabilis.checkpoint import _part
+from durabilis.dlq import DlqRecord, Prepared, error_text
+from durabilis.errors import (
+    CircuitOpen,
+    ConfigError,
+    CorruptData,
+    DurabilisError,
+    LeaseLost,
+    OperationInProgress,
+    OutcomeUnrecorded,
+    ResultNotStored,
+    RetryExhausted,
+)
+from durabilis.idempotency import Duplicate, IdempotencyKey, New
+from durabilis.layer._config import (
+    CIRCUIT_OPEN,
+    WORKER_LOST,
+    DurabilityConfig,
+    LayerStats,
+    OperationContext,
+)
+from durabilis.retry import (
+    AsyncRetryEngine,
+    RetryEngine,
+    RetryPolicy,
+    _BudgetOps,
+    emit_retry_attempt,
+    emit_retry_stop,
+)
+
+_log = structlog.get_logger("durabilis")
+
+_STOPPED: tuple[type[BaseException], ...] = (DurabilisError, *INTERRUPTS)
+"""A step failed, or the plan was interrupted: nothing more will run."""
+_CLAIM_AGAIN = object()
+_GIVE_UP = object()
+_REASON_ROOM = 96  # bytes kept in the DLQ payload cap for metadata added when parking
+_RECORD_BACKOFF = (0.05, 1.0)  # first and longest pause between tries of a record step
+
+
+def _nonce() -> str:
+    return secrets.token_hex(8)
+
+
+def dlq_id_for(key: str, nonce: str) -> str:
+    """The DLQ id of one claim's failure: the worker and a recoverer parking the
+    same claim write one record; two claims (or no idempotency) never share one."""
+    return hashlib.sha256(f"{key}\x00{nonce}".encode()).hexdigest()[:32]
+
+
+def _tag(reply: Any) -> str:
+    try:
+        head = reply[0]
+    except (TypeError, IndexError, KeyError):
+        return ""
+    if isinstance(head, bytes):
+        return head.decode("utf-8", "replace")
+    return head if isinstance(head, str) else ""
+
+
+# Gates: does this reply refuse (abort the step)? Each matches the script's
+# own "returned before ready()" (see durabilis/_scripts.py).
+def _claim_refused(reply: Any) -> bool:
+    return _tag(reply) != "new"
+
+
+def _breaker_refused(reply: Any) -> bool:
+    return type(reply) is not int and _tag(reply) != "ok"
+
+
+def _record_refused(reply: Any) -> bool:
+    return _tag(reply) != "ok"
+
+
+def _save_refused(reply: Any) -> bool:
+    return _tag(reply) not in ("ok", "exists")
+
+
+def _renewed(reply: Any) -> bool:
+    try:
+        return int(reply[0]) == 1
+    except (TypeError, IndexError, ValueError):
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """One durable operation, validated and encoded before any I/O."""
+
+    agent_id: str
+    operation_type: str
+    payload: Any
+    key: IdempotencyKey
+    dependency: str | None
+    task_id: str | None
+    phase: str | None
+    wait: float | None
+    park_on_open: bool
+    deadline: float | None
+    replay: bool
+    envelope: bytes  # what the claim keeps for recovery (msgpack)
+    park: Prepared  # the DLQ record of a failure, checked and encoded
+
+
+@dataclass(frozen=True, slots=True)
+class _Claim:
+    """What one run of the operation holds."""
+
+    nonce: str
+    member: str  # its in-flight index entry, "" when not listed
+    token: str | None  # None: no claim (idempotency disabled, or not claimed)
+    taken_over: bool = False
+
+
+class _LayerCore:
+    """The whole logic of the layer, as plans of steps. No I/O here.
+
+    Attributes:
+        clock: Monotonic seconds (the simulator replaces it with its own).
+    """
+
+    def __init__(  # noqa: PLR0917  (the pillars, built by the twins)
+        self,
+        store: Store | AsyncStore,
+        config: DurabilityConfig,
+        idem_ops: Any,
+        retry: RetryEngine | AsyncRetryEngine,
+        breakers: CircuitBreakerRegistry | AsyncCircuitBreakerRegistry,
+        checkpoint_ops: Any,
+        dlq_ops: Any,
+    ) -> None:
+        self.config = config
+        self.fuses = store.fuses
+        self.clock: Callable[[], float] = time.monotonic
+        self._keys = store.keys
+        self._idem = idem_ops
+        self._retry = retry
+        self._breakers = breakers
+        self._ckpt = checkpoint_ops
+        self._dlq = dlq_ops
+        self._budget = _BudgetOps(store.keys)
+        self._index = store.keys.layer("inflight")
+        self._stats = store.keys.layer("stats")
+        self._lease_s = float(config.idempotency.in_progress_ttl_seconds)
+        self._lease_ms = max(1, int(self._lease_s * 1000))
+
+    # -- request building: every check before any I/O --
+
+    def request(
+        self,
+        agent_id: str,
+        operation_type: str,
+        payload: Any,
+        *,
+        dependency: str | None,
+        idempotency_key: IdempotencyKey | str | None,
+        task_id: str | None,
+        phase: str | None,
+        wait: float | None,
+        park_on_open: bool,
+        deadline_seconds: float | None,
+        replay: bool = False,
+    ) -> _Request:
+        """Validate and encode an operation (no I/O).
+
+        Raises:
+            InvalidKey: A key part empty, over a cap of a pillar that stores it,
+                or not valid text.
+            InvalidPayload, PayloadTooLarge: The payload cannot be kept with the
+                claim or parked in the DLQ, in the encoding each uses.
+            DependencyNotFound: No breaker of that name.
+            ConfigError: ``task_id`` without ``phase`` (or the reverse), a bad
+                ``wait`` / ``deadline_seconds``.
+        """
+        key = self._idem.validate_key(
+            IdempotencyKey.new(agent_id, operation_type, payload)
+            if idempotency_key is None
+            else idempotency_key
+        )
+        dep = dependency if dependency is not None else self.config.dependencies.get(
+            operation_type
+        )
+        if dep is not None:
+            self._breakers.ops.entry(dep)  # DependencyNotFound before any I/O
+        if (task_id is None) != (phase is None):
+            raise ConfigError("phase", "task_id and phase go together")
+        if task_id is not None and phase is not None:
+            _part("task_id", task_id)
+            _part("phase", phase)
+            _part("agent_id", agent_id)
+        for name, seconds in (("wait", wait), ("deadline_seconds", deadline_seconds)):
+            if seconds is not None and (
+                isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+                or not 0 <= seconds < float("inf") or (name == "deadline_seconds" and not seconds)
+            ):
+                raise ConfigError(name, f"must be a finite number of seconds, got {seconds!r}")
+        envelope = bytes(self._idem.pack_value(
+            {
+                "agent_id": agent_id,
+                "operation_type": operation_type,
+                "payload": payload,
+                "dependency": dep,
+                "task_id": task_id,
+                "phase": phase,
+            },
+            "payload",
+        ))
+        park = self._dlq.prepare(
+            agent_id, operation_type, payload, self._metadata(key.value, dep, task_id, phase),
+            spare_bytes=_REASON_ROOM,
+        )
+        return _Request(
+            agent_id, operation_type, payload, key, dep, task_id, phase, wait,
+            park_on_open, deadline_seconds, replay, envelope, park,
+        )
+
+    @staticmethod
+    def _metadata(
+        key: str, dependency: str | None, task_id: str | None, phase: str | None
+    ) -> dict[str, str]:
+        meta = {"idempotency_key": key}
+        for name, value in (("dependency", dependency), ("task_id", task_id), ("phase", phase)):
+            if value:
+                meta[name] = value
+        return meta
+
+    # -- small call builders --
+
+    def member(self, key: str, nonce: str) -> str:
+        return f"{key}|{nonce}"
+
+    def _note(
+        self, mode: str, members: Sequence[str | bytes] = (), *, at: int | None = None,
+        **counts: int,
+    ) -> ScriptCall:
+        args: list[Any] = [mode, self._lease_ms if at is None else at, len(members), *members]
+        for name, n in counts.items():
+            if n:
+                args += [name, n]
+        return ScriptCall("layer_note", [self._index, self._stats], args)
+
+    def renew_calls(self, held: Sequence[tuple[str, str, str]]) -> list[ScriptCall]:
+        """The keep-alive's calls for the claims held: their leases and index entries."""
+        if not held:
+            return []
+        note = self._note("renew", [m for _, _, m in held if m])
+        if not self.fuses:  # one key per script: every record is its own slot
+            calls = [
+                ScriptCall("idem_renew", [self._keys.idem(k)], [t, self._lease_ms])
+                for k, t, _ in held
+            ]
+            return [*calls, note]
+        renew = ScriptCall(
+            "idem_renew",
+            [self._keys.idem(k) for k, _, _ in held],
+            [*(t for _, t, _ in held), self._lease_ms],
+        )
+        return [renew, note]
+
+    def _fire(self, transition: Any) -> None:
+        if transition is not None:
+            self._breakers.fire_transition(transition)
+
+    def _decode_permit(self, dep: str, reply: Any) -> Permit:
+        permit, transition = self._breakers.ops.decode_before(dep, reply)
+        self._fire(transition)
+        return permit
+
+    def _best_effort(self, calls: list[ScriptCall], event: str, key: str) -> Plan[bool]:
+        """Run a compensating step, shielded; a storage failure is logged, not raised
+        (what it leaves behind is found by recovery or expires: see docs/layer.md)."""
+        if not calls:
+            return True
+        try:
+            yield IO(calls, shield=True)
+        except DurabilisError as exc:
+            _log.error(event, idempotency_key=key, error=f"{type(exc).__name__}: {exc}")
+            return False
+        return True
+
+    # -- the durable operation --
+
+    def execute_plan(self, req: _Request, fn: Callable[[OperationContext], Any]) -> Plan[Any]:
+        wait_until = None if req.wait is None else self.clock() + req.wait
+        while True:
+            outcome = yield from self._claim_and_run(req, fn, wait_until)
+            if outcome is not _CLAIM_AGAIN:
+                return outcome
+
+    def _claim_and_run(  # noqa: PLR0912, PLR0915  (the claim step reads best as one piece)
+        self, req: _Request, fn: Callable[[OperationContext], Any], wait_until: float | None
+    ) -> Plan[Any]:
+        policy = self._retry.get_policy(req.operation_type)
+        budget = policy.budget if policy is not None else None
+        dep = req.dependency
+        dedup = self.config.idempotency.enabled
+        nonce = _nonce()
+        member = self.member(req.key.value, nonce) if dedup else ""
+        probe = f"{nonce}.0"
+        # Order matters on Cluster, where these run one by one and stop at the
+        # first refusal: the index entry first (a worker killed just after its
+        # claim must already be listed for recover_orphans; an entry without
+        # its claim is dropped there), the claim (a duplicate asks nothing
+        # else), then the breaker and the budget (charged only for a new claim).
+        calls: list[ScriptCall] = []
+        at: dict[str, int] = {}
+        gates: dict[int, Callable[[Any], bool]] = {}
+        if dedup:
+            at["note"] = len(calls)
+            calls.append(self._note("add", [member]))
+            at["claim"] = len(calls)
+            gates[len(calls)] = _claim_refused
+            calls.append(self._idem.claim(req.key, None, req.envelope, nonce))
+        if dep is not None:
+            at["cb"] = len(calls)
+            gates[len(calls)] = _breaker_refused
+            calls.append(self._breakers.ops.before_call(dep, probe_id=probe))
+        if budget is not None:
+            at["budget"] = len(calls)
+            calls.append(self._budget.record_call(req.operation_type, budget))
+        register = self._breakers.registration_call(dep) if dep is not None else None
+        if register is not None:
+            at["register"] = len(calls)
+            calls.append(register)
+        unknown = Replies([None] * len(calls), "?" * len(calls))
+        try:
+            replies = (yield IO(calls, gates)) if calls else Replies([], "")
+        except DurabilisError as exc:
+            yield from self._undo_begin(req, nonce, member, probe, exc.partial or unknown, at)
+            raise
+        except INTERRUPTS:
+            yield from self._undo_begin(req, nonce, member, probe, unknown, at)
+            raise
+        if register is not None and dep is not None and replies.status[at["register"]] == "c":
+            self._breakers.mark_registered(dep)
+
+        claim: New | Duplicate | None = New(token=None)
+        if dedup:
+            claim = None
+            if replies.status[at["claim"]] != "n":  # "n": the breaker refused, nothing ran
+                try:
+                    claim = self._idem.decode_claim(req.key, replies[at["claim"]])
+                except DurabilisError:  # KeyReuseMismatch, CorruptData
+                    yield from self._undo_begin(req, nonce, member, probe, replies, at)
+                    raise
+        listed = dedup and replies.ran(at["note"])
+        if isinstance(claim, Duplicate):
+            return (yield from self._duplicate(req, claim, member if listed else "", wait_until))
+
+        token = claim.token if claim is not None else None
+        cl = _Claim(
+            nonce, member if listed else "", token,
+            taken_over=bool(claim is not None and claim.taken_over),
+        )
+        permit: Permit | None = None
+        if dep is not None:
+            try:
+                permit = self._decode_permit(dep, replies[at["cb"]])
+            except CircuitOpen as exc:
+                if not req.park_on_open:
+                    yield from self._undo_begin(req, nonce, member, probe, replies, at)
+                    raise
+                return (yield from self._park(
+                    req, cl, attempts=0, error=CIRCUIT_OPEN, reason=CIRCUIT_OPEN, cause=exc,
+                ))
+            except DurabilisError:
+                yield from self._undo_begin(req, nonce, member, probe, replies, at)
+                raise
+        if budget is not None and replies.status[at["budget"]] == "c":
+            try:
+                self._budget.decode(req.operation_type, replies[at["budget"]])
+            except CorruptData:
+                _log.exception("durability_retry_budget_corrupt", operation_type=req.operation_type)
+        if token:
+            yield Hold(req.key.value, token, cl.member)
+        return (yield from self._attempts(req, fn, policy, cl, permit))
+
+    def _undo_begin(  # noqa: PLR0917  (what the claim step held, one by one)
+        self, req: _Request, nonce: str, member: str, probe: str, replies: Replies,
+        at: Mapping[str, int],
+    ) -> Plan[None]:
+        """Give back what a claim step that will not go on may have taken."""
+        calls: list[ScriptCall] = []
+        if "claim" in at and replies.ran(at["claim"]):
+            calls.append(self._idem.release(req.key, None, nonce))
+        if "cb" in at and replies.ran(at["cb"]) and req.dependency is not None:
+            calls.append(self._breakers.ops.release_probe(req.dependency, probe))
+        if "note" in at and replies.ran(at["note"]):
+            calls.append(self._note("rem", [member]))
+        yield from self._best_effort(calls, "durability_claim_undo_failed", req.key.value)
+
+    def _abandon(
+        self, req: _Request, cl: _Claim, permit: Permit | None, probe: str | None,
+        **counts: int,
+    ) -> Plan[bool]:
+        """The operation stops without an outcome to record: release claim and probe slot."""
+        calls: list[ScriptCall] = []
+        if cl.token or cl.member:
+            calls.append(self._idem.release(req.key, cl.token, cl.nonce))
+        dep = req.dependency
+        if dep is not None:
+            if permit is not None and permit.is_probe:
+                calls.append(self._breakers.ops.release(dep, permit))
+            elif probe is not None:
+                calls.append(self._breakers.ops.release_probe(dep, probe))
+        calls.append(self._note("rem", [cl.member] if cl.member else [], **counts))
+        return (yield from self._best_effort(calls, "durability_release_failed", req.key.value))
+
+    def _duplicate(
+        self, req: _Request, dup: Duplicate, member: str, wait_until: float | None
+    ) -> Plan[Any]:
+        # Counting must not fail the call: the answer is known.
+        calls = [self._note("rem" if member else "none", [member] if member else [],
+                            duplicates=1)]
+        yield from self._best_effort(calls, "durability_duplicate_note_failed", req.key.value)
+        while dup.in_progress:
+            now = self.clock()
+            if wait_until is None or now >= wait_until:
+                raise OperationInProgress(req.key.value, dup.original_timestamp)
+            yield Sleep(min(0.05, max(0.0, wait_until - now)))
+            replies = yield IO([self._idem.check(req.key)])
+            seen = self._idem.decode_check(req.key, replies[0])
+            if seen is None or seen.lease_expired:
+                return _CLAIM_AGAIN  # released or its worker died: claim it ourselves
+            dup = seen
+        if dup.not_stored:
+            raise ResultNotStored(req.key.value, dup.not_stored)
+        return dup.original_result
+
+    def _attempts(  # noqa: PLR0912, PLR0915  (the retry loop reads best as one piece)
+        self,
+        req: _Request,
+        fn: Callable[[OperationContext], Any],
+        policy: RetryPolicy | None,
+        cl: _Claim,
+        permit: Permit | None,
+    ) -> Plan[Any]:
+        dep = req.dependency
+        budget = policy.budget if policy is not None else None
+        deadline = req.deadline
+        if deadline is None and policy is not None:
+            deadline = policy.deadline_seconds
+        start = self.clock()
+        confirmed = start  # when this claim was last known to be ours
+        slept = 0.0
+        attempt = 0
+        while True:
+            probe: str | None = None
+            if cl.token and self.clock() - confirmed >= self.config.renew_interval:
+                # A long pause (a backoff, or a stalled process): before the next
+                # effect, make sure the lease did not lapse and pass to another
+                # worker, who may have completed the operation meanwhile.
+                try:
+                    held = yield IO([self._idem.renew(req.key, cl.token, self._lease_ms)])
+                except _STOPPED:
+                    yield from self._abandon(req, cl, None, None, started=1)
+                    raise
+                if not _renewed(held[0]):
+                    # Its index entry stays: if recovery reclaimed the claim (same
+                    # nonce), the entry is how a crashed recoverer is recovered in
+                    # turn; otherwise recover_orphans drops it.
+                    raise LeaseLost(req.key.value)
+                confirmed = self.clock()
+            if attempt > 0 and dep is not None:
+                probe = f"{cl.nonce}.{attempt}"
+                try:
+                    admit = yield IO([self._breakers.ops.before_call(dep, probe_id=probe)])
+                    permit = self._decode_permit(dep, admit[0])
+                except CircuitOpen as refused:
+                    return (yield from self._park(
+                        req, cl, attempts=attempt, error=CIRCUIT_OPEN, reason=CIRCUIT_OPEN,
+                        cause=refused, started=1,
+                    ))
+                except _STOPPED:
+                    yield from self._abandon(req, cl, None, probe, started=1)
+                    raise
+            ctx = OperationContext(
+                req.agent_id, req.operation_type, req.payload, req.key.value, cl.token, attempt,
+                dep, req.task_id, req.phase, req.replay, cl.taken_over,
+            )
+            began = self.clock()
+            try:
+                ok, value = yield Run(fn, ctx, ctx)
+            except INTERRUPTS:
+                # Interrupted while fn ran (asyncio cancellation): nothing to record;
+                # give the claim and the probe slot back, then re-raise.
+                yield from self._abandon(req, cl, permit, probe, started=1)
+                raise
+            took_ms = (self.clock() - began) * 1000.0
+            if ok:
+                return (yield from self._succeeded(req, cl, permit, value, took_ms))
+
+            exc: BaseException = value
+            decision = decide(
+                policy, attempt, exc, elapsed=self.clock() - start + slept, deadline=deadline,
+            )
+            if decision.stop_reason == NON_RETRYABLE:
+                # Not a dependency failure: free a probe slot without a verdict.
+                yield from self._abandon(req, cl, permit, probe, started=1, non_retryable=1)
+                emit_retry_stop(
+                    req.operation_type, decision, agent_id=req.agent_id,
+                    last_error=error_text(exc),
+                )
+                raise exc
+            calls: list[ScriptCall] = []
+            if dep is not None:
+                calls.append(self._breakers.ops.after_call(dep, False, permit, took_ms))
+            if decision.retry and budget is not None:
+                calls.append(self._budget.spend_retry(req.operation_type, budget))
+            elif decision.retry:
+                calls.append(self._note("none", retries=1))
+            try:
+                replies = (yield IO(calls)) if calls else Replies([], "")
+            except _STOPPED:
+                yield from self._abandon(req, cl, permit, probe, started=1)
+                raise
+            if dep is not None:
+                self._fire(self._breakers.ops.decode_after(dep, replies[0])[1])
+            if decision.retry and budget is not None:
+                state = self._budget.decode(req.operation_type, replies[-1])
+                if not state.allowed:
+                    decision = decision.deny_budget()
+                else:
+                    yield from self._best_effort(
+                        [self._note("none", retries=1)], "durability_note_failed",
+                        req.key.value,
+                    )
+            if not decision.retry:
+                text = error_text(exc)
+                error = (
+                    text if text.startswith(decision.error_code)
+                    else f"{decision.error_code}: {text}"
+                )
+                return (yield from self._park(
+                    req, cl, attempts=decision.attempts, error=error,
+                    reason=str(decision.stop_reason), cause=exc, decision=decision, started=1,
+                ))
+            emit_retry_attempt(req.operation_type, decision, agent_id=req.agent_id)
+            try:
+                yield Sleep(decision.delay)
+            except INTERRUPTS:
+                yield from self._abandon(req, cl, None, None, started=1)
+                raise
+            slept += decision.delay if TESTING.instant else 0.0
+            attempt += 1
+
+    def _persist(
+        self, key: str, calls: dict[str, ScriptCall], order: Sequence[str],
+        gates: Mapping[str, Callable[[Any], bool]], on_reply: Callable[[str, Any], Any],
+    ) -> Plan[None]:
+        """Send a step until every call of it is settled, shielded, while the lease lasts.
+
+        ``on_reply(name, reply)`` decodes a call's reply (committed or refused)
+        and returns ``None`` (settled), a call to send instead (a checkpoint save
+        whose eviction hints were stale), or ``_GIVE_UP`` (settled, and the
+        other gated calls and the index note are dropped: the claim was lost). A step that fails is
+        sent again, less the calls that committed, with backoff; the error is
+        raised once the lease has run out.
+        """
+        pending = dict(calls)
+        retry_until: float | None = None
+        delay = _RECORD_BACKOFF[0]
+        while pending:
+            names = [n for n in order if n in pending]
+            step_gates = {i: gates[n] for i, n in enumerate(names) if n in gates}
+            try:
+                replies = yield IO([pending[n] for n in names], step_gates, shield=True)
+            except CorruptData:
+                raise
+            except DurabilisError as exc:
+                if exc.partial is not None:
+                    for i, name in enumerate(names):
+                        if exc.partial.status[i] == "c":
+                            _settle(name, exc.partial[i], pending, gates, on_reply)
+                now = self.clock()
+                if retry_until is None:
+                    retry_until = now + self._lease_s
+                if now >= retry_until:
+                    raise
+                _log.warning(
+                    "durability_record_retry", idempotency_key=key,
+                    error=f"{type(exc).__name__}: {exc}", delay_seconds=round(delay, 3),
+                )
+                yield Sleep(delay * (0.5 + random.random() / 2), shield=True)
+                delay = min(delay * 2, _RECORD_BACKOFF[1])
+                continue
+            for i, name in enumerate(names):
+                if replies.status[i] != "n":  # "n": aborted by another's refusal: again
+                    _settle(name, replies[i], pending, gates, on_reply)
+
+    def _succeeded(
+        self, req: _Request, cl: _Claim, permit: Permit | None, result: Any, took_ms: float,
+    ) -> Plan[Any]:
+        # After the effect, nothing may raise before the outcome is recorded: an
+        # unstorable result is recorded as "completed, result not stored".
+        not_stored = ""
+        packed = b""
+        save: ScriptCall | None = None
+        try:
+            packed = bytes(self._idem.pack_value(result, "result"))
+            if req.task_id is not None and req.phase is not None:
+                save = self._ckpt.save(req.task_id, req.agent_id, req.phase, result)
+        except Exception as exc:
+            not_stored = f"{type(exc).__name__}: {exc}"[:500]
+            save = None
+        calls: dict[str, ScriptCall] = {}
+        if cl.token:
+            calls["record"] = self._idem.record_packed(req.key, packed, cl.token, not_stored)
+        if save is not None:
+            calls["save"] = save
+        if req.dependency is not None:
+            calls["report"] = self._breakers.ops.after_call(
+                req.dependency, True, permit, took_ms
+            )
+        calls["note"] = self._note(
+            "rem", [cl.member] if cl.member else [], started=1, succeeded=1
+        )
+        # Standalone: one atomic step; the record goes first, its first write
+        # frees memory, so maxmemory never refuses it. Cluster: the checkpoint
+        # first (a checkpoint without its record is saved again by a re-run; a
+        # record without its checkpoint would never get one).
+        order = ("record", "save", "report", "note") if self.fuses else (
+            "save", "record", "report", "note"
+        )
+        lost = False
+
+        def on_reply(name: str, reply: Any) -> Any:
+            nonlocal lost
+            if name == "record":
+                try:
+                    self._idem.decode_record(req.key, reply)
+                except LeaseLost:
+                    lost = True  # taken over: the new owner records (and saves)
+                    return _GIVE_UP
+                return None
+            if name == "save":
+                if _tag(reply) == "exists":  # ours, sent again after a lost reply
+                    return None
+                out = self._ckpt.decode_save(calls["save"], reply)
+                if isinstance(out, ScriptCall):
+                    calls["save"] = out
+                return out if isinstance(out, ScriptCall) else None
+            if name == "report" and req.dependency is not None:
+                self._fire(self._breakers.ops.decode_after(req.dependency, reply)[1])
+            return None
+
+        gates: dict[str, Callable[[Any], bool]] = {"record": _record_refused}
+        if save is not None:
+            gates["save"] = _save_refused
+        try:
+            yield from self._persist(req.key.value, calls, order, gates, on_reply)
+        except DurabilisError as exc:
+            _log.error(
+                "durability_outcome_unrecorded", idempotency_key=req.key.value,
+                operation_type=req.operation_type, error=f"{type(exc).__name__}: {exc}",
+            )
+            raise OutcomeUnrecorded(req.key.value, succeeded=True, result=result) from exc
+        if lost:
+            # The index entry stays (see _attempts): recovery settles it.
+            _log.error(
+                "durability_lease_lost", idempotency_key=req.key.value,
+                operation_type=req.operation_type,
+            )
+            raise LeaseLost(req.key.value)
+        if not_stored:
+            _log.error(
+                "durability_result_not_stored", idempotency_key=req.key.value,
+                operation_type=req.operation_type, reason=not_stored,
+            )
+            raise ResultNotStored(req.key.value, not_stored, result)
+        return result
+
+    def _park(
+        self,
+        req: _Request,
+        cl: _Claim,
+        *,
+        attempts: int,
+        error: str,
+        reason: str,
+        cause: BaseException,
+        decision: RetryDecision | None = None,
+        **counts: int,
+    ) -> Plan[Any]:
+        """Park the failed operation in the DLQ (unless replaying) and release its claim."""
+        calls: dict[str, ScriptCall] = {}
+        dlq_id = None
+        if not req.replay:
+            dlq_id = dlq_id_for(req.key.value, cl.nonce)
+            calls["enqueue"] = self._dlq.enqueue_prepared(
+                req.park, attempts, error, dlq_id=dlq_id,
+                metadata={"reason": reason, "claim": cl.nonce},
+            )
+        if cl.token or cl.member:
+            calls["release"] = self._idem.release(req.key, cl.token, cl.nonce)
+        calls["note"] = self._note(
+            "rem", [cl.member] if cl.member else [], parked=0 if req.replay else 1, **counts
+        )
+
+        def on_reply(name: str, reply: Any) -> Any:
+            if name == "enqueue":
+                self._dlq.decode_enqueue(calls["enqueue"], reply)
+            return None
+
+        try:
+            yield from self._persist(
+                req.key.value, calls, ("enqueue", "release", "note"), {}, on_reply
+            )
+        except DurabilisError as exc:
+            _log.error(
+                "durability_park_failed", idempotency_key=req.key.value,
+                operation_type=req.operation_type, error=f"{type(exc).__name__}: {exc}",
+            )
+            raise OutcomeUnrecorded(req.key.value, succeeded=False) from exc
+        if decision is not None:
+            emit_retry_stop(
+                req.operation_type, decision, agent_id=req.agent_id, dlq_id=dlq_id,
+                last_error=error,
+            )
+        code = decision.error_code if decision is not None else reason
+        raise RetryExhausted(req.operation_type, attempts, code, dlq_id) from cause
+
+    # -- crash recovery --
+
+    def recover_plan(self, limit: int) -> Plan[list[str]]:
+        """Park every operation whose lease ended (its worker died), at most ``limit``."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ConfigError("limit", f"must be an integer >= 1, got {limit!r}")
+        parked: list[str] = []
+        seen = 0
+        while seen < limit:
+            batch = min(limit - seen, 100)
+            replies = yield IO([ScriptCall("layer_orphans", [self._index], [batch])])
+            members = list(replies[0] or ())
+            for raw in members:
+                seen += 1
+                dlq_id = yield from self._recover_one(raw)
+                if dlq_id is not None:
+                    parked.append(dlq_id)
+            if len(members) < batch:
+                break
+        return parked
+
+    def _recover_one(self, raw: Any) -> Plan[str | None]:
+        try:
+            member = _codec.as_text(raw, key=self._index, field="member")
+        except CorruptData:
+            member = ""
+        key, sep, nonce = member.rpartition("|")
+        if not sep or not key or not nonce:  # foreign data in the index: drop it
+            _log.error("durability_orphan_index_corrupt", member=repr(raw)[:200])
+            yield IO([self._note("rem", [raw])])
+            return None
+        rkey = self._keys.idem(key)
+        reply = (yield IO([self._idem.reclaim(key, self._lease_ms, nonce)]))[0]
+        tag = _tag(reply)
+        if tag != "reclaimed":
+            why = _codec.as_text(reply[1], key=rkey, field="reason") if tag == "skip" else "?"
+            if why == "alive":  # its lease was renewed: look again when it ends
+                at = _codec.as_int(reply[2], key=rkey, field="le")
+                yield IO([self._note("at", [member], at=at)])
+                return None
+            if why == "corrupt":
+                _log.error("durability_orphan_record_corrupt", idempotency_key=key)
+            yield IO([self._note("rem", [member])])
+            return None
+        token = _codec.as_text(reply[1], key=rkey, field="tok")
+        env: dict[str, Any] = {}
+        try:
+            unpacked = _codec.unpack(reply[2], key=rkey) if reply[2] else {}
+            if not isinstance(unpacked, dict):
+                raise CorruptData(rkey, "the claim's payload is not a mapping")
+            env = unpacked
+        except CorruptData:
+            _log.exception("durability_orphan_payload_unreadable", idempotency_key=key)
+        prepared = self._prepare_orphan(key, env)
+        dlq_id = dlq_id_for(key, nonce)
+        calls = [
+            self._dlq.enqueue_prepared(
+                prepared, 0, WORKER_LOST, dlq_id=dlq_id,
+                metadata={"reason": WORKER_LOST, "claim": nonce},
+            ),
+            self._idem.release(IdempotencyKey(key), token),
+            self._note("rem", [member], recovered=1, parked=1),
+        ]
+        out = yield IO(calls)
+        self._dlq.decode_enqueue(calls[0], out[0])
+        _log.warning(
+            "durability_orphan_recovered", idempotency_key=key, dlq_id=dlq_id,
+            operation_type=prepared.operation_type, agent_id=prepared.agent_id,
+        )
+        return dlq_id
+
+    def _prepare_orphan(self, key: str, env: Mapping[str, Any]) -> Prepared:
+        """The DLQ record of an orphan; never raises (recovery must reach every orphan)."""
+        agent = str(env.get("agent_id") or "unknown")
+        op = str(env.get("operation_type") or "unknown")
+        meta = self._metadata(
+            key, *(str(env[f]) if env.get(f) else None for f in ("dependency", "task_id", "phase"))
+        )
+        try:
+            prepared: Prepared = self._dlq.prepare(
+                agent, op, env.get("payload"), meta, spare_bytes=_REASON_ROOM
+            )
+            return prepared
+        except DurabilisError as exc:
+            # Written by an older config or another version: park it anyway,
+            # saying why its payload is missing.
+            _log.error("durability_orphan_payload_not_parkable", idempotency_key=key,
+                       error=f"{type(exc).__name__}: {exc}")
+            note = {"idempotency_key": key[:200], "payload_error": f"{type(exc).__name__}"}
+            try:
+                fallback: Prepared = self._dlq.prepare(agent, op, None, note)
+            except DurabilisError:
+                fallback = self._dlq.prepare("unknown", "unknown", None, note)
+            return fallback
+
+    # -- replay --
+
+    def replay_request(self, record: DlqRecord) -> _Request:
+        meta = record.metadata or {}
+        key = meta.get("idempotency_key")
+        return self.request(
+            record.agent_id,
+            record.operation_type,
+            record.original_operation,
+            dependency=meta.get("dependency") or None,
+            idempotency_key=IdempotencyKey(key) if key else None,
+            task_id=meta.get("task_id") or None,
+            phase=meta.get("phase") or None,
+            wait=None,
+            park_on_open=False,
+            deadline_seconds=None,
+            replay=True,
+        )
+
+    def replay_plan(
+        self, fn: Callable[[OperationContext], Any]
+    ) -> Callable[[DlqRecord], Plan[BaseException | None]]:
+        """The DLQ replay handler (a plan): the record's operation through the layer."""
+
+        def handle(record: DlqRecord) -> Plan[BaseException | None]:
+            try:
+                yield from self.execute_plan(self.replay_request(record), fn)
+            except Exception as exc:  # the replay failed: the DLQ notes it
+                return exc
+            return None
+
+        return handle
+
+    def decode_stats(self, raw: Mapping[Any, Any], in_flight: int) -> LayerStats:
+        values = {}
+        for k, v in (raw or {}).items():
+            name = k.decode() if isinstance(k, bytes) else str(k)
+            values[name] = _codec.as_int(v, key=self._stats, field=name)
+        known = {f: values.get(f, 0) for f in LayerStats.__dataclass_fields__ if f != "in_flight"}
+        return LayerStats(**known, in_flight=in_flight)
+
+
+def _settle(
+    name: str, reply: Any, pending: dict[str, ScriptCall],
+    gates: Mapping[str, Callable[[Any], bool]], on_reply: Callable[[str, Any], Any],
+) -> None:
+    out = on_reply(name, reply)
+    if isinstance(out, ScriptCall):
+        pending[name] = out
+        return
+    pending.pop(name, None)
+    if out is _GIVE_UP:  # the claim is not ours any more: write nothing of it
+        for other in (*gates, "note"):
+            pending.pop(other, None)
