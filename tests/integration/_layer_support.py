@@ -20,11 +20,11 @@ def fast_config(
     *, lease: float = 30, breaker: CircuitBreakerConfig | None = None, **kw: Any
 ) -> DurabilityConfig:
     """Quick retries for op type ``job``, guarded by breaker ``svc``."""
+    kw.setdefault("idempotency", IdempotencyConfig(in_progress_ttl_seconds=lease))
+    kw.setdefault("retry_policies", (FAST_POLICY,))
+    kw.setdefault("dependencies", {"job": "svc"})
     return DurabilityConfig(
-        idempotency=IdempotencyConfig(in_progress_ttl_seconds=lease),
-        retry_policies=(FAST_POLICY,),
         breakers=(breaker or CircuitBreakerConfig("svc", 0.5, 4, 1, 1, 10, 1),),
-        dependencies={"job": "svc"},
         **kw,
     )
 

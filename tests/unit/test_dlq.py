@@ -21,10 +21,10 @@ from durabilis.dlq import (
     ReplayResult,
     _DlqOps,
     _encode_operation,
-    handler_plan,
     _Pacer,
     _Tally,
     error_text,
+    handler_plan,
     sort_key,
 )
 from durabilis.errors import (

@@ -1,0 +1,519 @@
+"""Regression tests for the holes an independent review reproduced in the layer.
+
+One test per reproduced case of the issue "The core promise under every input,
+interruption and interleaving", grouped as it groups them:
+
+1. checks made after ``fn`` ran;
+2. fused steps that partly commit;
+3. Cluster interleavings (driven here on the Cluster code path: the scripts of
+   a step one by one, other workers in between);
+4. asyncio interruptions;
+5. recovery that starves or merges;
+6. the smaller ones.
+
+Each failed on the main branch before the plans were rewritten.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from datetime import date, datetime, timezone
+from decimal import Decimal
+from typing import Any
+from uuid import UUID
+
+import pytest
+import redis
+
+import durabilis
+from durabilis import (
+    DlqConfig,
+    IdempotencyConfig,
+    IdempotencyKey,
+    InvalidKey,
+    InvalidPayload,
+    KeyReuseMismatch,
+    LayerClosed,
+    OperationInProgress,
+    OutcomeUnrecorded,
+    ResultNotStored,
+    RetryBudget,
+    RetryExhausted,
+    RetryPolicy,
+)
+from durabilis._steps import IO, Hold, Run, Stepper
+from durabilis.layer import (
+    AsyncDurabilityLayer,
+    DurabilityLayer,
+    OperationContext,
+)
+from durabilis.testing import RedisServer, offset_server_clock
+from tests.integration._layer_support import Counter, fast_config
+
+
+def layer_on(store: durabilis.Store, **kw: Any) -> DurabilityLayer:
+    return DurabilityLayer(store, fast_config(**kw))
+
+
+def in_flight(raw: Any, store: durabilis.Store) -> list[bytes]:
+    return list(raw.zrange(store.keys.layer("inflight"), 0, -1))
+
+
+def state_of(raw: Any, store: durabilis.Store, key: str) -> bytes | None:
+    value = raw.hget(store.keys.idem(key), "s")
+    return value if isinstance(value, bytes) else None
+
+
+# --- 1. checks after the side effect -------------------------------------------------
+
+
+def test_values_users_return_round_trip_exactly(store: durabilis.Store) -> None:
+    layer = layer_on(store)
+    value = {"sent_at": datetime.now(), "day": date(2026, 11, 30), "amount": Decimal("1.10"),
+             "id": UUID(int=7), "tags": {"a", "b"}, "pair": (1, 2),
+             "at": datetime(2026, 1, 1, tzinfo=timezone.utc)}
+    op = Counter(result=value)
+    assert layer.execute("a1", "job", "v", op) == value
+    again = layer.execute("a1", "job", "v", op)  # the stored result, decoded
+    assert again == value and type(again["pair"]) is tuple and again["sent_at"].tzinfo is None
+    assert len(op.calls) == 1
+
+
+@pytest.mark.parametrize("result", [object(), b"x" * 4096], ids=["not encodable", "over the cap"])
+def test_an_unstorable_result_is_recorded_as_completed_and_never_run_again(
+    redis_url: str, namespace: str, raw: Any, result: Any
+) -> None:
+    store = durabilis.connect(redis_url, namespace=namespace)
+    layer = DurabilityLayer(store, fast_config(
+        idempotency=IdempotencyConfig(in_progress_ttl_seconds=0.3, max_value_bytes=1024)))
+    try:
+        op = Counter(result=result)
+        with pytest.raises(ResultNotStored) as first:
+            layer.execute("a1", "job", "p", op)
+        assert first.value.result is result  # the caller whose fn produced it has it
+        time.sleep(0.4)  # past the lease: nothing is left to recover
+        assert layer.recover_orphans() == []
+        with pytest.raises(ResultNotStored) as dup:
+            layer.execute("a1", "job", "p", op)
+        assert dup.value.result is None and first.value.reason == dup.value.reason
+        assert len(op.calls) == 1  # one side effect, whatever happens next
+        assert layer.dlq.pending_count() == 0
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("task_id, phase", [("", "p"), ("t", ""), ("t", "x" * 5000)])
+def test_bad_checkpoint_ids_are_refused_before_anything_runs(
+    store: durabilis.Store, raw: Any, task_id: str, phase: str
+) -> None:
+    layer = layer_on(store)
+    op = Counter()
+    with pytest.raises(InvalidKey):
+        layer.execute("a1", "job", "p", op, task_id=task_id, phase=phase)
+    assert op.calls == []
+    assert layer.idempotency.check(IdempotencyKey.new("a1", "job", "p")) is None
+    assert in_flight(raw, store) == []
+
+
+def test_names_over_the_dlq_caps_are_refused_before_the_claim(store: durabilis.Store) -> None:
+    layer = layer_on(store)
+    op = Counter()
+    for agent, op_type in (("a" * 300, "job"), ("a1", "j" * 300)):
+        with pytest.raises(InvalidKey):
+            layer.execute(agent, op_type, "p", op, idempotency_key="caller-key")
+    assert op.calls == []
+
+
+def test_a_payload_that_fits_the_claim_can_always_be_parked(store: durabilis.Store) -> None:
+    # ~400 KB of control characters: small as msgpack, 6x larger as JSON text.
+    payload = "\x01" * 400_000
+    layer = layer_on(store)
+    with pytest.raises(RetryExhausted) as info:
+        layer.execute("a1", "job", payload, Counter(["NETWORK_TIMEOUT"] * 3))
+    record = layer.dlq.get(str(info.value.dlq_id))
+    assert record is not None and record.original_operation == payload
+
+
+def test_a_payload_no_pillar_can_keep_is_refused_before_anything_runs(
+    store: durabilis.Store,
+) -> None:
+    layer = DurabilityLayer(store, fast_config(dlq=DlqConfig(max_payload_bytes=1000)))
+    op = Counter()
+    with pytest.raises(durabilis.PayloadTooLarge):
+        layer.execute("a1", "job", {"blob": "y" * 2000}, op)
+    with pytest.raises(InvalidPayload):
+        layer.execute("a1", "job", {"obj": object()}, op, idempotency_key="k")
+    assert op.calls == []
+
+
+def test_recovery_parks_an_unparkable_orphan_and_reaches_the_ones_behind_it(
+    store: durabilis.Store, raw: Any
+) -> None:
+    layer = layer_on(store, lease=0.2)
+    ops = layer.idempotency._ops
+    # Written by an older version: an agent id over today's DLQ cap.
+    for key, agent in (("old", "a" * 300), ("real", "a1")):
+        envelope = ops.pack_value({"agent_id": agent, "operation_type": "job",
+                                   "payload": {"n": 1}}, "payload")
+        store.run(ops.claim(IdempotencyKey(key), None, envelope, f"n-{key}"))
+        store.run(layer._core._note("add", [layer._core.member(key, f"n-{key}")]))
+    time.sleep(0.3)
+    parked = layer.recover_orphans()
+    records = [layer.dlq.get(i) for i in parked]
+    assert sorted(r.metadata["idempotency_key"] for r in records if r) == ["old", "real"]
+    assert in_flight(raw, store) == []
+
+
+def test_the_outcome_of_an_operation_that_ran_is_recorded_at_maxmemory(
+    private_redis: RedisServer, namespace: str
+) -> None:
+    store = durabilis.connect(private_redis.url, namespace=namespace)
+    admin = redis.Redis.from_url(private_redis.url)
+    layer = DurabilityLayer(store, fast_config())
+    try:
+        def fn(ctx: OperationContext) -> str:
+            # Memory fills up while the operation runs (noeviction): the claim
+            # was taken, the effect happened, the next write would be refused.
+            used = int(admin.info("memory")["used_memory"])
+            admin.config_set("maxmemory-policy", "noeviction")
+            admin.config_set("maxmemory", str(used // 2))
+            return "charged"
+
+        assert layer.execute("a1", "job", "p", fn) == "charged"
+        with pytest.raises(durabilis.StorageUnavailable):  # a new claim IS refused: nothing runs
+            layer.execute("a1", "job", "another", Counter())
+        admin.config_set("maxmemory", "0")
+        assert layer.execute("a1", "job", "p", Counter(result="again")) == "charged"
+    finally:
+        admin.config_set("maxmemory", "0")
+        admin.close()
+        store.close()
+
+
+def test_a_record_step_that_times_out_is_sent_again_until_it_lands(
+    private_redis: RedisServer, namespace: str
+) -> None:
+    store = durabilis.connect(private_redis.url, namespace=namespace, socket_timeout=0.2)
+    admin = redis.Redis.from_url(private_redis.url)
+    layer = DurabilityLayer(store, fast_config(lease=5))
+    try:
+        def fn(ctx: OperationContext) -> str:
+            admin.execute_command("CLIENT", "PAUSE", 800, "WRITE")  # Redis stalls for 0.8 s
+            return "done"
+
+        assert layer.execute("a1", "job", "p", fn) == "done"
+        assert layer.idempotency.check(IdempotencyKey.new("a1", "job", "p")).in_progress is False
+    finally:
+        admin.close()
+        store.close()
+
+
+def test_giving_up_on_the_record_says_the_operation_ran(
+    private_redis: RedisServer, namespace: str
+) -> None:
+    store = durabilis.connect(private_redis.url, namespace=namespace, socket_timeout=0.2)
+    admin = redis.Redis.from_url(private_redis.url)
+    layer = DurabilityLayer(store, fast_config(lease=0.6, renew_every_seconds=0.2))
+    try:
+        def fn(ctx: OperationContext) -> str:
+            admin.execute_command("CLIENT", "PAUSE", 1500, "WRITE")  # longer than the lease
+            return "done"
+
+        with pytest.raises(OutcomeUnrecorded) as info:
+            layer.execute("a1", "job", "p", fn)
+        assert info.value.succeeded and info.value.result == "done"
+        time.sleep(1.0)  # the pause is over, the lease has ended
+        recovered = Counter(result="second run")
+        assert layer.execute("a1", "job", "p", recovered) == "second run"
+        assert recovered.calls[0].recovered  # told: an earlier run may have happened
+    finally:
+        admin.close()
+        store.close()
+
+
+# --- 2. fused steps are all-or-nothing -----------------------------------------------------
+
+
+def test_a_record_is_never_written_without_its_checkpoint(
+    store: durabilis.Store, redis_url: str, namespace: str
+) -> None:
+    cfg = fast_config(checkpoint=durabilis.CheckpointConfig(max_checkpoints=1))
+    writer = DurabilityLayer(durabilis.connect(redis_url, namespace=namespace), cfg)
+    layer = DurabilityLayer(store, cfg)
+    writer.checkpoints.save("other", "a1", "p", 1)  # our eviction hints are stale now
+    seen: list[tuple[str, ...]] = []
+    real = store.run_step
+
+    def watch(calls: Any, gates: Any = None) -> Any:
+        replies = real(calls, gates)
+        seen.append(tuple(f"{c.name}:{st}" for c, st in zip(calls, replies.status, strict=True)))
+        return replies
+
+    store.run_step = watch  # type: ignore[method-assign]
+    assert layer.execute("a1", "job", "p", Counter(result={"s": 1}), task_id="t", phase="p1") == {
+        "s": 1}
+    record_steps = [s for s in seen if any(x.startswith("ckpt_save") for x in s)]
+    assert any(":r" in x for s in record_steps for x in s if x.startswith("ckpt_save"))
+    for step in record_steps:  # no record committed in a step whose checkpoint did not
+        statuses = dict(x.split(":") for x in step)
+        assert statuses["ckpt_save"] == "c" or statuses["idem_record"] != "c"
+    assert layer.checkpoints.restore("t", "a1").state == {"s": 1}
+
+
+def test_a_key_reuse_mismatch_takes_no_probe_slot(store: durabilis.Store, raw: Any) -> None:
+    layer = layer_on(store)
+    layer.execute("a1", "job", "p", Counter(), idempotency_key=IdempotencyKey.from_raw(
+        "k", payload={"n": 1}))
+    layer.breakers.force_open("svc")
+    time.sleep(1.05)  # reset timeout: the next caller would be the half-open probe
+    with pytest.raises(KeyReuseMismatch):
+        layer.execute("a1", "job", "p", Counter(), idempotency_key=IdempotencyKey.from_raw(
+            "k", payload={"n": 2}))
+    assert raw.hlen(store.keys.breaker_probes("svc")) == 0
+    assert layer.execute("a1", "job", "other", Counter(result="probe")) == "probe"
+
+
+# --- 3. Cluster interleavings (the Cluster code path) -----------------------------------------
+
+
+def step_plan(plan: Any, store: durabilis.Store, until: Any = None) -> Stepper:
+    """Drive a plan by hand (Run steps answered with success), stopping before ``until``."""
+    run = Stepper(plan)
+    while not run.done and not (until and until(run.step)):
+        step = run.step
+        if type(step) is IO:
+            run.send(store.run_step(step.calls, step.gates))
+        elif type(step) is Run:
+            run.send((True, "ran"))
+        elif type(step) is Hold:
+            run.send(None)
+        else:
+            run.send(store.run(step))
+    return run
+
+
+def test_an_old_owner_never_removes_the_new_owners_in_flight_entry(
+    store: durabilis.Store, raw: Any
+) -> None:
+    store._fuse = False  # the scripts of a step one by one, as on Cluster
+    old = DurabilityLayer(store, fast_config(lease=0.2))
+    new = DurabilityLayer(store, fast_config(lease=0.2))
+    req = old._core.request("a1", "job", "p", dependency=None, idempotency_key=None,
+                            task_id=None, phase=None, wait=None, park_on_open=False,
+                            deadline_seconds=None)
+    a = step_plan(old._core.execute_plan(req, Counter()), store,
+                  until=lambda s: type(s) is Run)  # the old owner stalls inside fn
+    time.sleep(0.3)  # its lease ends; the new owner takes over and dies in fn
+    b = step_plan(new._core.execute_plan(req, Counter()), store, until=lambda s: type(s) is Run)
+    assert not b.done
+    step_plan_continue(a, store)  # the old owner wakes up: LeaseLost, and it must not touch...
+    time.sleep(0.3)
+    assert old.recover_orphans(), "...the new owner's entry: its orphan is recovered"
+    assert state_of(raw, store, req.key.value) in (None, b"x")
+
+
+def step_plan_continue(run: Stepper, store: durabilis.Store) -> None:
+    try:
+        while not run.done:
+            step = run.step
+            if type(step) is IO:
+                run.send(store.run_step(step.calls, step.gates))
+            elif type(step) is Run:
+                run.send((True, "late"))
+            else:
+                run.send(None)
+    except durabilis.LeaseLost:
+        return
+
+
+def test_a_failed_breaker_call_after_the_claim_leaves_no_claim_behind(
+    store: durabilis.Store, raw: Any
+) -> None:
+    store._fuse = False  # on Cluster the claim commits before the breaker is asked
+    layer = layer_on(store)
+    raw.set(store.keys.breaker("svc"), "garbage")  # the breaker's call fails
+    op = Counter()
+    with pytest.raises(durabilis.CorruptData):
+        layer.execute("a1", "job", "p", op)
+    assert op.calls == []
+    assert layer.idempotency.check(IdempotencyKey.new("a1", "job", "p")) is None
+    assert in_flight(raw, store) == []
+
+
+# --- 4. asyncio interruptions -----------------------------------------------------------------
+
+
+def run_async(redis_url: str, namespace: str, body: Any, **kw: Any) -> None:
+    async def main() -> None:
+        store = durabilis.connect_async(redis_url, namespace=namespace)
+        layer = AsyncDurabilityLayer(store, fast_config(**kw))
+        try:
+            await body(layer, store)
+        finally:
+            await layer.close()
+            await store.close()
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_operation_gives_back_its_claim_and_probe_slot(
+    redis_url: str, namespace: str, raw: Any
+) -> None:
+    async def body(layer: AsyncDurabilityLayer, store: durabilis.AsyncStore) -> None:
+        await layer.breakers.force_open("svc")
+        await asyncio.sleep(1.05)  # half-open: the next call is the probe
+
+        async def slow(ctx: OperationContext) -> str:
+            await asyncio.sleep(5)
+            return "never"
+
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(layer.execute("a1", "job", "p", slow), 0.2)
+        assert raw.hlen(store.keys.breaker_probes("svc")) == 0
+        assert raw.zcard(store.keys.layer("inflight")) == 0
+        # Not OperationInProgress for a lease, not a breaker refusing for 30 s:
+        assert await layer.execute("a1", "job", "p", Counter(result="now")) == "now"
+
+    run_async(redis_url, namespace, body)
+
+
+def test_a_cancel_after_fn_succeeded_still_records_its_result(
+    redis_url: str, namespace: str
+) -> None:
+    async def body(layer: AsyncDurabilityLayer, store: durabilis.AsyncStore) -> None:
+        calls: list[int] = []
+
+        def plain(ctx: OperationContext) -> str:  # runs in a worker thread
+            calls.append(1)
+            time.sleep(0.3)
+            return "charged"
+
+        task = asyncio.ensure_future(layer.execute("a1", "job", "p", plain))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await layer.execute("a1", "job", "p", Counter(result="x")) == "charged"
+        assert calls == [1]
+
+    run_async(redis_url, namespace, body)
+
+
+def test_a_plain_function_never_blocks_the_loop_that_renews_its_lease(
+    redis_url: str, namespace: str
+) -> None:
+    async def body(layer: AsyncDurabilityLayer, store: durabilis.AsyncStore) -> None:
+        def blocking(ctx: OperationContext) -> str:
+            time.sleep(1.2)  # three leases long
+            return "done"
+
+        first = asyncio.ensure_future(layer.execute("a1", "job", "p", blocking))
+        await asyncio.sleep(0.9)  # the lease would have ended without renewals
+        other = AsyncDurabilityLayer(store, fast_config(lease=0.4, renew_every_seconds=0.1))
+        with pytest.raises(OperationInProgress):  # not taken over by another replica
+            await other.execute("a1", "job", "p", Counter())
+        assert await first == "done"
+
+    run_async(redis_url, namespace, body, lease=0.4, renew_every_seconds=0.1)
+
+
+def test_a_closed_layer_refuses_new_operations(
+    store: durabilis.Store, redis_url: str, namespace: str
+) -> None:
+    layer = layer_on(store)
+    layer.close()
+    with pytest.raises(LayerClosed):
+        layer.execute("a1", "job", "p", Counter())
+
+    async def body(alayer: AsyncDurabilityLayer, astore: durabilis.AsyncStore) -> None:
+        await alayer.close()
+        with pytest.raises(LayerClosed):
+            await alayer.execute("a1", "job", "p", Counter())
+
+    run_async(redis_url, namespace, body)
+
+
+# --- 5. recovery that starves or merges -------------------------------------------------------
+
+
+def test_live_long_operations_never_hide_a_real_orphan_from_recovery(
+    store: durabilis.Store, raw: Any
+) -> None:
+    layer = layer_on(store, lease=0.5, renew_every_seconds=0.1)
+    release = threading.Event()
+
+    def long_op(ctx: OperationContext) -> str:
+        release.wait(5)
+        return "done"
+
+    workers = [threading.Thread(target=layer.execute, args=("a1", "job", f"live-{i}", long_op))
+               for i in range(3)]
+    for w in workers:
+        w.start()
+    ops = layer.idempotency._ops
+    store.run(ops.claim(IdempotencyKey("orphan"), None, ops.pack_value(
+        {"agent_id": "a1", "operation_type": "job", "payload": 1}, "payload"), "dead"))
+    store.run(layer._core._note("add", [layer._core.member("orphan", "dead")]))
+    try:
+        time.sleep(1.2)  # the live ones were renewed twice over; the orphan's lease ended
+        parked = layer.recover_orphans(limit=3)
+        assert [layer.dlq.get(i).metadata["idempotency_key"] for i in parked] == ["orphan"]
+    finally:
+        release.set()
+        for w in workers:
+            w.join()
+
+
+def test_every_failure_gets_its_own_dlq_record_without_idempotency(
+    store: durabilis.Store,
+) -> None:
+    layer = DurabilityLayer(store, fast_config(
+        idempotency=IdempotencyConfig(enabled=False), dependencies={}))
+    ids = set()
+    for _ in range(3):
+        with pytest.raises(RetryExhausted) as info:
+            layer.execute("a1", "job", "same", Counter(["NETWORK_TIMEOUT"] * 3))
+        ids.add(info.value.dlq_id)
+    assert len(ids) == 3 and layer.dlq.pending_count() == 3
+
+
+# --- 6. the smaller ones ---------------------------------------------------------------------
+
+
+def test_duplicates_are_not_charged_to_the_retry_budget(store: durabilis.Store, raw: Any) -> None:
+    policy = RetryPolicy("job", 3, 1, 2, 2.0, jitter=False, retryable_errors=("NETWORK_TIMEOUT",),
+                         budget=RetryBudget(ratio=0.1, min_retries=1))
+    layer = DurabilityLayer(store, fast_config(retry_policies=(policy,)))
+    for _ in range(10):
+        layer.execute("a1", "job", "p", Counter())
+    fields = raw.hgetall(store.keys.retry_budget("job"))
+    calls = sum(int(v) for k, v in fields.items() if k.startswith(b"c"))
+    assert calls == 1
+
+
+def test_thousands_of_metadata_fields_are_a_typed_error(store: durabilis.Store) -> None:
+    dlq = durabilis.DeadLetterQueue(store)
+    with pytest.raises(InvalidPayload):
+        dlq.enqueue("a1", "job", {}, 1, "e", metadata={f"k{i}": "v" for i in range(5000)})
+    dlq_id = dlq.enqueue("a1", "job", {}, 1, "e", metadata={f"k{i}": "v" for i in range(1000)})
+    assert len(dlq.get(dlq_id).metadata) == 1000  # type: ignore[union-attr]
+
+
+@pytest.mark.standalone_only
+def test_fencing_tokens_increase_per_key_even_when_the_clock_steps_back(
+    store: durabilis.Store, raw: Any
+) -> None:
+    offset_server_clock(store, f"{store.namespace}:clock")
+    guard = durabilis.IdempotencyGuard(store, IdempotencyConfig(in_progress_ttl_seconds=1))
+    first = guard.check_and_record("k")
+    assert isinstance(first, durabilis.New) and first.token
+    guard.release("k", first.token)
+    raw.set(f"{store.namespace}:clock", -60_000_000)  # a failover to a replica 60 s behind
+    second = guard.check_and_record("k")
+    assert isinstance(second, durabilis.New) and int(second.token) > int(first.token)
+    raw.set(f"{store.namespace}:clock", 5_000_000)  # ... and its lease expires: taken over
+    third = guard.check_and_record("k")
+    assert isinstance(third, durabilis.New) and third.taken_over
+    assert int(third.token) > int(second.token)
