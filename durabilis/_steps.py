@@ -18,7 +18,7 @@ Steps and what the plan is sent back:
 ``Command(args)``         the reply of a plain read command
 ``Run(fn, arg)``          ``(True, value)`` or ``(False, exception)``
 ``Sleep(seconds)``        ``None``
-``Hold(key, token, m)``   ``None``; the claim's lease is renewed until the plan ends
+``Hold(key, nonce, m)``   ``None``; the claim's lease is renewed until the plan ends
 ========================  =====================================================
 
 A step that fails with a :class:`~durabilis.DurabilisError` is thrown into the
@@ -112,10 +112,14 @@ class Sleep:
 
 @dataclass(frozen=True, slots=True)
 class Hold:
-    """Keep this claim's lease (and its in-flight index entry) alive until the plan ends."""
+    """Keep this claim's lease (and its in-flight index entry) alive until the plan ends.
+
+    Sent BEFORE the claim step, so the claim is renewed from the moment it
+    exists (named by its nonce: its token is not known yet).
+    """
 
     key: str
-    token: str
+    nonce: str
     member: str
 
 
@@ -145,7 +149,7 @@ class LeaseBook:
         self._on_hold = on_hold
 
     def hold(self, step: Hold) -> tuple[str, str, str]:
-        item = (step.key, step.token, step.member)
+        item = (step.key, step.nonce, step.member)
         with self._lock:
             self._held[item] = None
         if self._on_hold is not None:

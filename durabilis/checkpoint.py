@@ -25,12 +25,11 @@ Events (structlog, logger ``"durabilis"``): ``durability_checkpoint_saved``
 
 from __future__ import annotations
 
-import inspect
 import math
 import secrets
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
@@ -41,6 +40,7 @@ import structlog
 from durabilis import _codec
 from durabilis._keys import KeySpace, escape_part
 from durabilis._scripts import ScriptCall
+from durabilis._steps import IO, Plan, Run, adrive, drive, is_async_callable
 from durabilis._store import AsyncStore, Store
 from durabilis._validate import positive_number as _positive_number
 from durabilis.errors import (
@@ -547,6 +547,29 @@ class _CheckpointOps:
         start = max(mine, key=lambda e: e.sequence).checkpoint_id if mine else None
         return _Walk(start, known, limit)
 
+    def save_plan(self, call: ScriptCall) -> Plan[Checkpoint]:
+        """Send a save until it lands (stale eviction hints make it send itself again)."""
+        for _ in range(_MAX_ROUNDS):
+            out = self.decode_save(call, (yield call))
+            if isinstance(out, Checkpoint):
+                return out
+            call = out
+        raise DurabilisError("checkpoint save kept racing other writers' evictions; try again")
+
+    def walk_plan(
+        self, task_id: str, agent_id: str, limit: int | None
+    ) -> Plan[tuple[list[_Entry], _Walk]]:
+        """Locate the task's checkpoints, then follow the agent's lineage."""
+        find = self.find(task_id)
+        _part("agent_id", agent_id)
+        entries = self.decode_find(find, (yield find))
+        gets = [self.get(e.checkpoint_id, task_id) for e in entries]
+        replies = list((yield IO(gets))) if gets else []
+        walk = self.walk(agent_id, entries, replies, limit)
+        while (cid := walk.need()) is not None:
+            walk.feed(cid, self.decode_get(cid, (yield self.get(cid))))
+        return entries, walk
+
     def current(self, entries: Sequence[_Entry], replies: Sequence[Any]) -> list[Checkpoint]:
         """The records of ``entries`` (their ``ckpt_get`` replies, in order), newest first.
 
@@ -636,6 +659,14 @@ class _Walk:
             self._next = cp.parent_checkpoint_id
 
 
+def _call(fn: Callable[[], Any]) -> Any:
+    return fn()
+
+
+async def _call_async(fn: Callable[[], Awaitable[Any]]) -> Any:
+    return await fn()
+
+
 class _RunPlan:
     """The bookkeeping of one :class:`TaskRun`, shared by both twins (no I/O)."""
 
@@ -684,6 +715,29 @@ class _RunPlan:
             self.task_id, self.agent_id, phase, state, self.ttl_seconds, expected=self.expected
         )
 
+    def load_plan(self) -> Plan[None]:
+        entries, walk = yield from self.ops.walk_plan(self.task_id, self.agent_id, None)
+        self.load(entries, walk)
+
+    def phase_plan(self, name: str, fn: Callable[[], Any]) -> Plan[Any]:
+        """One phase: skipped when done, else run, then checkpointed (raises what fn raised).
+
+        The phase name is checked before ``fn`` runs; the state can only be
+        checked after (a state that cannot be saved raises, and the phase runs
+        again on resume).
+        """
+        _part("phase", name)
+        if not self.loaded:
+            yield from self.load_plan()
+        done = self.completed.get(name)
+        if done is not None:
+            return done.state
+        ok, state = yield Run(_call_async if is_async_callable(fn) else _call, fn)
+        if not ok:
+            raise state
+        checkpoint = yield from self.ops.save_plan(self.save_call(name, state))
+        return self.saved(checkpoint)
+
     def saved(self, checkpoint: Checkpoint) -> Any:
         self.completed[checkpoint.phase] = checkpoint
         if self.exclusive:
@@ -708,12 +762,7 @@ class CheckpointManager:
         self._ops = _CheckpointOps(store.keys, self.config)
 
     def _save(self, call: ScriptCall) -> Checkpoint:
-        for _ in range(_MAX_ROUNDS):
-            out = self._ops.decode_save(call, self.store.run(call))
-            if isinstance(out, Checkpoint):
-                return out
-            call = out
-        raise DurabilisError("checkpoint save kept racing other writers' evictions; try again")
+        return drive(self._ops.save_plan(call), self.store)
 
     def save(
         self,
@@ -826,14 +875,7 @@ class CheckpointManager:
         return self._ops.decode_count(self.store.run(self._ops.count()))
 
     def _walk(self, task_id: str, agent_id: str, limit: int | None) -> tuple[list[_Entry], _Walk]:
-        find = self._ops.find(task_id)
-        _part("agent_id", agent_id)
-        entries = self._ops.decode_find(find, self.store.run(find))
-        gets = [self._ops.get(e.checkpoint_id, task_id) for e in entries]
-        walk = self._ops.walk(agent_id, entries, self.store.run_many(gets) if gets else [], limit)
-        while (cid := walk.need()) is not None:
-            walk.feed(cid, self._ops.decode_get(cid, self.store.run(self._ops.get(cid))))
-        return entries, walk
+        return drive(self._ops.walk_plan(task_id, agent_id, limit), self.store)
 
     def history(self, task_id: str, agent_id: str, *, limit: int | None = None) -> list[Checkpoint]:
         """The lineage of the agent's newest checkpoint, newest first.
@@ -895,8 +937,7 @@ class TaskRun:
 
     def load(self) -> TaskRun:
         """Read which phases are completed (done by ``with`` and by the first ``phase``)."""
-        entries, walk = self._manager._walk(self._plan.task_id, self._plan.agent_id, None)
-        self._plan.load(entries, walk)
+        drive(self._plan.load_plan(), self._manager.store)
         return self
 
     def __enter__(self) -> TaskRun:
@@ -920,12 +961,7 @@ class TaskRun:
         Raises:
             CheckpointConflict: Another run of the task saved meanwhile (exclusive runs).
         """
-        if not self._plan.loaded:
-            self.load()
-        done = self._plan.completed.get(_part("phase", name))
-        if done is not None:
-            return done.state
-        return self._plan.saved(self._manager._save(self._plan.save_call(name, fn())))
+        return drive(self._plan.phase_plan(name, fn), self._manager.store)
 
 
 class AsyncCheckpointManager:
@@ -937,12 +973,7 @@ class AsyncCheckpointManager:
         self._ops = _CheckpointOps(store.keys, self.config)
 
     async def _save(self, call: ScriptCall) -> Checkpoint:
-        for _ in range(_MAX_ROUNDS):
-            out = self._ops.decode_save(call, await self.store.run(call))
-            if isinstance(out, Checkpoint):
-                return out
-            call = out
-        raise DurabilisError("checkpoint save kept racing other writers' evictions; try again")
+        return await adrive(self._ops.save_plan(call), self.store)
 
     async def save(
         self,
@@ -1016,15 +1047,7 @@ class AsyncCheckpointManager:
     async def _walk(
         self, task_id: str, agent_id: str, limit: int | None
     ) -> tuple[list[_Entry], _Walk]:
-        find = self._ops.find(task_id)
-        _part("agent_id", agent_id)
-        entries = self._ops.decode_find(find, await self.store.run(find))
-        gets = [self._ops.get(e.checkpoint_id, task_id) for e in entries]
-        replies = await self.store.run_many(gets) if gets else []
-        walk = self._ops.walk(agent_id, entries, replies, limit)
-        while (cid := walk.need()) is not None:
-            walk.feed(cid, self._ops.decode_get(cid, await self.store.run(self._ops.get(cid))))
-        return entries, walk
+        return await adrive(self._ops.walk_plan(task_id, agent_id, limit), self.store)
 
     async def history(
         self, task_id: str, agent_id: str, *, limit: int | None = None
@@ -1060,8 +1083,7 @@ class AsyncTaskRun:
 
     async def load(self) -> AsyncTaskRun:
         """See :meth:`TaskRun.load`."""
-        entries, walk = await self._manager._walk(self._plan.task_id, self._plan.agent_id, None)
-        self._plan.load(entries, walk)
+        await adrive(self._plan.load_plan(), self._manager.store)
         return self
 
     async def __aenter__(self) -> AsyncTaskRun:
@@ -1076,13 +1098,6 @@ class AsyncTaskRun:
         return dict(self._plan.completed)
 
     async def phase(self, name: str, fn: Callable[[], Any]) -> Any:
-        """See :meth:`TaskRun.phase`; an awaitable returned by ``fn`` is awaited."""
-        if not self._plan.loaded:
-            await self.load()
-        done = self._plan.completed.get(_part("phase", name))
-        if done is not None:
-            return done.state
-        state = fn()
-        if inspect.isawaitable(state):
-            state = await state
-        return self._plan.saved(await self._manager._save(self._plan.save_call(name, state)))
+        """See :meth:`TaskRun.phase`: an ``async def`` ``fn`` is awaited on the loop, a
+        plain one runs in a worker thread (an awaitable it returns is awaited)."""
+        return await adrive(self._plan.phase_plan(name, fn), self._manager.store)

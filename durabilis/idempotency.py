@@ -345,7 +345,7 @@ class _IdemOps:
 
     def renew(self, key: IdempotencyKey, token: str, lease_ms: int) -> ScriptCall:
         """The ``idem_renew`` call extending one claim's lease (reply ``[1]``: still held)."""
-        return ScriptCall("idem_renew", [self.keys.idem(key.value)], [token, lease_ms])
+        return ScriptCall("idem_renew", [self.keys.idem(key.value)], [token, lease_ms, "token"])
 
     def reclaim(self, key: str, lease_ms: int, nonce: str) -> ScriptCall:
         """The ``idem_reclaim`` call taking an orphaned claim over for recovery."""

@@ -284,20 +284,21 @@ class _LayerCore:
         return ScriptCall("layer_note", [self._index, self._stats], args)
 
     def renew_calls(self, held: Sequence[tuple[str, str, str]]) -> list[ScriptCall]:
-        """The keep-alive's calls for the claims held: their leases and index entries."""
+        """The keep-alive's calls for the claims held (key, nonce, member): their leases
+        and in-flight entries."""
         if not held:
             return []
         note = self._note("renew", [m for _, _, m in held if m])
         if not self.fuses:  # one key per script: every record is its own slot
             calls = [
-                ScriptCall("idem_renew", [self._keys.idem(k)], [t, self._lease_ms])
-                for k, t, _ in held
+                ScriptCall("idem_renew", [self._keys.idem(k)], [n, self._lease_ms, "nonce"])
+                for k, n, _ in held
             ]
             return [*calls, note]
         renew = ScriptCall(
             "idem_renew",
             [self._keys.idem(k) for k, _, _ in held],
-            [*(t for _, t, _ in held), self._lease_ms],
+            [*(n for _, n, _ in held), self._lease_ms, "nonce"],
         )
         return [renew, note]
 
@@ -367,6 +368,11 @@ class _LayerCore:
             at["register"] = len(calls)
             calls.append(register)
         unknown = Replies([None] * len(calls), "?" * len(calls))
+        if dedup:
+            # The keep-alive holds the claim from before it exists: between
+            # the claim and its compensation (or the first attempt) it is
+            # renewed like any other.
+            yield Hold(req.key.value, nonce, member)
         try:
             replies = (yield IO(calls, gates)) if calls else Replies([], "")
         except DurabilisError as exc:
@@ -415,8 +421,6 @@ class _LayerCore:
                 self._budget.decode(req.operation_type, replies[at["budget"]])
             except CorruptData:
                 _log.exception("durability_retry_budget_corrupt", operation_type=req.operation_type)
-        if token:
-            yield Hold(req.key.value, token, cl.member)
         return (yield from self._attempts(req, fn, policy, cl, permit))
 
     def _undo_begin(  # noqa: PLR0917  (what the claim step held, one by one)

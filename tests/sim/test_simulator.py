@@ -32,13 +32,13 @@ DEFAULT_SEEDS = 2000
 def test_the_core_promise_holds_for_every_seed(redis_url: str, pytestconfig: pytest.Config) -> None:
     one = pytestconfig.getoption("--sim-seed")
     if one is not None:
-        sim = run_seed(one, redis_url, quick=False)
+        sim = run_seed(one, redis_url)
         print("\n".join(sim.trace))
         return
     count = pytestconfig.getoption("--sim-seeds") or DEFAULT_SEEDS
     first = pytestconfig.getoption("--sim-first")
     steps = 0
     for seed in range(first, first + count):
-        steps += run_seed(seed, redis_url, quick=True).step_no
+        steps += run_seed(seed, redis_url).step_no
     figures.note(f"fault simulator: {count} seeds (from {first}), {steps} steps, "
                  "every invariant held")
