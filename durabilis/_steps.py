@@ -19,6 +19,8 @@ Steps and what the plan is sent back:
 ``Run(fn, arg)``          ``(True, value)`` or ``(False, exception)``
 ``Sleep(seconds)``        ``None``
 ``Hold(key, nonce, m)``   ``None``; the claim's lease is renewed until the plan ends
+``Defer(...)``            ``None``; the keep-alive goes on sending an unrecorded
+                          outcome after the plan ended
 ========================  =====================================================
 
 A step that fails with a :class:`~durabilis.DurabilisError` is thrown into the
@@ -123,6 +125,23 @@ class Hold:
     member: str
 
 
+@dataclass(frozen=True, slots=True)
+class Defer:
+    """Hand an outcome the plan could not record to the process's keep-alive.
+
+    The keep-alive keeps renewing the claim (by its nonce) and sending
+    ``calls`` until they land or ``seconds`` have passed, after the plan
+    itself has returned (``OutcomeUnrecorded``).
+    """
+
+    key: str
+    nonce: str
+    member: str
+    calls: Sequence[ScriptCall]
+    gates: Gates | None
+    seconds: float
+
+
 CURRENT: contextvars.ContextVar[Any] = contextvars.ContextVar(
     "durabilis_current_operation", default=None
 )
@@ -136,29 +155,67 @@ def shielded(step: Any) -> bool:
 # --- leases held by a process -------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class Deferred:
+    """An outcome waiting in a process's keep-alive (see :class:`Defer`)."""
+
+    step: Defer
+    until: float  # monotonic
+    item: tuple[str, str, str]
+
+
 class LeaseBook:
-    """The claims a process holds now, for its keep-alive.
+    """The claims a process holds now, and the outcomes it still has to record,
+    for its keep-alive.
 
     Args:
         on_hold: Called when a claim is held (starts the keep-alive if needed).
     """
 
     def __init__(self, on_hold: Callable[[], None] | None = None) -> None:
-        self._held: dict[tuple[str, str, str], None] = {}
+        self._held: dict[tuple[str, str, str], int] = {}
+        self._deferred: list[Deferred] = []
         self._lock = threading.Lock()
         self._on_hold = on_hold
 
-    def hold(self, step: Hold) -> tuple[str, str, str]:
+    def hold(self, step: Hold | Defer) -> tuple[str, str, str]:
         item = (step.key, step.nonce, step.member)
         with self._lock:
-            self._held[item] = None
+            self._held[item] = self._held.get(item, 0) + 1
         if self._on_hold is not None:
             self._on_hold()
         return item
 
     def drop(self, item: tuple[str, str, str]) -> None:
         with self._lock:
-            self._held.pop(item, None)
+            left = self._held.get(item, 0) - 1
+            if left > 0:
+                self._held[item] = left
+            else:
+                self._held.pop(item, None)
+
+    def defer(self, step: Defer) -> None:
+        """Keep the claim and send ``step.calls`` from the keep-alive until they land."""
+        item = self.hold(step)
+        with self._lock:
+            self._deferred.append(Deferred(step, time.monotonic() + step.seconds, item))
+
+    def deferred(self) -> list[Deferred]:
+        with self._lock:
+            return list(self._deferred)
+
+    def settle(self, deferred: Deferred) -> None:
+        """The deferred outcome landed (or its time ran out): forget it."""
+        with self._lock:
+            if deferred not in self._deferred:
+                return
+            self._deferred.remove(deferred)
+        self.drop(deferred.item)
+
+    def busy(self) -> bool:
+        """Claims held or outcomes deferred: the keep-alive has work."""
+        with self._lock:
+            return bool(self._held or self._deferred)
 
     def held(self) -> list[tuple[str, str, str]]:
         with self._lock:
@@ -211,6 +268,10 @@ def perform(store: Store, step: Any, leases: LeaseBook | None, held: list[Any]) 
     if kind is Hold:
         if leases is not None:
             held.append(leases.hold(step))
+        return None
+    if kind is Defer:
+        if leases is not None:
+            leases.defer(step)
         return None
     raise TypeError(f"unknown plan step {step!r}")
 
@@ -355,6 +416,10 @@ async def aperform(store: AsyncStore, step: Any, leases: LeaseBook | None, held:
     if kind is Hold:
         if leases is not None:
             held.append(leases.hold(step))
+        return None
+    if kind is Defer:
+        if leases is not None:
+            leases.defer(step)
         return None
     raise TypeError(f"unknown plan step {step!r}")
 

@@ -316,16 +316,17 @@ class _IdemOps:
         return self.record_packed(key, self.pack_value(result, "result"), token)
 
     def record_packed(
-        self, key: IdempotencyKey, packed: bytes, token: str | None, not_stored: str = ""
+        self, key: IdempotencyKey, packed: bytes, token: str | None, not_stored: str = "",
+        nonce: str = "",
     ) -> ScriptCall:
         """The ``idem_record`` call of an encoded result, or of "completed,
-        result not stored" (``not_stored``: why)."""
+        result not stored" (``not_stored``: why); ``nonce`` also names the owner."""
         if token:  # "" or None: record without fencing, as before
             _check_token(token)
         return ScriptCall(
             "idem_record",
             [self.keys.idem(key.value)],
-            [b"" if not_stored else packed, token or "", self.window_ms, not_stored],
+            [b"" if not_stored else packed, token or "", self.window_ms, not_stored, nonce],
         )
 
     def decode_record(self, key: IdempotencyKey, reply: Any) -> None:

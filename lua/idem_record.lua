@@ -2,8 +2,12 @@
 
 With a token, only the current owner may record: a stale owner (whose lease
 expired and was taken over, or who released) is refused and overwrites
-nothing. Sending the same record again (its reply was lost) answers "ok"
-again. Without a token the result is stored as is (the seed's record()).
+nothing. The claim's nonce also names its owner: a claim reclaimed by
+recovery (same nonce, new token) but not parked yet still takes the outcome
+its worker knows (the token becomes the worker's; recovery's release then
+finds the record done). Sending the same record again (its reply was lost)
+answers "ok" again. Without a token the result is stored as is (the seed's
+record()).
 
 The first write is the HDEL of the claim's lease fields: it frees memory, and
 Redis refuses a write for maxmemory (noeviction) only as a script's FIRST
@@ -14,6 +18,7 @@ ARGV[1]  result                     msgpack bytes ("" with ARGV[4])
 ARGV[2]  token                      fencing token from the claim, "" = none
 ARGV[3]  window_ms                  dedup window, used when no claim exists
 ARGV[4]  not_stored                 "" = store ARGV[1]; else why the result is not stored
+ARGV[5]  nonce                      the claim's nonce, "" = none (optional)
 
 Returns one of
   {"ok", claimed_ms, window_expires_ms}
@@ -54,12 +59,14 @@ local function int(v)
   if n and n == n and n > -1e15 and n < 1e15 and n == math.floor(n) then return n end
   return nil
 end
-local f = redis.call("HMGET", key, "s", "tok", "ts", "w")
+local f = redis.call("HMGET", key, "s", "tok", "ts", "w", "cn")
 local tok, ts, window = f[2], int(f[3]), int(f[4])
 if (state ~= "p" and state ~= "d") or not ts or not window then
   return {"corrupt", "record hash without a valid state, claim time or window"}
 end
-if token ~= "" and tok ~= token then
+local nonce = ARGV[5] or ""
+local by_nonce = nonce ~= "" and state == "p" and f[5] == nonce
+if token ~= "" and tok ~= token and not by_nonce then
   return {"lost"}
 end
 if token ~= "" and state == "d" then
@@ -69,7 +76,11 @@ end
 local field, value, other = outcome()
 ready()
 redis.call("HDEL", key, "ph", "le", "pl", "cn", other)
-redis.call("HSET", key, "s", "d", field, value)
+if by_nonce and tok ~= token then
+  redis.call("HSET", key, "s", "d", field, value, "tok", token)
+else
+  redis.call("HSET", key, "s", "d", field, value)
+end
 -- The window counts from the claim; a result recorded after the window has
 -- already passed (a very slow operation) is still kept for one second.
 local expires = math.max(ts + window, now + 1000)

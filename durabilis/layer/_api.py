@@ -81,15 +81,21 @@ class DurabilityLayer:
     def _renew_loop(self) -> None:
         stop = threading.Event()
         while not stop.wait(self.config.renew_interval):
-            held = self._leases.held()
-            if not held:
+            if not self._leases.busy():
                 if self._closed:
                     return
                 continue
             try:
-                self.store.run_many(self._core.renew_calls(held))
+                self.store.run_many(self._core.renew_calls(self._leases.held()))
             except DurabilisError as exc:
                 _log.warning("durability_lease_renew_failed", error=f"{type(exc).__name__}: {exc}")
+            for item in self._leases.deferred():
+                try:
+                    replies = self.store.run_step(item.step.calls, item.step.gates)
+                except DurabilisError as exc:
+                    self._core.deferred_failed(self._leases, item, exc)
+                    continue
+                self._core.deferred_sent(self._leases, item, replies)
 
     def _open(self) -> None:
         if self._closed:
@@ -288,15 +294,21 @@ class AsyncDurabilityLayer:
     async def _renew_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.renew_interval)
-            held = self._leases.held()
-            if not held:
+            if not self._leases.busy():
                 if self._closed:
                     return
                 continue
             try:
-                await self.store.run_many(self._core.renew_calls(held))
+                await self.store.run_many(self._core.renew_calls(self._leases.held()))
             except DurabilisError as exc:
                 _log.warning("durability_lease_renew_failed", error=f"{type(exc).__name__}: {exc}")
+            for item in self._leases.deferred():
+                try:
+                    replies = await self.store.run_step(item.step.calls, item.step.gates)
+                except DurabilisError as exc:
+                    self._core.deferred_failed(self._leases, item, exc)
+                    continue
+                self._core.deferred_sent(self._leases, item, replies)
 
     def _open(self) -> None:
         if self._closed:

@@ -35,7 +35,7 @@ import structlog
 from durabilis import _codec
 from durabilis._retry_core import NON_RETRYABLE, TESTING, RetryDecision, decide
 from durabilis._scripts import Replies, ScriptCall
-from durabilis._steps import INTERRUPTS, IO, Hold, Plan, Run, Sleep
+from durabilis._steps import INTERRUPTS, IO, Defer, Deferred, Hold, LeaseBook, Plan, Run, Sleep
 from durabilis._store import AsyncStore, Store
 from durabilis.breaker import (
     AsyncCircuitBreakerRegistry,
@@ -301,6 +301,23 @@ class _LayerCore:
             [*(n for _, n, _ in held), self._lease_ms, "nonce"],
         )
         return [renew, note]
+
+    def deferred_sent(self, leases: LeaseBook, item: Deferred, replies: Replies) -> None:
+        """The keep-alive sent a deferred outcome: it landed (or the claim is gone)."""
+        leases.settle(item)
+        _log.warning(
+            "durability_outcome_recorded_late", idempotency_key=item.step.key,
+            status=replies.status,
+        )
+
+    def deferred_failed(self, leases: LeaseBook, item: Deferred, exc: DurabilisError) -> None:
+        """A deferred outcome did not land this time; give up once its time ran out."""
+        if isinstance(exc, CorruptData) or time.monotonic() >= item.until:
+            leases.settle(item)
+            _log.error(
+                "durability_outcome_abandoned", idempotency_key=item.step.key,
+                error=f"{type(exc).__name__}: {exc}",
+            )
 
     def _fire(self, transition: Any) -> None:
         if transition is not None:
@@ -624,7 +641,10 @@ class _LayerCore:
                 if retry_until is None:
                     retry_until = now + self._lease_s
                 if now >= retry_until:
-                    raise
+                    names = [n for n in order if n in pending]
+                    raise _Unsent(exc, [pending[n] for n in names], {
+                        i: gates[n] for i, n in enumerate(names) if n in gates
+                    }) from exc
                 _log.warning(
                     "durability_record_retry", idempotency_key=key,
                     error=f"{type(exc).__name__}: {exc}", delay_seconds=round(delay, 3),
@@ -636,24 +656,33 @@ class _LayerCore:
                 if replies.status[i] != "n":  # "n": aborted by another's refusal: again
                     _settle(name, replies[i], pending, gates, on_reply)
 
-    def _succeeded(
-        self, req: _Request, cl: _Claim, permit: Permit | None, result: Any, took_ms: float,
-    ) -> Plan[Any]:
-        # After the effect, nothing may raise before the outcome is recorded: an
-        # unstorable result is recorded as "completed, result not stored".
-        not_stored = ""
-        packed = b""
-        save: ScriptCall | None = None
+    def _encode_result(
+        self, req: _Request, result: Any
+    ) -> tuple[bytes, ScriptCall | None, str]:
+        """The result encoded for every pillar that stores it; never raises.
+
+        After the effect, nothing may raise before the outcome is recorded: a
+        result some pillar cannot keep is recorded as "completed, result not
+        stored" (the third value says why; no checkpoint then).
+        """
         try:
             packed = bytes(self._idem.pack_value(result, "result"))
+            save = None
             if req.task_id is not None and req.phase is not None:
                 save = self._ckpt.save(req.task_id, req.agent_id, req.phase, result)
         except Exception as exc:
-            not_stored = f"{type(exc).__name__}: {exc}"[:500]
-            save = None
+            return b"", None, f"{type(exc).__name__}: {exc}"[:500]
+        return packed, save, ""
+
+    def _succeeded(
+        self, req: _Request, cl: _Claim, permit: Permit | None, result: Any, took_ms: float,
+    ) -> Plan[Any]:
+        packed, save, not_stored = self._encode_result(req, result)
         calls: dict[str, ScriptCall] = {}
         if cl.token:
-            calls["record"] = self._idem.record_packed(req.key, packed, cl.token, not_stored)
+            calls["record"] = self._idem.record_packed(
+                req.key, packed, cl.token, not_stored, cl.nonce
+            )
         if save is not None:
             calls["save"] = save
         if req.dependency is not None:
@@ -697,7 +726,12 @@ class _LayerCore:
             gates["save"] = _save_refused
         try:
             yield from self._persist(req.key.value, calls, order, gates, on_reply)
-        except DurabilisError as exc:
+        except _Unsent as unsent:
+            yield from self._defer(req, cl, unsent)
+            raise OutcomeUnrecorded(
+                req.key.value, succeeded=True, result=result
+            ) from unsent.cause
+        except DurabilisError as exc:  # foreign data at a key: nothing to retry
             _log.error(
                 "durability_outcome_unrecorded", idempotency_key=req.key.value,
                 operation_type=req.operation_type, error=f"{type(exc).__name__}: {exc}",
@@ -754,6 +788,9 @@ class _LayerCore:
             yield from self._persist(
                 req.key.value, calls, ("enqueue", "release", "note"), {}, on_reply
             )
+        except _Unsent as unsent:
+            yield from self._defer(req, cl, unsent)
+            raise OutcomeUnrecorded(req.key.value, succeeded=False) from unsent.cause
         except DurabilisError as exc:
             _log.error(
                 "durability_park_failed", idempotency_key=req.key.value,
@@ -767,6 +804,19 @@ class _LayerCore:
             )
         code = decision.error_code if decision is not None else reason
         raise RetryExhausted(req.operation_type, attempts, code, dlq_id) from cause
+
+    def _defer(self, req: _Request, cl: _Claim, unsent: _Unsent) -> Plan[None]:
+        """Leave what could not be recorded to the process's keep-alive: it keeps the
+        claim and sends it until it lands (an outcome recorded late beats a re-run)."""
+        _log.error(
+            "durability_outcome_unrecorded", idempotency_key=req.key.value,
+            operation_type=req.operation_type,
+            error=f"{type(unsent.cause).__name__}: {unsent.cause}",
+        )
+        yield Defer(
+            req.key.value, cl.nonce, cl.member, unsent.calls, unsent.gates,
+            self.config.idempotency.dedup_window_seconds,
+        )
 
     # -- crash recovery --
 
@@ -903,6 +953,16 @@ class _LayerCore:
             values[name] = _codec.as_int(v, key=self._stats, field=name)
         known = {f: values.get(f, 0) for f in LayerStats.__dataclass_fields__ if f != "in_flight"}
         return LayerStats(**known, in_flight=in_flight)
+
+
+class _Unsent(Exception):
+    """A step that could not be sent within the lease: what was left of it."""
+
+    def __init__(self, cause: DurabilisError, calls: list[ScriptCall], gates: Any) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.calls = calls
+        self.gates = gates
 
 
 def _settle(

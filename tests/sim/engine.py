@@ -60,6 +60,7 @@ from durabilis._scripts import Replies, ScriptCall
 from durabilis._steps import (
     IO,
     Command,
+    Defer,
     Hold,
     LeaseBook,
     Run,
@@ -156,6 +157,7 @@ class Actor:
     plan_no: int = 0
     faulted_plans: set[int] = field(default_factory=set)
     nonces: dict[str, str] = field(default_factory=dict)  # record key -> its latest claim
+    plan_holds: list[Any] = field(default_factory=list)  # what the running plan holds
 
     @property
     def active(self) -> bool:
@@ -409,6 +411,10 @@ class Simulation:
                 if self.now >= a.next_renew:
                     a.next_renew = self.now + RENEW
                     self.store.run_many(a.layer._core.renew_calls(a.leases.held()))
+                    for item in a.leases.deferred():  # outcomes the keep-alive still sends
+                        replies = self.store.run_step(item.step.calls, item.step.gates)
+                        a.layer._core.deferred_sent(a.leases, item, replies)
+                        self.log(f"{a.name} keep-alive records a deferred outcome")
         self.log(f"time -> {self.now:.3f}")
 
     def _fault(self, step: Any, actor: Actor) -> str | None:
@@ -456,7 +462,7 @@ class Simulation:
             elif kind is Sleep:
                 self._sleep(actor, step)
             elif kind is Hold:
-                actor.leases.hold(step)
+                actor.plan_holds.append(actor.leases.hold(step))
                 actor.next_renew = self.now + RENEW
                 actor.run.send(None)
             else:
@@ -470,8 +476,11 @@ class Simulation:
         run = actor.run
         # A Hold follows its claim's reply with no I/O in between (as in the
         # real drivers): nothing can run between them.
-        while run is not None and not run.done and type(run.step) is Hold:
-            actor.leases.hold(run.step)
+        while run is not None and not run.done and type(run.step) in (Hold, Defer):
+            if type(run.step) is Defer:
+                actor.leases.defer(run.step)
+            else:
+                actor.plan_holds.append(actor.leases.hold(run.step))
             actor.next_renew = self.now + RENEW
             try:
                 run.send(None)
@@ -496,8 +505,9 @@ class Simulation:
             self.violations.append(f"{actor.name} ({actor.kind}) raised {error!r}")
         actor.run = None
         actor.submission = None
-        for item in actor.leases.held():
+        for item in actor.plan_holds:
             actor.leases.drop(item)
+        actor.plan_holds.clear()
         actor.wake = self.now + self.rng.uniform(0.0, 1.0)
 
     def _nothing_left(self, sub: Submission) -> None:
