@@ -338,11 +338,21 @@ class _IdemOps:
             raise LeaseLost(key.value)
         raise _corrupt(rkey, reply)
 
-    def release(self, key: IdempotencyKey, token: str | None, nonce: str = "") -> ScriptCall:
-        """The ``idem_release`` call: by the claim's token, or by its nonce."""
+    def release(
+        self, key: IdempotencyKey, token: str | None, nonce: str = "", *,
+        keep_taken: bool = False,
+    ) -> ScriptCall:
+        """The ``idem_release`` call: by the claim's token, or by its nonce.
+
+        ``keep_taken``: a claim taken over from a dead owner is not released
+        (reply 2): its operation may have run, the caller parks it.
+        """
         if token or not nonce:
             _check_token(token)
-        return ScriptCall("idem_release", [self.keys.idem(key.value)], [token or "", nonce])
+        return ScriptCall(
+            "idem_release", [self.keys.idem(key.value)],
+            [token or "", nonce, "1" if keep_taken else ""],
+        )
 
     def renew(self, key: IdempotencyKey, token: str, lease_ms: int) -> ScriptCall:
         """The ``idem_renew`` call extending one claim's lease (reply ``[1]``: still held)."""

@@ -29,7 +29,8 @@ Returns one of
 Fields of the hash: s state (p in progress, d done, x released: a tombstone
 keeping tok), tok token, ts claimed ms, le lease expiry ms, w window ms, ph
 placeholder, r result, ns why the result was not stored, fp fingerprint, pl
-payload, cn the claim's nonce.
+payload, cn the claim's nonce, to "1" when the claim was taken over from a dead
+owner.
 ]]
 local key = KEYS[1]
 local window = tonumber(ARGV[1])
@@ -65,6 +66,9 @@ local function claim(taken_over, previous)
     end
   end
   opt("ph", ARGV[3]); opt("fp", ARGV[4]); opt("pl", ARGV[5]); opt("cn", nonce)
+  -- "to": taken over from a dead owner, whose operation may have run: this
+  -- claim inherits it (idem_release will not simply drop it).
+  if taken_over == 1 then opt("to", "1") else drop[#drop + 1] = "to" end
   redis.call("HSET", key, unpack(fields))
   if taken_over == 1 or previous then
     -- What the previous claim (dead owner, or a tombstone) held and ours does not.

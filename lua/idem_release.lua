@@ -9,14 +9,19 @@ claim's token is still higher.
 KEYS[1]  the record hash            (<ns>:idem:{<key>})
 ARGV[1]  token                      fencing token from the claim, "" = unknown
 ARGV[2]  nonce                      the claim's nonce, "" = unknown
+ARGV[3]  keep_taken                 "1": do not release a claim taken over from a
+                                    dead owner (its operation may have run): the
+                                    caller parks it instead
 
-Returns 1 when released, 0 when neither holds an in-progress claim.
+Returns 1 when released, 0 when neither holds an in-progress claim, 2 when
+kept because it was taken over (with keep_taken).
 ]]
 local key = KEYS[1]
 if redis.call("TYPE", key)["ok"] ~= "hash" then return 0 end
-local f = redis.call("HMGET", key, "s", "tok", "cn")
+local f = redis.call("HMGET", key, "s", "tok", "cn", "to")
 local token, nonce = ARGV[1], ARGV[2] or ""
 if f[1] == "p" and ((token ~= "" and f[2] == token) or (nonce ~= "" and f[3] == nonce)) then
+  if ARGV[3] == "1" and f[4] == "1" then return 2 end
   ready()
   local fields = redis.call("HKEYS", key)
   local drop = {}

@@ -80,6 +80,7 @@ _CLAIM_AGAIN = object()
 _GIVE_UP = object()
 _REASON_ROOM = 96  # bytes kept in the DLQ payload cap for metadata added when parking
 _RECORD_BACKOFF = (0.05, 1.0)  # first and longest pause between tries of a record step
+_LATE_TRIES = 3  # tries of a record step after its lease's time ran out, before giving up
 
 
 def _nonce() -> str:
@@ -444,15 +445,50 @@ class _LayerCore:
         self, req: _Request, nonce: str, member: str, probe: str, replies: Replies,
         at: Mapping[str, int],
     ) -> Plan[None]:
-        """Give back what a claim step that will not go on may have taken."""
-        calls: list[ScriptCall] = []
-        if "claim" in at and replies.ran(at["claim"]):
-            calls.append(self._idem.release(req.key, None, nonce))
+        """Give back what a claim step that will not go on may have taken.
+
+        A claim taken over from a dead owner is not simply given back: that
+        owner's operation may have run, and this claim is now the only trace
+        of it. It is parked (``WORKER_LOST``), as recovery would have done.
+        """
+        claimed = "claim" in at and replies.ran(at["claim"])
+        listed = "note" in at and replies.ran(at["note"])
+        first: list[ScriptCall] = []
+        if claimed:
+            first.append(self._idem.release(req.key, None, nonce, keep_taken=True))
         if "cb" in at and replies.ran(at["cb"]) and req.dependency is not None:
-            calls.append(self._breakers.ops.release_probe(req.dependency, probe))
-        if "note" in at and replies.ran(at["note"]):
-            calls.append(self._note("rem", [member]))
-        yield from self._best_effort(calls, "durability_claim_undo_failed", req.key.value)
+            first.append(self._breakers.ops.release_probe(req.dependency, probe))
+        if first:
+            try:
+                done = yield IO(first, shield=True)
+            except DurabilisError as exc:  # what is left is settled by recovery
+                _log.error("durability_claim_undo_failed", idempotency_key=req.key.value,
+                           error=f"{type(exc).__name__}: {exc}")
+                return
+            if claimed and done[0] == 2:
+                yield from self._best_effort(
+                    self._park_orphan_calls(req, nonce, member if listed else ""),
+                    "durability_claim_undo_failed", req.key.value,
+                )
+                return
+        if listed:
+            yield from self._best_effort(
+                [self._note("rem", [member])], "durability_claim_undo_failed", req.key.value
+            )
+
+    def _park_orphan_calls(self, req: _Request, nonce: str, member: str) -> list[ScriptCall]:
+        """Park an inherited orphan (a taken-over claim this call will not run)."""
+        dlq_id = dlq_id_for(req.key.value, nonce)
+        _log.warning("durability_orphan_recovered", idempotency_key=req.key.value,
+                     dlq_id=dlq_id, operation_type=req.operation_type, agent_id=req.agent_id)
+        return [
+            self._dlq.enqueue_prepared(
+                req.park, 0, WORKER_LOST, dlq_id=dlq_id,
+                metadata={"reason": WORKER_LOST, "claim": nonce},
+            ),
+            self._idem.release(req.key, None, nonce),
+            self._note("rem", [member] if member else [], recovered=1, parked=1),
+        ]
 
     def _abandon(
         self, req: _Request, cl: _Claim, permit: Permit | None, probe: str | None,
@@ -507,6 +543,7 @@ class _LayerCore:
             deadline = policy.deadline_seconds
         start = self.clock()
         confirmed = start  # when this claim was last known to be ours
+        failed: tuple[BaseException, RetryDecision] | None = None  # the last attempt's failure
         slept = 0.0
         attempt = 0
         while True:
@@ -517,9 +554,11 @@ class _LayerCore:
                 # worker, who may have completed the operation meanwhile.
                 try:
                     held = yield IO([self._idem.renew(req.key, cl.token, self._lease_ms)])
-                except _STOPPED:
+                except INTERRUPTS:
                     yield from self._abandon(req, cl, None, None, started=1)
                     raise
+                except DurabilisError as broke:
+                    return (yield from self._park_failed(req, cl, failed, broke))
                 if not _renewed(held[0]):
                     # Its index entry stays: if recovery reclaimed the claim (same
                     # nonce), the entry is how a crashed recoverer is recovered in
@@ -536,9 +575,15 @@ class _LayerCore:
                         req, cl, attempts=attempt, error=CIRCUIT_OPEN, reason=CIRCUIT_OPEN,
                         cause=refused, started=1,
                     ))
-                except _STOPPED:
+                except INTERRUPTS:
                     yield from self._abandon(req, cl, None, probe, started=1)
                     raise
+                except DurabilisError as broke:
+                    yield from self._best_effort(
+                        [self._breakers.ops.release_probe(dep, probe)],
+                        "durability_release_failed", req.key.value,
+                    )
+                    return (yield from self._park_failed(req, cl, failed, broke))
             ctx = OperationContext(
                 req.agent_id, req.operation_type, req.payload, req.key.value, cl.token, attempt,
                 dep, req.task_id, req.phase, req.replay, cl.taken_over,
@@ -574,11 +619,14 @@ class _LayerCore:
                 calls.append(self._budget.spend_retry(req.operation_type, budget))
             elif decision.retry:
                 calls.append(self._note("none", retries=1))
+            failed = (exc, decision)
             try:
                 replies = (yield IO(calls)) if calls else Replies([], "")
-            except _STOPPED:
+            except INTERRUPTS:
                 yield from self._abandon(req, cl, permit, probe, started=1)
                 raise
+            except DurabilisError as broke:
+                return (yield from self._park_failed(req, cl, failed, broke))
             if dep is not None:
                 self._fire(self._breakers.ops.decode_after(dep, replies[0])[1])
             if decision.retry and budget is not None:
@@ -591,15 +639,7 @@ class _LayerCore:
                         req.key.value,
                     )
             if not decision.retry:
-                text = error_text(exc)
-                error = (
-                    text if text.startswith(decision.error_code)
-                    else f"{decision.error_code}: {text}"
-                )
-                return (yield from self._park(
-                    req, cl, attempts=decision.attempts, error=error,
-                    reason=str(decision.stop_reason), cause=exc, decision=decision, started=1,
-                ))
+                return (yield from self._park_failed(req, cl, failed, None))
             emit_retry_attempt(req.operation_type, decision, agent_id=req.agent_id)
             try:
                 yield Sleep(decision.delay)
@@ -608,6 +648,27 @@ class _LayerCore:
                 raise
             slept += decision.delay if TESTING.instant else 0.0
             attempt += 1
+
+    def _park_failed(
+        self, req: _Request, cl: _Claim, failed: tuple[BaseException, RetryDecision] | None,
+        broke: DurabilisError | None,
+    ) -> Plan[Any]:
+        """Park an operation whose last attempt failed: retries ran out, or Redis
+        failed before the next one (then ``broke``: an attempt ran, so the
+        operation is parked, never silently given back)."""
+        if failed is None:  # nothing ran since the claim was confirmed: nothing to park
+            assert broke is not None
+            yield from self._abandon(req, cl, None, None)
+            raise broke
+        exc, decision = failed
+        text = error_text(exc)
+        error = text if text.startswith(decision.error_code) else f"{decision.error_code}: {text}"
+        reason = str(decision.stop_reason) if broke is None else "STORAGE_UNAVAILABLE"
+        return (yield from self._park(
+            req, cl, attempts=decision.attempts if broke is None else decision.attempt + 1,
+            error=error, reason=reason, cause=broke or exc,
+            decision=decision if broke is None else None, started=1,
+        ))
 
     def _persist(
         self, key: str, calls: dict[str, ScriptCall], order: Sequence[str],
@@ -619,11 +680,13 @@ class _LayerCore:
         and returns ``None`` (settled), a call to send instead (a checkpoint save
         whose eviction hints were stale), or ``_GIVE_UP`` (settled, and the
         other gated calls and the index note are dropped: the claim was lost). A step that fails is
-        sent again, less the calls that committed, with backoff; the error is
-        raised once the lease has run out.
+        sent again, less the calls that committed, with backoff; once the
+        lease's time has run out it is given up after ``_LATE_TRIES`` more
+        failures (after a long pause, the process tries again before it gives up).
         """
         pending = dict(calls)
         retry_until: float | None = None
+        late = 0  # failures since the lease's time ran out (a paused process tries again first)
         delay = _RECORD_BACKOFF[0]
         while pending:
             names = [n for n in order if n in pending]
@@ -640,7 +703,8 @@ class _LayerCore:
                 now = self.clock()
                 if retry_until is None:
                     retry_until = now + self._lease_s
-                if now >= retry_until:
+                late += now >= retry_until
+                if late >= _LATE_TRIES:
                     names = [n for n in order if n in pending]
                     raise _Unsent(exc, [pending[n] for n in names], {
                         i: gates[n] for i, n in enumerate(names) if n in gates

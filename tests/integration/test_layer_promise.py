@@ -218,13 +218,16 @@ def test_giving_up_on_the_record_says_the_operation_ran(
     layer = DurabilityLayer(store, fast_config(lease=0.6, renew_every_seconds=0.2))
     try:
         def fn(ctx: OperationContext) -> str:
-            admin.execute_command("CLIENT", "PAUSE", 1500, "WRITE")  # longer than the lease
+            admin.execute_command("CLIENT", "PAUSE", 4000, "WRITE")  # far past the lease
             return "done"
 
+        began = time.monotonic()
         with pytest.raises(OutcomeUnrecorded) as info:
             layer.execute("a1", "job", "p", fn)
         assert info.value.succeeded and info.value.result == "done"
-        time.sleep(1.0)  # the pause is over: the keep-alive has recorded the outcome since
+        assert time.monotonic() - began < 4.0  # it gave up while Redis was still paused
+        time.sleep(max(0.0, 4.6 - (time.monotonic() - began)))
+        # The pause is over: the keep-alive has recorded the outcome since.
         again = Counter(result="second run")
         assert layer.execute("a1", "job", "p", again) == "done"
         assert again.calls == []  # answered from the late record, never run again
@@ -340,6 +343,29 @@ def test_a_failed_breaker_call_after_the_claim_leaves_no_claim_behind(
     assert op.calls == []
     assert layer.idempotency.check(IdempotencyKey.new("a1", "job", "p")) is None
     assert in_flight(raw, store) == []
+
+
+def test_a_takeover_refused_before_it_runs_parks_the_dead_owners_operation(
+    store: durabilis.Store, raw: Any
+) -> None:
+    store._fuse = False  # on Cluster the takeover commits before the breaker refuses
+    layer = layer_on(store, lease=0.2)
+    req = layer._core.request("a1", "job", "p", dependency=None, idempotency_key=None,
+                              task_id=None, phase=None, wait=None, park_on_open=False,
+                              deadline_seconds=None)
+    # The first owner claims, starts fn (the effect may have happened) and dies.
+    step_plan(layer._core.execute_plan(req, Counter()), store, until=lambda s: type(s) is Run)
+    time.sleep(0.3)
+    layer.breakers.force_open("svc")
+    op = Counter()
+    with pytest.raises(durabilis.CircuitOpen):  # the duplicate takes the claim over, refused
+        layer.execute("a1", "job", "p", op)
+    assert op.calls == []
+    # The dead owner's operation was not dropped with the refused claim: it is parked.
+    (record,) = layer.dlq.list_pending()
+    assert record.last_error == "WORKER_LOST"
+    assert record.metadata["idempotency_key"] == req.key.value
+    assert state_of(raw, store, req.key.value) in (None, b"x")
 
 
 # --- 4. asyncio interruptions -----------------------------------------------------------------

@@ -176,6 +176,7 @@ class Knobs:
     ops_per_worker: int
     labels: int
     max_steps: int
+    jumps: float  # chance per step that time jumps by about a lease
 
 
 class Simulation:
@@ -193,9 +194,10 @@ class Simulation:
             breaker=rng.random() < 0.8,
             fault_rate=rng.choice((0.0, 0.03, 0.08, 0.15)),
             workers=rng.randint(2, 3),
-            ops_per_worker=rng.randint(1, 3),
+            ops_per_worker=rng.randint(1, 4),
             labels=rng.randint(1, 3),
-            max_steps=150,
+            max_steps=200,
+            jumps=rng.choice((0.02, 0.02, 0.08)),
         )
         self.now = 0.0
         self.step_no = 0
@@ -207,10 +209,15 @@ class Simulation:
         self.probe_owner: dict[str, tuple[str, int]] = {}  # probe nonce -> (actor, plan)
         self.graveyard: list[Any] = []  # abandoned plans (kept: no GeneratorExit cleanup)
         self.faults = True
-        self.raw = redis.Redis.from_url(redis_url)
-        self.clock_key = f"{self.namespace}:simclock"
-        self.store = durabilis.connect(redis_url, namespace=self.namespace)
-        offset_server_clock(self.store, self.clock_key)
+        # One client and one set of registered scripts serve every run (runs
+        # follow one another; the clock key is shared, set afresh by each run).
+        shared = _shared(redis_url)
+        self.raw = shared.raw
+        self.clock_key = shared.clock_key
+        self.store = durabilis.Store(
+            shared.store.client, url=redis_url, namespace=self.namespace, is_cluster=False
+        )
+        self.store.scripts = shared.store.scripts
         self.store._fuse = self.knobs.fused
         self.config = self._config()
         self.saved_before_run: set[str] = set()
@@ -373,9 +380,10 @@ class Simulation:
 
     def _event(self) -> None:
         r = self.rng.random()
+        jumps = self.knobs.jumps
         if r < 0.04:
             self._advance(self.rng.uniform(0.001, 0.5))
-        elif r < 0.06:
+        elif r < 0.04 + jumps:
             holders = [a for a in self.actors if a.active and len(a.leases)]
             if holders and self.rng.random() < 0.3:
                 victim = self.rng.choice(holders)
@@ -386,7 +394,7 @@ class Simulation:
             self._advance(LEASE * self.rng.uniform(0.4, 1.6))
             for a in self.actors:
                 a.stalled = False
-        elif r < 0.07 and self.knobs.breaker:
+        elif r < 0.05 + jumps and self.knobs.breaker:
             op = self.rng.choice(("open", "close"))
             registry = self.actors[0].layer.breakers
             (registry.force_open if op == "open" else registry.force_close)(DEP)
@@ -398,6 +406,9 @@ class Simulation:
     def _advance(self, seconds: float) -> None:
         """Let time pass; live actors' keep-alives renew every RENEW seconds."""
         target = self.now + max(0.0, seconds)
+        for a in self.actors:  # overslept a lease: as good as a paused process
+            if a.active and a.wake + LEASE / 2 < target and a.submission is not None:
+                a.submission.stalled = a.submission.faulted = True
         while self.now < target:
             self.now = min(target, self.now + RENEW * 0.9)
             self._set_clock()
@@ -752,6 +763,10 @@ class Simulation:
         for sub in self.submissions:
             if sub.outcome == "error" and not isinstance(sub.error, allowed):
                 out.append(f"{sub.actor} {sub.label}: escaped {sub.error!r}")
+            if isinstance(sub.error, durabilis.StorageUnavailable) and sub.runs:
+                # StorageUnavailable means "nothing ran": once fn ran, the caller
+                # gets its outcome, RetryExhausted (parked) or OutcomeUnrecorded.
+                out.append(f"{sub.actor} {sub.label}: StorageUnavailable after fn ran")
             if isinstance(sub.error, durabilis.OutcomeUnrecorded) and not sub.stalled:
                 # Faults here last one step; a lease outlasts them by far.
                 out.append(f"{sub.actor} {sub.label}: gave up recording its outcome "
@@ -787,7 +802,10 @@ class Simulation:
     def _check_refusals(self, parked: dict[str, list[dict[bytes, bytes]]]) -> list[str]:
         """A caller refused (or failed for good) without a fault: nothing ran or stays."""
         out: list[str] = []
-        claims = {f.get(b"meta:claim", b"").decode() for fs in parked.values() for f in fs}
+        # A refused call that had taken over a dead owner's claim parks that owner's
+        # operation (WORKER_LOST): allowed; anything else parked for it is not.
+        claims = {f.get(b"meta:claim", b"").decode() for fs in parked.values() for f in fs
+                  if f.get(b"meta:reason") != b"WORKER_LOST"}
         refusals = (durabilis.CircuitOpen, durabilis.OperationInProgress,
                     durabilis.KeyReuseMismatch, durabilis.InvalidPayload, durabilis.InvalidKey,
                     durabilis.ConfigError)
@@ -816,7 +834,8 @@ class Simulation:
             # and releases the claim, as fn raising would (docs/layer.md). An
             # effect followed by another run of the operation (a takeover told
             # ctx.recovered, a replay) is that run's to settle: the window by nature.
-            if not ex.effect or ex.cancelled or last_run[ex.key] > ex.start_step:
+            if (not ex.effect or ex.cancelled or last_run[ex.key] > ex.start_step
+                    or (ex.key, ex.nonce) in self.unrespected):
                 continue
             state = self.raw.hget(self.store.keys.idem(ex.key), "s")
             if state != b"d" and not parked.get(ex.key):
@@ -855,11 +874,31 @@ class Simulation:
         return out
 
     def close(self) -> None:
+        pipe = self.raw.pipeline(transaction=False)
         for rkey in self.raw.scan_iter(match=f"{self.namespace}:*", count=1000):
-            self.raw.delete(rkey)
-        self.store.close()
-        self.raw.close()
+            pipe.unlink(rkey)
+        pipe.execute()
         self.graveyard.clear()
+
+
+@dataclass
+class _Shared:
+    raw: Any
+    store: durabilis.Store
+    clock_key: str
+
+
+_SHARED: dict[str, _Shared] = {}
+
+
+def _shared(redis_url: str) -> _Shared:
+    shared = _SHARED.get(redis_url)
+    if shared is None:
+        store = durabilis.connect(redis_url, namespace="sim")
+        clock_key = "sim:{clock}"
+        offset_server_clock(store, clock_key)
+        shared = _SHARED[redis_url] = _Shared(redis.Redis.from_url(redis_url), store, clock_key)
+    return shared
 
 
 def _unavailable(why: str, n: int) -> StorageUnavailable:

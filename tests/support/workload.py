@@ -47,6 +47,7 @@ from durabilis import (
     IdempotencyConfig,
     OperationError,
     OperationInProgress,
+    OutcomeUnrecorded,
     RetryBudget,
     RetryExhausted,
     RetryPolicy,
@@ -383,6 +384,10 @@ def run_layer_ops(
             report.unavailable.append((began, time.monotonic()))
             if ran:  # its record (or its park) may not have been written: may run again
                 report.unrecorded.append(op)
+            return False
+        except OutcomeUnrecorded:  # it ran; Redis did not take the outcome within the lease
+            report.unavailable.append((began, time.monotonic()))
+            report.unrecorded.append(op)
             return False
         except OperationInProgress:
             return False
