@@ -176,7 +176,7 @@ class Checkpoint:
         task_id: The task it belongs to.
         agent_id: The agent that saved it.
         phase: The phase it completes.
-        state: The saved state, as decoded from msgpack (tuples come back as lists).
+        state: The saved state, as decoded from msgpack (round-trips exactly: docs/layer.md).
         created_at: When it was saved (Redis server clock, UTC).
         expires_at: When it expires (UTC).
         parent_checkpoint_id: What it builds on: for a save, the task's latest
