@@ -34,8 +34,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import errno
 import math
 import random
+import socket
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -79,22 +82,112 @@ JITTER_SHARE = 0.3
 
 # --- error classification ------------------------------------------------------
 
-_CODES: dict[type[BaseException], str] = {
-    TimeoutError: "NETWORK_TIMEOUT",
+NETWORK_TIMEOUT = "NETWORK_TIMEOUT"
+SERVICE_UNAVAILABLE = "SERVICE_UNAVAILABLE"
+RATE_LIMITED = "RATE_LIMITED"
+PERMISSION_DENIED = "PERMISSION_DENIED"
+
+_BUILTIN_CODES: dict[type[BaseException], str] = {
+    TimeoutError: NETWORK_TIMEOUT,
     # Distinct classes on Python 3.10 (aliases of TimeoutError from 3.11 on).
-    asyncio.TimeoutError: "NETWORK_TIMEOUT",
-    concurrent.futures.TimeoutError: "NETWORK_TIMEOUT",
-    ConnectionError: "SERVICE_UNAVAILABLE",
-    PermissionError: "PERMISSION_DENIED",
+    asyncio.TimeoutError: NETWORK_TIMEOUT,
+    concurrent.futures.TimeoutError: NETWORK_TIMEOUT,
+    socket.timeout: NETWORK_TIMEOUT,  # an alias of TimeoutError from 3.10 on
+    ConnectionError: SERVICE_UNAVAILABLE,  # refused, reset, aborted, broken pipe
+    socket.gaierror: SERVICE_UNAVAILABLE,  # name resolution failed
+    PermissionError: PERMISSION_DENIED,
 }
+"""The built-in class table: the nearest class of the exception's MRO found here wins."""
+
+_USER_CODES: dict[type[BaseException], str] = {}
+"""``register_error_code``'s table: consulted before every built-in rule."""
+
+
+def _errno_codes() -> dict[int, str]:
+    # A plain OSError (or a subclass the class table does not know) whose errno says
+    # the network failed. OSError(errno, ...) builds ConnectionRefusedError & co. by
+    # itself for most of these; the table catches the others (unreachable hosts and
+    # networks) and OSError subclasses of other libraries. The WSAE* names exist on
+    # Windows only.
+    codes: dict[int, str] = {}
+    for names, code in (
+        (("ECONNREFUSED", "ECONNRESET", "ECONNABORTED", "EHOSTUNREACH", "ENETUNREACH",
+          "ENETDOWN", "EHOSTDOWN", "ENETRESET", "EPIPE"), SERVICE_UNAVAILABLE),
+        (("ETIMEDOUT",), NETWORK_TIMEOUT),
+    ):
+        for name in names:
+            for prefix in ("", "WSA"):
+                number = getattr(errno, prefix + name, None)
+                if isinstance(number, int):
+                    codes[number] = code
+    return codes
+
+
+_ERRNO_CODES = _errno_codes()
+
+_HTTPX_NAMES = {
+    "TimeoutException": NETWORK_TIMEOUT,
+    "ConnectTimeout": NETWORK_TIMEOUT,
+    "ReadTimeout": NETWORK_TIMEOUT,
+    "WriteTimeout": NETWORK_TIMEOUT,
+    "PoolTimeout": NETWORK_TIMEOUT,
+    "ConnectError": SERVICE_UNAVAILABLE,
+    "NetworkError": SERVICE_UNAVAILABLE,
+    "ReadError": SERVICE_UNAVAILABLE,
+    "WriteError": SERVICE_UNAVAILABLE,
+    "RemoteProtocolError": SERVICE_UNAVAILABLE,
+    "CloseError": SERVICE_UNAVAILABLE,
+}
+
+_NAME_CODES: dict[str, dict[str, str]] = {
+    # top-level package of the class's __module__ -> class __name__ -> code
+    "httpx": _HTTPX_NAMES,
+    "httpcore": _HTTPX_NAMES,
+    "requests": {
+        "Timeout": NETWORK_TIMEOUT,
+        "ConnectTimeout": NETWORK_TIMEOUT,
+        "ReadTimeout": NETWORK_TIMEOUT,
+        "ConnectionError": SERVICE_UNAVAILABLE,
+    },
+    "aiohttp": {
+        "ServerTimeoutError": NETWORK_TIMEOUT,
+        "ConnectionTimeoutError": NETWORK_TIMEOUT,
+        "SocketTimeoutError": NETWORK_TIMEOUT,
+        "ClientConnectionError": SERVICE_UNAVAILABLE,
+        "ClientConnectorError": SERVICE_UNAVAILABLE,
+        "ServerDisconnectedError": SERVICE_UNAVAILABLE,
+        "ClientOSError": SERVICE_UNAVAILABLE,
+    },
+}
+"""Third-party transport errors, recognised by module and class name (never imported)."""
+
+_STATUS_CODES = {
+    429: RATE_LIMITED,
+    502: SERVICE_UNAVAILABLE,
+    503: SERVICE_UNAVAILABLE,
+    504: SERVICE_UNAVAILABLE,
+}
+"""HTTP statuses of an error response that mean "try again later"."""
+
+_Entry = tuple[str | None, bool, str]
+# Per exception class: (code found by the class rules or None, whether the
+# instance's errno is to be read first, the class name). The status rule is read
+# from the instance each time.
+_CLASS_CACHE: dict[type[BaseException], _Entry] = {}
+_CLASS_CACHE_MAX = 1024  # classes made on the fly must not grow it without bound
+_CACHE_LOCK = threading.Lock()
+_GENERATION = [0]  # bumped by each registration: a classification begun before it is not cached
 
 
 def register_error_code(exc_type: type[BaseException], code: str) -> None:
     """Map an exception class (and its subclasses) to an error code.
 
-    A more specific registration wins over a less specific one (the class's
-    MRO is walked); a ``code`` attribute on the exception itself wins over both.
-    Registering a class again replaces its code.
+    A registration wins over every built-in rule (the class table, the errno
+    rule, the recognition of httpx/requests/aiohttp errors, HTTP statuses), even
+    when it names a base class: registering ``OSError`` reclassifies
+    ``ConnectionResetError`` too. Among registrations the more specific one wins
+    (the class's MRO is walked); a ``code`` attribute on the exception itself
+    wins over all of them. Registering a class again replaces its code.
 
     Args:
         exc_type: An exception class, e.g. ``httpx.ReadTimeout``.
@@ -107,29 +200,134 @@ def register_error_code(exc_type: type[BaseException], code: str) -> None:
         raise ConfigError("exc_type", f"must be an exception class, got {exc_type!r}")
     if not isinstance(code, str) or not code:
         raise ConfigError("code", f"must be a non-empty string, got {code!r}")
-    _CODES[exc_type] = code
+    with _CACHE_LOCK:
+        _USER_CODES[exc_type] = code
+        _GENERATION[0] += 1
+        _CLASS_CACHE.clear()
+
+
+def _by_name(klass: type) -> str | None:
+    """The code of a third-party transport error class, judged by its module and name."""
+    try:
+        module = klass.__module__
+        if not isinstance(module, str):
+            return None
+        names = _NAME_CODES.get(module.partition(".")[0])
+        if names is None:
+            return None
+        name = klass.__name__
+        return names.get(name) if isinstance(name, str) else None
+    except Exception:  # a foreign metaclass may do anything
+        return None
+
+
+def _classify_class(cls: type[BaseException]) -> _Entry:
+    """The part of the classification that depends on the class alone."""
+    mro = cls.__mro__
+    try:
+        fallback = cls.__name__
+    except Exception:  # pragma: no cover - a metaclass hiding __name__
+        fallback = "Exception"
+    for klass in mro:
+        found = _USER_CODES.get(klass)
+        if found is not None:
+            return found, False, fallback
+    for klass in mro:
+        found = _BUILTIN_CODES.get(klass)
+        if found is not None:
+            return found, False, fallback
+    named = None
+    for klass in mro:
+        named = _by_name(klass)
+        if named is not None:
+            break
+    return named, issubclass(cls, OSError), fallback
+
+
+def _errno_code(exc: BaseException) -> str | None:
+    try:
+        number = getattr(exc, "errno", None)
+        if isinstance(number, int):
+            return _ERRNO_CODES.get(number)
+    except Exception:
+        pass
+    return None
+
+
+def _status(value: object) -> str | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return _STATUS_CODES.get(int(value))
+    return None
+
+
+def _status_code(exc: BaseException) -> str | None:
+    """The code of an HTTP error status the exception carries (429, 502, 503, 504)."""
+    try:  # httpx.HTTPStatusError, requests.HTTPError: exc.response.status_code
+        response = getattr(exc, "response", None)
+        if response is not None:
+            found = _status(getattr(response, "status_code", None))
+            if found is not None:
+                return found
+    except Exception:  # foreign properties may raise anything
+        pass
+    try:  # aiohttp.ClientResponseError: exc.status
+        return _status(getattr(exc, "status", None))
+    except Exception:
+        return None
 
 
 def error_code(exc: BaseException) -> str:
-    """The classification code of an exception.
+    """The classification code of an exception; never raises.
 
-    In order: the exception's ``code`` attribute when it is a non-empty string
-    (:class:`~durabilis.OperationError` has one); the code registered for the
-    nearest class in its MRO (built in: ``TimeoutError`` → ``NETWORK_TIMEOUT``,
-    ``ConnectionError`` → ``SERVICE_UNAVAILABLE``, ``PermissionError`` →
-    ``PERMISSION_DENIED``); otherwise the class name (``"ValueError"``), which a
-    policy may list too.
+    In order, the first rule that gives a code wins:
+
+    1. the exception's ``code`` attribute when it is a non-empty string or a
+       string-valued ``Enum`` (:class:`~durabilis.OperationError` has one);
+    2. a :func:`register_error_code` registration for the nearest class in its MRO;
+    3. the built-in class table, nearest class first: ``TimeoutError`` (and
+       asyncio's, concurrent.futures', ``socket.timeout``) → ``NETWORK_TIMEOUT``;
+       ``ConnectionError`` and its subclasses, ``socket.gaierror`` →
+       ``SERVICE_UNAVAILABLE``; ``PermissionError`` → ``PERMISSION_DENIED``;
+    4. an ``OSError`` whose ``errno`` is a network failure (``ECONNREFUSED``,
+       ``ECONNRESET``, ``ECONNABORTED``, ``EHOSTUNREACH``, ``ENETUNREACH``,
+       ``ENETDOWN``, ``EHOSTDOWN``, ``ENETRESET``, ``EPIPE`` →
+       ``SERVICE_UNAVAILABLE``; ``ETIMEDOUT`` → ``NETWORK_TIMEOUT``);
+    5. the timeouts and connection errors of httpx/httpcore, requests and aiohttp,
+       recognised by module and class name without importing them;
+    6. an HTTP status on ``exc.response.status_code`` or ``exc.status``: 429 →
+       ``RATE_LIMITED``; 502, 503, 504 → ``SERVICE_UNAVAILABLE``;
+    7. the class name (``"ValueError"``, ``"OSError"``), which a policy may list too.
+
+    Rules 2, 3 and 5 depend on the class alone and are cached per class; rules
+    4 and 6 read the instance. Attributes are read defensively: a foreign
+    property that raises (an ``Exception``) only makes its rule not apply.
     """
-    code = getattr(exc, "code", None)
+    try:
+        code = getattr(exc, "code", None)  # getattr's default: no AttributeError is built
+    except Exception:  # a property that raised
+        code = None
     if isinstance(code, Enum):
         code = code.value
     if isinstance(code, str) and code:
         return code
-    for klass in type(exc).__mro__:
-        found = _CODES.get(klass)
-        if found is not None:
-            return found
-    return type(exc).__name__
+    cls = type(exc)
+    entry = _CLASS_CACHE.get(cls)
+    if entry is None:
+        generation = _GENERATION[0]
+        entry = _classify_class(cls)
+        with _CACHE_LOCK:
+            if generation == _GENERATION[0]:
+                if len(_CLASS_CACHE) >= _CLASS_CACHE_MAX:
+                    _CLASS_CACHE.clear()
+                _CLASS_CACHE[cls] = entry
+    found, check_errno, fallback = entry
+    if check_errno:
+        by_errno = _errno_code(exc)
+        if by_errno is not None:
+            return by_errno
+    if found is not None:
+        return found
+    return _status_code(exc) or fallback
 
 
 def retry_after_of(exc: BaseException) -> float | None:

@@ -38,6 +38,11 @@ unreachable Redis surfaces as StorageUnavailable within 5 s instead of hanging."
 _DEFAULT_OPTIONS = DEFAULT_SOCKET_OPTIONS
 
 _TRANSIENT_MARKERS = ("LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "BUSY")
+# The same refusals met by a redis.call inside a script: "Error running script
+# (call to f_…): @user_script:345: @user_script: 35: -OOM command not allowed …".
+# Redis refuses a denied write only when it is the script's first write (a script
+# that already wrote is let through, to stay atomic), so nothing was written.
+_SCRIPT_TRANSIENT = tuple(f": -{marker}" for marker in (*_TRANSIENT_MARKERS, "OOM"))
 
 # redis-py strips the error code from the message of these (CLUSTERDOWN, OOM,
 # ...), so they are recognised by class. Each means "not executed, try later":
@@ -84,7 +89,8 @@ def map_error(exc: Exception, call: ScriptCall | None = None) -> DurabilisError:
                 f"Redis refused by its ACL{where}: {text} (the user needs the key pattern "
                 "and commands listed in docs/operations.md)"
             )
-        if isinstance(exc, _TRANSIENT_RESPONSES) or text.startswith(_TRANSIENT_MARKERS):
+        if (isinstance(exc, _TRANSIENT_RESPONSES) or text.startswith(_TRANSIENT_MARKERS)
+                or any(marker in text for marker in _SCRIPT_TRANSIENT)):
             return StorageUnavailable(
                 f"Redis refused the command{where}: {type(exc).__name__}: {text}"
             )

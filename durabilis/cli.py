@@ -8,11 +8,19 @@ Exit codes (stable; scripts may rely on them):
 - 2: usage: bad arguments, an invalid config file, a handler that cannot be imported.
 - 3: Redis unavailable (cannot connect, timed out, not ready).
 - 4: another durabilis error (foreign data at a key, refused by an ACL, ...).
+- 5: wrong or empty namespace: a read found nothing because the namespace holds
+  no key at all, while other durabilis namespaces exist in that Redis (named on stderr).
 
-Every command takes ``--url`` (default: ``DURABILIS_REDIS_URL``, ``REDIS_URL``,
-then the embedded server under ``./.durabilis/``), ``--namespace`` (default
-``durabilis``), ``--config FILE`` (TOML: the breakers and policies the fleet
-uses) and ``--json`` (one JSON document on stdout; shapes in ``docs/cli.md``).
+Where the CLI finds its Redis, namespace and config (as the library does; a
+flag wins over the environment, which wins over the default):
+
+- Redis: ``--url``, else ``DURABILIS_REDIS_URL``, else ``REDIS_URL``, else the
+  embedded server under ``./.durabilis/``;
+- namespace: ``--namespace``, else ``DURABILIS_NAMESPACE``, else ``durabilis``;
+- config: ``--config FILE``, else ``DURABILIS_CONFIG``, else the library's defaults
+  (``DURABILIS__<SECTION>__<FIELD>`` overrides apply on top in every case).
+
+``--json`` prints one JSON document on stdout (shapes in ``docs/cli.md``).
 """
 
 from __future__ import annotations
@@ -28,17 +36,35 @@ import os
 import re
 import socket
 import sys
+import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timezone
-from typing import Any, TextIO, cast
+from typing import Any, ClassVar, TextIO, cast
 
 EXIT_OK = 0
 EXIT_NOT_FOUND = 1
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
 EXIT_ERROR = 4
+EXIT_WRONG_NAMESPACE = 5
 
 DEFAULT_NAMESPACE = "durabilis"
+ENV_URL = "DURABILIS_REDIS_URL"
+ENV_NAMESPACE = "DURABILIS_NAMESPACE"
+ENV_CONFIG = "DURABILIS_CONFIG"
+
+RESOLUTION_HELP = f"""\
+where the Redis, namespace and config come from (a flag wins over the environment):
+  Redis      --url, then ${ENV_URL}, then $REDIS_URL, then the embedded server
+             under ./.durabilis/
+  namespace  --namespace, then ${ENV_NAMESPACE}, then "{DEFAULT_NAMESPACE}"
+  config     --config FILE, then ${ENV_CONFIG}, then the library's defaults
+             ($DURABILIS__<SECTION>__<FIELD> overrides apply on top)
+
+exit codes:
+  0 ok   1 not found / not done / checks failed   2 usage   3 Redis unavailable
+  4 other durabilis error   5 wrong or empty namespace (others exist; named on stderr)
+"""
 _STREAM_ID = re.compile(r"^\d+-\d+$")
 DEFAULT_TIMEOUT = 5.0
 
@@ -59,9 +85,12 @@ def _common() -> argparse.ArgumentParser:
     """Options accepted before or after the subcommand (``default=SUPPRESS`` on both)."""
     common = argparse.ArgumentParser(add_help=False)
     s = argparse.SUPPRESS
-    common.add_argument("--namespace", default=s, help="key namespace (default: durabilis)")
+    common.add_argument("--namespace", default=s,
+                        help=f"key namespace (default: ${ENV_NAMESPACE}, then "
+                        f"{DEFAULT_NAMESPACE})")
     common.add_argument("--config", default=s, metavar="FILE",
-                        help="TOML config of the fleet (breakers, policies, dependencies)")
+                        help="TOML config of the fleet (breakers, policies, dependencies; "
+                        f"default: ${ENV_CONFIG})")
     common.add_argument("--json", action="store_true", default=s,
                         help="print one JSON document (see docs/cli.md for the shapes)")
     common.add_argument("--timeout", type=float, default=s, metavar="SECONDS",
@@ -71,7 +100,8 @@ def _common() -> argparse.ArgumentParser:
 
 def _leaf(group: Any, common: argparse.ArgumentParser, name: str, help_text: str) -> Any:
     p = group.add_parser(name, help=help_text, parents=[common])
-    p.add_argument("--url", default=argparse.SUPPRESS, help="Redis URL")
+    p.add_argument("--url", default=argparse.SUPPRESS,
+                   help=f"Redis URL (default: ${ENV_URL}, $REDIS_URL, then embedded)")
     return p
 
 
@@ -97,6 +127,9 @@ def _add_dlq(sub: Any, common: argparse.ArgumentParser) -> None:
     rp.add_argument("--operation-type", default=None, help="with --all: only this type")
     rp.add_argument("--limit", type=int, default=None, help="with --all: at most this many")
     rp.add_argument("--max-per-second", type=float, default=None)
+    rp.add_argument("-q", "--quiet", action="store_true",
+                    help="print only the summary line (no per-record lines, no progress, "
+                    "only durabilis's warnings on stderr); --json output is unchanged")
     ab = _leaf(dlq, common, "abandon", "give up on a pending record (final)")
     ab.add_argument("id")
     ab.add_argument("--by", default=None, help="who (default: user@host)")
@@ -131,9 +164,9 @@ def _add_checkpoint(sub: Any, common: argparse.ArgumentParser) -> None:
 
 def _add_config(sub: Any, common: argparse.ArgumentParser) -> None:
     cfg = _group(sub, "config", "config files and the fleet config")
-    _leaf(cfg, common, "check", "validate a TOML file; print the effective config").add_argument(
-        "file"
-    )
+    _leaf(cfg, common, "check",
+          "validate a TOML file (default: --config / DURABILIS_CONFIG); print the effective "
+          "config").add_argument("file", nargs="?", default=None)
     _leaf(cfg, common, "show", "what is published to the fleet")
     pub = _leaf(cfg, common, "publish",
                 "publish a file's [retry.*] / [circuit_breaker.*] to the fleet")
@@ -152,18 +185,20 @@ def build_parser() -> argparse.ArgumentParser:
     common = _common()
     parser = argparse.ArgumentParser(
         prog="durabilis", description="Inspect and operate the durable state of a fleet.",
-        epilog="exit codes: 0 ok, 1 not found / checks failed, 2 usage, "
-        "3 Redis unavailable, 4 other error",
+        epilog=RESOLUTION_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=[common],
     )
-    parser.add_argument("--url", default=None, help="Redis URL (default: DURABILIS_REDIS_URL, "
-                        "REDIS_URL, then the embedded server under ./.durabilis/)")
+    parser.add_argument("--url", default=None, help=f"Redis URL (default: ${ENV_URL}, "
+                        "$REDIS_URL, then the embedded server under ./.durabilis/)")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the demo on the embedded default")
     demo.add_argument("--workers", type=int, default=4)
     demo.add_argument("--tasks-per-worker", type=int, default=12)
-    demo.add_argument("--namespace", default=None)
-    demo.add_argument("--json", action="store_true", help="print the report as JSON")
+    demo.add_argument("--namespace", default=argparse.SUPPRESS,
+                      help="default: a new demo-XXXXXXXX (never $DURABILIS_NAMESPACE: "
+                      "the demo writes)")
+    demo.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                      help="print the report as JSON")
 
     _add_dlq(sub, common)
     _add_breaker(sub, common)
@@ -253,6 +288,109 @@ def _print_value(title: str, value: Any) -> None:
     print(json.dumps(jsonable(value), indent=2, ensure_ascii=False))
 
 
+# --- errors as printed: the type always, the text redacted like durabilis's events -------
+
+_ERROR_PREFIX = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*)(?::[ \t]*(.*))?$", re.DOTALL)
+_OWN_TEXTS = frozenset({"RetryExhausted", "CircuitOpen"})
+"""Errors whose text durabilis writes from names, counts and error codes only
+(``job: gave up after 2 attempt(s), last error NETWORK_TIMEOUT``): never redacted."""
+
+
+def describe_error(exc: BaseException, *, redacted: bool = True) -> str:
+    """``"TimeoutError: <text>"``: the exception's type always, its text redacted
+    (``durabilis.events.redact``: ``[REDACTED]`` unless ``DURABILIS_LOG_REDACT=0``)
+    when ``redacted``; the bare type name when the text is empty."""
+    from durabilis.events import redact  # noqa: PLC0415
+
+    name = type(exc).__name__
+    text = str(exc).strip()
+    if not text:
+        return name
+    return f"{name}: {redact(text) if redacted else text}"
+
+
+def describe_error_text(text: str | None) -> str | None:
+    """An error text as stored (``"NETWORK_TIMEOUT: upstream timed out"``,
+    ``"TimeoutError: ..."``, ``"WORKER_LOST"``) as the CLI prints it: the leading
+    code or type kept, the rest redacted like :func:`describe_error`
+    (``"NETWORK_TIMEOUT: [REDACTED]"``) except for the texts durabilis writes itself
+    (``RetryExhausted``, ``CircuitOpen``); a code with an empty text is the code alone."""
+    from durabilis.events import redact  # noqa: PLC0415
+
+    if text is None:
+        return None
+    match = _ERROR_PREFIX.match(text.strip())
+    if match is None:
+        return redact(text)
+    code, rest = match[1], (match[2] or "").strip()
+    if not rest:
+        return code
+    return f"{code}: {rest if code in _OWN_TEXTS else redact(rest)}"
+
+
+# --- progress on a terminal -----------------------------------------------------------
+
+
+def replay_progress_text(done: int, total: int, summary: Any) -> str:
+    """``"replayed 120/237: 117 ok, 3 failed"`` (+ skipped / claim lost when any)."""
+    parts = [f"{summary.replayed} ok", f"{summary.failed} failed"]
+    if summary.skipped:
+        parts.append(f"{summary.skipped} skipped")
+    if summary.lost:
+        parts.append(f"{summary.lost} claim lost")
+    return f"replayed {done}/{max(total, done)}: {', '.join(parts)}"
+
+
+def _is_tty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):  # no isatty, or closed
+        return False
+
+
+class Progress:
+    """One line on stderr, redrawn in place (a carriage return), erased at the end.
+
+    Drawn only when stderr is a terminal (``enabled`` and ``isatty()``): never in
+    a pipe, a file or a CI log. Redrawn at most every ``interval`` seconds; a
+    write by durabilis's events (through :class:`_Stderr`) clears it first.
+    """
+
+    def __init__(self, *, enabled: bool = True, interval: float = 0.1) -> None:
+        self.enabled = enabled and _is_tty(sys.stderr)
+        self.interval = interval
+        self._shown = 0  # width of the line on screen (0: none)
+        self._drawn_at = -math.inf
+
+    def update(self, text: str) -> None:
+        """Show ``text`` (unless the line was drawn less than ``interval`` ago)."""
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if self._shown and now - self._drawn_at < self.interval:
+            return
+        pad = " " * max(0, self._shown - len(text))
+        sys.stderr.write(f"\r{text}{pad}")
+        sys.stderr.flush()
+        self._shown = len(text)
+        self._drawn_at = now
+
+    def clear(self) -> None:
+        """Erase the line (before other output, and at the end)."""
+        if self._shown:
+            sys.stderr.write("\r" + " " * self._shown + "\r")
+            sys.stderr.flush()
+            self._shown = 0
+
+    def __enter__(self) -> Progress:
+        _Stderr.progress = self
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _Stderr.progress = None
+        self.clear()
+
+
 # --- the session: store, config and layer, built on demand --------------------------------
 
 
@@ -261,11 +399,29 @@ def _operator() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
+def _setting(flag: str | None, variable: str) -> tuple[str | None, str | None]:
+    """``(value, where it came from)``: the flag, else the environment variable
+    (an empty one counts as unset), else ``(None, None)``."""
+    if flag is not None:
+        return flag, None
+    value = os.environ.get(variable) or None
+    return value, (variable if value is not None else None)
+
+
 class _Session:
+    """The command's store, config and layer, built on first use.
+
+    Every command resolves its Redis, namespace and config the same way
+    (``RESOLUTION_HELP``): a flag, else the environment, else the default.
+    """
+
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.json = bool(getattr(args, "json", False))
-        self.namespace: str = getattr(args, "namespace", DEFAULT_NAMESPACE)
+        namespace, self.namespace_from = _setting(getattr(args, "namespace", None),
+                                                  ENV_NAMESPACE)
+        self.namespace: str = namespace or DEFAULT_NAMESPACE
+        self.config_path, self.config_from = _setting(getattr(args, "config", None), ENV_CONFIG)
         self.timeout: float = getattr(args, "timeout", DEFAULT_TIMEOUT)
         self._store: Any = None
         self._layer: Any = None
@@ -274,20 +430,33 @@ class _Session:
     def config(self) -> Any:
         if self._config is None:
             from durabilis.config import load_config  # noqa: PLC0415  (keeps --help fast)
+            from durabilis.errors import ConfigError  # noqa: PLC0415
 
-            self._config = load_config(getattr(self.args, "config", None))
+            try:
+                self._config = load_config(self.config_path)
+            except ConfigError as exc:
+                if self.config_from is None:
+                    raise
+                raise CliError(EXIT_USAGE, f"{exc} (the file named by ${self.config_from})"
+                               ) from exc
         return self._config
 
     def store(self) -> Any:
         if self._store is None:
             import durabilis  # noqa: PLC0415
+            from durabilis.errors import ConfigError  # noqa: PLC0415
 
             if not (isinstance(self.timeout, (int, float)) and self.timeout > 0):
                 raise CliError(EXIT_USAGE, f"--timeout must be > 0, got {self.timeout!r}")
-            self._store = durabilis.connect(
-                getattr(self.args, "url", None), namespace=self.namespace,
-                socket_timeout=self.timeout, socket_connect_timeout=self.timeout,
-            )
+            try:
+                self._store = durabilis.connect(
+                    getattr(self.args, "url", None), namespace=self.namespace,
+                    socket_timeout=self.timeout, socket_connect_timeout=self.timeout,
+                )
+            except ConfigError as exc:
+                if self.namespace_from is None or exc.field != "namespace":
+                    raise
+                raise CliError(EXIT_USAGE, f"${self.namespace_from}: {exc}") from exc
         return self._store
 
     def layer(self) -> Any:
@@ -301,6 +470,34 @@ class _Session:
             self._layer = DurabilityLayer(store, config, replica_id=f"cli:{_operator()}")
             ConfigSync(self._layer).refresh()
         return self._layer
+
+    def check_namespace(self) -> None:
+        """Exit 5 when the namespace holds no key but other durabilis namespaces exist.
+
+        Called by read commands whose result was empty (nothing listed, nothing
+        found, all zero), where "nothing" may only mean a wrong ``--namespace``
+        or ``DURABILIS_NAMESPACE``. Commands that create state never call it.
+        """
+        from durabilis.doctor import hide_password, survey_namespaces  # noqa: PLC0415
+        from durabilis.errors import DurabilisError, StorageUnavailable  # noqa: PLC0415
+
+        store = self.store()
+        try:
+            survey = survey_namespaces(store)
+        except StorageUnavailable:
+            raise
+        except DurabilisError:  # SCAN refused by an ACL: the empty answer stands
+            return
+        if not survey.wrong:
+            return
+        where = f" (from ${self.namespace_from})" if self.namespace_from else (
+            " (the default)" if getattr(self.args, "namespace", None) is None else "")
+        raise CliError(
+            EXIT_WRONG_NAMESPACE,
+            f"namespace {self.namespace!r}{where} holds no key in {hide_password(store.url)}, "
+            f"which holds other durabilis namespaces: {survey.found_text()}. Pass "
+            f"--namespace NS or set ${ENV_NAMESPACE}.",
+        )
 
     def close(self) -> None:
         if self._layer is not None:
@@ -339,6 +536,7 @@ def _dlq_ls(s: _Session) -> int:
     if after and not _STREAM_ID.match(after):  # a dlq_id: continue after its stream entry
         found = dlq.get(after)
         if found is None:
+            s.check_namespace()
             raise CliError(EXIT_NOT_FOUND, f"no DLQ record {after!r}")
         after = found.stream_id
     if a.status == "pending":
@@ -355,6 +553,8 @@ def _dlq_ls(s: _Session) -> int:
                 break
             cursor = page[-1]
         records = records[:limit] if limit is not None else records
+    if not records:
+        s.check_namespace()
     rows = [_record_row(r, payload=False) for r in records]
     if s.json:
         _print_json({"records": rows, "count": len(rows), "pending_count": pending})
@@ -372,6 +572,7 @@ def _dlq_ls(s: _Session) -> int:
 def _dlq_show(s: _Session) -> int:
     record = s.layer().dlq.get(s.args.id)
     if record is None:
+        s.check_namespace()
         raise CliError(EXIT_NOT_FOUND, f"no live DLQ record {s.args.id!r}")
     row = _record_row(record, payload=True)
     if s.json:
@@ -404,12 +605,94 @@ def load_handler(spec: str) -> Callable[..., Any]:
             target = getattr(target, part)
     except Exception as exc:
         raise CliError(
-            EXIT_USAGE, f"cannot load handler {spec!r}: {type(exc).__name__}: {exc}"
+            EXIT_USAGE, f"cannot load handler {spec!r}: {describe_error(exc, redacted=False)}"
         ) from exc
     if not callable(target):
         raise CliError(EXIT_USAGE, f"handler {spec!r} is not callable")
     handler: Callable[..., Any] = target
     return handler
+
+
+_REPLAY_PAGE = 100
+
+
+class _ReplayPass:
+    """``dlq replay --all``: every pending record, oldest first, one
+    ``layer.replay`` each (so progress can be shown between records).
+
+    The same walk as ``DurabilityLayer.replay_pending``: the pending index page
+    by page; ``limit`` counts the records whose handler ran; ``max_per_second``
+    spaces handler starts; records claimed elsewhere, finished or expired
+    meanwhile are skipped.
+    """
+
+    def __init__(self, layer: Any, handler: Callable[..., Any], progress: Progress) -> None:
+        self.layer = layer
+        self.handler = handler
+        self.progress = progress
+        self.replayed = self.skipped = 0
+        self.failed: dict[str, str | None] = {}
+        self.lost: dict[str, str | None] = {}
+
+    @property
+    def ran(self) -> int:
+        return self.replayed + len(self.failed) + len(self.lost)
+
+    def summary(self) -> Any:
+        from durabilis.dlq import ReplaySummary  # noqa: PLC0415
+
+        return ReplaySummary(
+            replayed=self.replayed, failed=len(self.failed), skipped=self.skipped,
+            lost=len(self.lost), failed_ids=tuple(self.failed), lost_ids=tuple(self.lost),
+        )
+
+    def _add(self, result: Any) -> bool:
+        """Count one result; ``True`` when its handler ran."""
+        from durabilis.dlq import ReplayOutcome  # noqa: PLC0415
+
+        if result.outcome is ReplayOutcome.REPLAYED:
+            self.replayed += 1
+        elif result.outcome is ReplayOutcome.FAILED:
+            self.failed[result.dlq_id] = result.error
+        elif result.outcome is ReplayOutcome.CLAIM_LOST:
+            self.lost[result.dlq_id] = result.error
+        else:
+            self.skipped += 1
+            return False
+        return True
+
+    def run(self, operation_type: str | None, limit: int | None,
+            max_per_second: float | None) -> int:
+        """Replay; returns how many records were pending when it began."""
+        dlq = self.layer.dlq
+        total = int(dlq.pending_count(operation_type))
+        if limit is not None:
+            total = min(total, limit)
+        interval = 1.0 / max_per_second if max_per_second else 0.0
+        next_start = -math.inf
+        after: Any = None
+        done = 0
+        while limit is None or self.ran < limit:
+            page = dlq.list_pending(operation_type, limit=_REPLAY_PAGE, after=after)
+            for record in page:
+                if limit is not None and self.ran >= limit:
+                    break
+                wait = next_start - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                started = time.monotonic()
+                if self._add(self.layer.replay(record.dlq_id, self.handler)):
+                    next_start = started + interval
+                done += 1
+                self.progress.update(replay_progress_text(done, total, self.summary()))
+            if len(page) < _REPLAY_PAGE:
+                break
+            after = page[-1]
+        return total
+
+    def errors(self) -> dict[str, str | None]:
+        """Failed and lost records' error texts, as printed (type kept, text redacted)."""
+        return {i: describe_error_text(e) for i, e in {**self.failed, **self.lost}.items()}
 
 
 def _dlq_replay(s: _Session) -> int:
@@ -418,31 +701,57 @@ def _dlq_replay(s: _Session) -> int:
         raise CliError(EXIT_USAGE, "give a DLQ id or --all (not both)")
     if a.id is not None and (a.operation_type or a.limit is not None):
         raise CliError(EXIT_USAGE, "--operation-type and --limit go with --all")
+    if a.limit is not None and a.limit < 0:
+        raise CliError(EXIT_USAGE, "--limit must be >= 0")
+    if a.max_per_second is not None and not (
+        math.isfinite(a.max_per_second) and a.max_per_second > 0
+    ):
+        raise CliError(EXIT_USAGE, "--max-per-second must be > 0")
     handler = load_handler(a.handler)
     layer = s.layer()
     if a.id is not None:
-        result = layer.replay(a.id, handler)
-        if s.json:
-            _print_json(result)
-        else:
-            extra = f": {result.error}" if result.error else ""
-            print(f"{result.dlq_id}: {result.outcome.value}{extra}")
-        return EXIT_OK if result.replayed else EXIT_NOT_FOUND
-    summary = layer.replay_pending(handler, a.operation_type, a.limit, a.max_per_second)
+        return _replay_one(s, layer, handler)
+    with Progress(enabled=not a.quiet) as progress:
+        replay = _ReplayPass(layer, handler, progress)
+        total = replay.run(a.operation_type, a.limit, a.max_per_second)
+    if total == 0 and replay.ran == 0 and replay.skipped == 0:
+        s.check_namespace()
+    summary = replay.summary()
     if s.json:
-        _print_json(summary)
+        _print_json({**jsonable(summary), "errors": replay.errors()})
     else:
         print(f"replayed {summary.replayed}, failed {summary.failed}, "
               f"skipped {summary.skipped}, claim lost {summary.lost}")
-        for dlq_id in summary.failed_ids:
-            print(f"failed: {dlq_id}")
-        for dlq_id in summary.lost_ids:
-            print(f"claim lost: {dlq_id}")
+        if not a.quiet:
+            errors = replay.errors()
+            for dlq_id in summary.failed_ids:
+                print(f"failed: {dlq_id}: {errors[dlq_id]}")
+            for dlq_id in summary.lost_ids:
+                print(f"claim lost: {dlq_id}" + (f": {errors[dlq_id]}" if errors[dlq_id]
+                                                 else ""))
     return EXIT_OK if summary.failed == 0 and summary.lost == 0 else EXIT_NOT_FOUND
+
+
+def _replay_one(s: _Session, layer: Any, handler: Callable[..., Any]) -> int:
+    from durabilis.dlq import ReplayOutcome  # noqa: PLC0415
+
+    result = layer.replay(s.args.id, handler)
+    if result.outcome is ReplayOutcome.NOT_FOUND:
+        s.check_namespace()
+    error = result.error  # CLAIMED_ELSEWHERE: who holds the claim, not an error
+    if result.outcome in (ReplayOutcome.FAILED, ReplayOutcome.CLAIM_LOST):
+        error = describe_error_text(error)
+    if s.json:
+        _print_json({**jsonable(result), "error": error})
+    else:
+        print(f"{result.dlq_id}: {result.outcome.value}" + (f": {error}" if error else ""))
+    return EXIT_OK if result.replayed else EXIT_NOT_FOUND
 
 
 def _dlq_abandon(s: _Session) -> int:
     done = s.layer().dlq.abandon(s.args.id, by=s.args.by or _operator())
+    if not done:
+        s.check_namespace()
     if s.json:
         _print_json({"dlq_id": s.args.id, "abandoned": done})
     else:
@@ -453,6 +762,8 @@ def _dlq_abandon(s: _Session) -> int:
 
 def _dlq_stats(s: _Session) -> int:
     st = s.layer().dlq.stats()
+    if st.total == 0:
+        s.check_namespace()
     doc = {
         "total": st.total,
         "by_status": {k.value: v for k, v in st.by_status.items()},
@@ -515,8 +826,12 @@ def _breakers(s: _Session) -> tuple[Any, set[str], set[str]]:
     return registry, configured, stored
 
 
-def _known_breaker(s: _Session, name: str) -> tuple[Any, bool]:
+def _known_breaker(s: _Session, name: str, *, read: bool = False) -> tuple[Any, bool]:
+    """The registry and whether ``name`` is configured; exit 1 if unknown. ``read``:
+    a breaker with no state in Redis first checks the namespace (exit 5 if wrong)."""
     registry, configured, stored = _breakers(s)
+    if read and name not in stored:
+        s.check_namespace()
     if name not in configured and name not in stored:
         raise CliError(
             EXIT_NOT_FOUND,
@@ -539,6 +854,8 @@ def _breaker_doc(registry: Any, name: str, configured: bool, stored: bool) -> di
 
 def _breaker_ls(s: _Session) -> int:
     registry, configured, stored = _breakers(s)
+    if not stored:
+        s.check_namespace()
     docs = [_breaker_doc(registry, n, n in configured, n in stored)
             for n in sorted(configured | stored)]
     if s.json:
@@ -556,7 +873,7 @@ def _breaker_ls(s: _Session) -> int:
 
 
 def _breaker_show(s: _Session) -> int:
-    registry, configured = _known_breaker(s, s.args.name)
+    registry, configured = _known_breaker(s, s.args.name, read=True)
     doc = _breaker_doc(registry, s.args.name, configured,
                        s.args.name in registry.stored_names())
     if s.json:
@@ -585,7 +902,7 @@ def _breaker_force(s: _Session) -> int:
 def _breaker_events(s: _Session) -> int:
     if s.args.limit < 1:
         raise CliError(EXIT_USAGE, "--limit must be >= 1")
-    registry, _ = _known_breaker(s, s.args.name)
+    registry, _ = _known_breaker(s, s.args.name, read=True)
     events = registry.transitions(s.args.name, s.args.limit)
     if s.json:
         _print_json({"name": s.args.name, "events": events, "count": len(events)})
@@ -614,6 +931,8 @@ def _checkpoint_row(cp: Any, *, state: bool) -> dict[str, Any]:
 
 
 def _checkpoint_list(s: _Session, checkpoints: list[Any], empty: str) -> int:
+    if not checkpoints:
+        s.check_namespace()
     rows = [_checkpoint_row(cp, state=False) for cp in checkpoints]
     if s.json:
         _print_json({"checkpoints": rows, "count": len(rows)})
@@ -642,7 +961,13 @@ def _checkpoint_history(s: _Session) -> int:
 
 
 def _checkpoint_show(s: _Session) -> int:
-    cp = s.layer().checkpoints.get_by_id(s.args.id)  # CheckpointNotFound: exit 1
+    from durabilis.errors import CheckpointNotFound  # noqa: PLC0415
+
+    try:
+        cp = s.layer().checkpoints.get_by_id(s.args.id)
+    except CheckpointNotFound:
+        s.check_namespace()
+        raise  # exit 1
     row = _checkpoint_row(cp, state=True)
     if s.json:
         _print_json(row)
@@ -656,13 +981,47 @@ def _checkpoint_show(s: _Session) -> int:
 # --- idempotency, recovery, totals ------------------------------------------------------
 
 
+IDEM_DLQ_SCAN_LIMIT = 10_000
+"""DLQ records ``idem show`` looks through, at most, for a key with no idempotency record."""
+
+
+def _parked_with_key(s: _Session, key: str) -> tuple[list[Any], bool]:
+    """DLQ records whose metadata carries idempotency key ``key`` (pending ones
+    first, then the others), and whether the walk stopped at its bound."""
+    dlq = s.layer().dlq
+    found: list[Any] = []
+    seen = 0
+    after: Any = None
+    while True:  # the pending index
+        page = dlq.list_pending(limit=500, after=after)
+        seen += len(page)
+        found += [r for r in page if r.metadata.get("idempotency_key") == key]
+        if len(page) < 500:
+            break
+        if seen >= IDEM_DLQ_SCAN_LIMIT:
+            return found, True
+        after = page[-1]
+    if found:
+        return found, False
+    seen, cursor = 0, None
+    while True:  # every live record (replayed and abandoned ones too)
+        records, _ = dlq.list_all(limit=500, after=cursor)
+        seen += len(records)
+        found += [r for r in records if r.metadata.get("idempotency_key") == key]
+        if len(records) < 500:
+            return found, False
+        if seen >= IDEM_DLQ_SCAN_LIMIT:
+            return found, True
+        cursor = records[-1]
+
+
 def _idem_show(s: _Session) -> int:
     from durabilis.idempotency import IdempotencyGuard  # noqa: PLC0415
 
     config = dataclasses.replace(s.config().idempotency, enabled=True)
     found = IdempotencyGuard(s.store(), config).check(s.args.key)
     if found is None:
-        raise CliError(EXIT_NOT_FOUND, f"no idempotency record for {s.args.key!r}")
+        return _idem_in_dlq(s)
     doc = {
         "key": s.args.key,
         "status": "in_progress" if found.in_progress else "done",
@@ -677,6 +1036,35 @@ def _idem_show(s: _Session) -> int:
     result = doc.pop("result")
     _print_fields(doc.items())
     _print_value("placeholder" if found.in_progress else "result", result)
+    return EXIT_OK
+
+
+def _idem_in_dlq(s: _Session) -> int:
+    """No idempotency record: the operation may be parked (its worker died and
+    ``recover`` parked it as WORKER_LOST, or it was parked after its retries)."""
+    key = s.args.key
+    records, truncated = _parked_with_key(s, key)
+    bound = f" (looked at the first {IDEM_DLQ_SCAN_LIMIT} records)" if truncated else ""
+    if not records:
+        s.check_namespace()
+        raise CliError(EXIT_NOT_FOUND, f"no idempotency record for {key!r}, and no DLQ "
+                       f"record carries that key{bound}")
+    rows = [{"dlq_id": r.dlq_id, "status": r.status, "operation_type": r.operation_type,
+             "agent_id": r.agent_id, "last_error": r.last_error, "failed_at": r.failed_at,
+             "replay_attempts": r.replay_attempts} for r in records]
+    if s.json:
+        _print_json({"key": key, "status": "in_dlq", "dlq_records": rows,
+                     "truncated": truncated})
+        return EXIT_OK
+    print(f"no idempotency record for {key!r}: the operation is in the DLQ{bound}")
+    print_table(
+        ("DLQ_ID", "STATUS", "OPERATION_TYPE", "AGENT", "FAILED_AT", "LAST_ERROR"),
+        [(r["dlq_id"], r["status"], r["operation_type"], r["agent_id"], r["failed_at"],
+          r["last_error"]) for r in rows],
+        "",
+    )
+    print("(durabilis dlq show ID: the operation; durabilis dlq replay ID --handler "
+          "MODULE:FUNCTION: run it again under this key)")
     return EXIT_OK
 
 
@@ -695,6 +1083,8 @@ def _recover(s: _Session) -> int:
 
 def _stats(s: _Session) -> int:
     totals = s.layer().stats()
+    if not any(jsonable(totals).values()):
+        s.check_namespace()
     if s.json:
         _print_json(totals)
     else:
@@ -707,6 +1097,7 @@ def _doctor(s: _Session) -> int:
 
     if s.args.pings < 1 or s.args.scan_limit < 1:
         raise CliError(EXIT_USAGE, "--pings and --scan-limit must be >= 1")
+    # A wrong namespace is one of doctor's checks ("namespace"), not exit 5.
     report = run_doctor(s.store(), pings=s.args.pings, scan_limit=s.args.scan_limit)
     if s.json:
         _print_json(report.to_dict())
@@ -727,8 +1118,11 @@ def _config_check(s: _Session) -> int:
     from durabilis.config import config_to_dict, load_config  # noqa: PLC0415
     from durabilis.errors import ConfigError  # noqa: PLC0415
 
+    path = s.args.file or s.config_path
+    if path is None:
+        raise CliError(EXIT_USAGE, f"config check: give a FILE, --config FILE or ${ENV_CONFIG}")
     try:
-        config = load_config(s.args.file)
+        config = load_config(path)
     except ConfigError as exc:
         if s.json:
             _print_json({"ok": False, "error": str(exc), "path": getattr(exc, "path", None),
@@ -740,7 +1134,7 @@ def _config_check(s: _Session) -> int:
     if s.json:
         _print_json({"ok": True, "config": doc})
     else:
-        print(f"{s.args.file}: ok ({len(doc['retry'])} retry policies, "
+        print(f"{path}: ok ({len(doc['retry'])} retry policies, "
               f"{len(doc['circuit_breaker'])} breakers)")
         print(json.dumps(doc, indent=2, ensure_ascii=False))
     return EXIT_OK
@@ -876,16 +1270,21 @@ def _run(args: argparse.Namespace) -> int:
         print(f"durabilis: {exc}", file=sys.stderr)
         return EXIT_NOT_FOUND
     except DurabilisError as exc:
-        print(f"durabilis: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"durabilis: {describe_error(exc, redacted=False)}", file=sys.stderr)
         return EXIT_ERROR
     finally:
         session.close()
 
 
 class _Stderr:
-    """``sys.stderr`` as it is at each write (test runners swap it)."""
+    """``sys.stderr`` as it is at each write (test runners swap it); a progress
+    line on screen is cleared first (the next update draws it again)."""
+
+    progress: ClassVar[Progress | None] = None
 
     def write(self, text: str) -> int:
+        if self.progress is not None:
+            self.progress.clear()
         return sys.stderr.write(text)
 
     def flush(self) -> None:
@@ -899,16 +1298,28 @@ def main(argv: list[str] | None = None) -> int:
 
         return _demo.run(
             args.url, workers=args.workers, tasks_per_worker=args.tasks_per_worker,
-            as_json=args.json, namespace=args.namespace,
+            as_json=bool(getattr(args, "json", False)),
+            namespace=getattr(args, "namespace", None),
         )
+    import logging  # noqa: PLC0415
+
     import structlog  # noqa: PLC0415
 
     # durabilis's events (a breaker forced open, a replay...) go to stderr:
     # stdout carries only the command's output, so --json stays parseable.
+    # --quiet keeps only its warnings and errors (no line per replayed record).
+    quiet = bool(getattr(args, "quiet", False))
     saved = structlog.get_config()
-    structlog.configure(
-        logger_factory=structlog.PrintLoggerFactory(file=cast(TextIO, _Stderr()))
-    )
+    options: dict[str, Any] = {
+        "logger_factory": structlog.PrintLoggerFactory(file=cast(TextIO, _Stderr()))
+    }
+    if quiet:
+        options["wrapper_class"] = structlog.make_filtering_bound_logger(logging.WARNING)
+    structlog.configure(**options)
+    stdlib = logging.getLogger("durabilis")
+    saved_level = stdlib.level
+    if quiet and stdlib.getEffectiveLevel() < logging.WARNING:
+        stdlib.setLevel(logging.WARNING)
     try:
         return _run(args)
     except BrokenPipeError:  # `durabilis dlq ls | head`: the reader left
@@ -917,6 +1328,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_NOT_FOUND
     finally:
         structlog.configure(**saved)
+        stdlib.setLevel(saved_level)
 
 
 if __name__ == "__main__":

@@ -6,11 +6,17 @@ TOML file in the seed's layout::
     [idempotency]
     dedup_window_seconds = 3600
 
-    [retry.mcp_call]                  # overrides fields of the seed's policy
+    [retry."*"]                       # overrides fields of the default policy
     max_attempts = 5
 
-    [circuit_breaker.memory_service]
+    [retry.mcp_call]                  # a policy of its own for one operation type
+    max_attempts = 3
+    initial_delay_ms = 500
+    max_delay_ms = 10000
+
+    [circuit_breaker.memory_service]  # a breaker (none exist unless declared)
     failure_rate_threshold = 0.6
+    min_request_count = 10
 
     [checkpoint]
     default_ttl_seconds = 86400
@@ -54,13 +60,12 @@ from durabilis import _codec
 from durabilis._retry_core import RetryBudget, RetryPolicy
 from durabilis._scripts import ScriptCall
 from durabilis._store import AsyncStore, Store
-from durabilis.breaker import DEFAULT_BREAKER_CONFIGS, CircuitBreakerConfig, default_replica_id
+from durabilis.breaker import CircuitBreakerConfig, default_replica_id
 from durabilis.checkpoint import CheckpointConfig
 from durabilis.dlq import DlqConfig
 from durabilis.errors import ConfigError, ConfigFileError, CorruptData, DurabilisError
 from durabilis.idempotency import IdempotencyConfig
-from durabilis.layer import DEFAULT_DEPENDENCIES, DurabilityConfig
-from durabilis.retry import default_policies
+from durabilis.layer import DurabilityConfig
 
 __all__ = [
     "BREAKER",
@@ -237,10 +242,12 @@ def _subtables(table: dict[str, Any], section: str, source: _Source) -> dict[str
     return out
 
 
-def _policies(data: Mapping[str, Any], source: _Source) -> tuple[RetryPolicy, ...]:
+def _policies(
+    data: Mapping[str, Any], source: _Source, base: DurabilityConfig
+) -> tuple[RetryPolicy, ...]:
     table = dict(_table(data, "retry", source))
     keep = _include_defaults(table, "retry", source)
-    policies = {p.operation_type: p for p in default_policies()} if keep else {}
+    policies = {p.operation_type: p for p in base.policies} if keep else {}
     for op_type, values in _subtables(table, "retry", source).items():
         section = f"retry.{op_type}"
         if "operation_type" in values:
@@ -254,9 +261,9 @@ def _policies(data: Mapping[str, Any], source: _Source) -> tuple[RetryPolicy, ..
                 values["budget"] = RetryBudget(**budget)
             except ConfigError as exc:
                 raise source.wrap(f"{section}.budget", exc) from exc
-        base = policies.get(op_type)
-        if base is not None:
-            policies[op_type] = _replace(base, values, section, source, named_by="operation_type")
+        known = policies.get(op_type)
+        if known is not None:
+            policies[op_type] = _replace(known, values, section, source, named_by="operation_type")
             continue
         allowed = _dataclass_fields(RetryPolicy) - {"operation_type"}
         _check_fields(values, allowed, section, source)
@@ -270,16 +277,18 @@ def _policies(data: Mapping[str, Any], source: _Source) -> tuple[RetryPolicy, ..
     return tuple(policies.values())
 
 
-def _breakers(data: Mapping[str, Any], source: _Source) -> tuple[CircuitBreakerConfig, ...]:
+def _breakers(
+    data: Mapping[str, Any], source: _Source, base: DurabilityConfig
+) -> tuple[CircuitBreakerConfig, ...]:
     table = dict(_table(data, "circuit_breaker", source))
     keep = _include_defaults(table, "circuit_breaker", source)
-    configs = {c.name: c for c in DEFAULT_BREAKER_CONFIGS} if keep else {}
+    configs = {c.name: c for c in base.breaker_configs} if keep else {}
     for name, values in _subtables(table, "circuit_breaker", source).items():
         section = f"circuit_breaker.{name}"
         if "name" in values:
             raise source.error(section, "name", "is the section's name: leave it out")
-        base = configs.get(name)
-        if base is None:
+        found = configs.get(name)
+        if found is None:
             _check_fields(values, _dataclass_fields(CircuitBreakerConfig) - {"name"}, section,
                           source)
             try:
@@ -287,16 +296,17 @@ def _breakers(data: Mapping[str, Any], source: _Source) -> tuple[CircuitBreakerC
             except ConfigError as exc:
                 raise source.wrap(section, exc) from exc
         else:
-            configs[name] = _replace(base, values, section, source, named_by="name")
+            configs[name] = _replace(found, values, section, source, named_by="name")
     return tuple(configs.values())
 
 
 def _dependencies(
-    data: Mapping[str, Any], breakers: Iterable[CircuitBreakerConfig], source: _Source
+    data: Mapping[str, Any], breakers: Iterable[CircuitBreakerConfig], source: _Source,
+    base: DurabilityConfig,
 ) -> dict[str, str]:
     table = dict(_table(data, "dependencies", source))
     keep = _include_defaults(table, "dependencies", source)
-    deps = dict(DEFAULT_DEPENDENCIES) if keep else {}
+    deps = dict(base.dependencies) if keep else {}
     for op_type, name in table.items():
         if not isinstance(name, str):
             raise source.error(
@@ -339,7 +349,11 @@ def parse_config(
     for name in doc:
         if name not in _SECTIONS:
             raise src.error(name, "", f"unknown section (known: {', '.join(_SECTIONS)})")
-    base = DurabilityConfig()
+    layer = dict(_table(doc, "layer", src))
+    preset = layer.pop("preset", "gateway")
+    if preset not in PRESETS:
+        raise src.error("layer", "preset", f"must be one of {', '.join(PRESETS)}, got {preset!r}")
+    base = DurabilityConfig.seed() if preset == "seed" else DurabilityConfig()
     idem: IdempotencyConfig = _replace(
         base.idempotency, _table(doc, "idempotency", src), "idempotency", src
     )
@@ -347,10 +361,9 @@ def parse_config(
         base.checkpoint, _table(doc, "checkpoint", src), "checkpoint", src
     )
     dlq: DlqConfig = _replace(base.dlq, _table(doc, "dlq", src), "dlq", src)
-    policies = _policies(doc, src)
-    breakers = _breakers(doc, src)
-    deps = _dependencies(doc, breakers, src)
-    layer = _table(doc, "layer", src)
+    policies = _policies(doc, src, base)
+    breakers = _breakers(doc, src, base)
+    deps = _dependencies(doc, breakers, src, base)
     _check_fields(layer, ("renew_every_seconds",), "layer", src)
     try:
         return DurabilityConfig(
@@ -361,6 +374,12 @@ def parse_config(
         raise src.wrap("layer", exc) from exc
 
 
+PRESETS = ("gateway", "seed")
+"""``[layer] preset``: what a file starts from. ``gateway`` (default): one ``"*"``
+retry policy, no breaker, no dependency. ``seed``: the seed's five policies,
+three breakers and their dependencies (:meth:`DurabilityConfig.seed`)."""
+
+
 def load_config(
     path: str | os.PathLike[str] | None, *, environ: Mapping[str, str] | None = None
 ) -> DurabilityConfig:
@@ -369,13 +388,17 @@ def load_config(
     Sections: ``[idempotency]``, ``[retry.<operation_type>]`` (with an optional
     ``[retry.<operation_type>.budget]``), ``[circuit_breaker.<name>]``,
     ``[checkpoint]``, ``[dlq]``, ``[dependencies]`` (operation type -> breaker
-    name, ``""`` for none) and ``[layer]`` (``renew_every_seconds``). A section
-    of a seed policy or breaker overrides only the fields it lists; a new name
-    defines a new one. ``include_defaults = false`` in ``[retry]``,
-    ``[circuit_breaker]`` or ``[dependencies]`` drops the seed's entries.
+    name, ``""`` for none) and ``[layer]`` (``renew_every_seconds``, ``preset``).
+    A file starts from its preset (:data:`PRESETS`): by default
+    :class:`~durabilis.DurabilityConfig`'s one ``"*"`` retry policy, no breaker,
+    no dependency; ``preset = "seed"``: the seed's setup (spelled out in
+    ``examples/seed.toml``). A section of an entry of the preset overrides only
+    the fields it lists; a new name defines a new one. ``include_defaults =
+    false`` in ``[retry]``, ``[circuit_breaker]`` or ``[dependencies]`` drops the
+    preset's entries.
 
     Args:
-        path: The TOML file; ``None``: the seed's defaults plus the environment.
+        path: The TOML file; ``None``: the defaults plus the environment.
         environ: Where to read ``DURABILIS__...`` overrides (``os.environ`` when ``None``).
 
     Raises:
@@ -412,11 +435,14 @@ def declared_entries(
 
 def config_to_dict(config: DurabilityConfig) -> dict[str, Any]:
     """The effective settings as a JSON-compatible dict, in the file's layout."""
-    policies = default_policies() if config.retry_policies is None else config.retry_policies
-    breakers = DEFAULT_BREAKER_CONFIGS if config.breakers is None else config.breakers
+    policies = config.policies
+    breakers = config.breaker_configs
     return {
         "idempotency": _plain(config.idempotency),
-        "retry": {p.operation_type: policy_to_dict(p) for p in policies},
+        # Every policy in effect, spelled out: read back, it gives this config.
+        "retry": {
+            _INCLUDE_DEFAULTS: False, **{p.operation_type: policy_to_dict(p) for p in policies}
+        },
         "circuit_breaker": {b.name: breaker_to_dict(b) for b in breakers},
         "checkpoint": _plain(config.checkpoint),
         "dlq": _plain(config.dlq),

@@ -15,6 +15,9 @@ Checks, each ``ok``, ``info``, ``warn`` or ``fail``:
 - ``scripts``: every Lua script loads (``SCRIPT LOAD`` each, SHA1 checked).
 - ``latency``: median and worst of N PINGs.
 - ``keys``: keys of the namespace per pillar (one SCAN).
+- ``namespace``: fails when the namespace holds no key while other durabilis
+  namespaces exist in this Redis (a wrong ``--namespace`` / ``DURABILIS_NAMESPACE``);
+  the namespaces found are named (a bounded SCAN: "at least" when it stopped early).
 
 The classification is pure (tested without Redis); :func:`run_doctor` gathers
 the facts. It needs a user allowed ``INFO`` and ``CONFIG GET`` besides what
@@ -25,6 +28,7 @@ reported as warnings, not crashes.
 from __future__ import annotations
 
 import hashlib
+import re
 import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -36,24 +40,29 @@ import redis
 
 from durabilis._scripts import sources
 from durabilis._store import Store, map_error
-from durabilis.errors import StorageUnavailable
+from durabilis.errors import DurabilisError, StorageUnavailable
 
 __all__ = [
     "FAIL",
     "INFO",
+    "NAMESPACE_SCAN_LIMIT",
     "OK",
     "WARN",
     "Check",
     "DoctorReport",
+    "NamespaceSurvey",
     "check_eviction",
     "check_latency",
     "check_memory",
     "check_mode",
+    "check_namespace",
     "check_persistence",
     "check_scripts",
     "check_version",
     "count_keys",
+    "namespace_of",
     "run_doctor",
+    "survey_namespaces",
 ]
 
 OK: Final = "ok"
@@ -78,6 +87,16 @@ PILLARS: Final = {
     "config": "config",
 }
 """Second part of a key name -> pillar, for the key counts."""
+
+NAMESPACE_SCAN_LIMIT: Final = 10_000
+"""Keys a namespace survey looks at, at most (the namespaces it names are then "at least")."""
+
+_NAMESPACE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_MARKER = re.compile(
+    r"(?:layer:\{layer\}:|dlq:\{dlq\}|cb-names$|cb:\{|idem:\{|ckpt:\{ckpt\}"
+    r"|config:\{config\}:|retry:\{)"
+)
+"""What follows ``<namespace>:`` in the name of a key durabilis wrote (``durabilis._keys``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,6 +329,76 @@ def count_keys(names: Iterable[str], namespace: str) -> dict[str, int]:
     return counts
 
 
+def namespace_of(key: str) -> str | None:
+    """The durabilis namespace a key name belongs to, or ``None`` for a foreign key.
+
+    Judged by the marker after the first ``:`` (``<ns>:dlq:{dlq}:stream``,
+    ``<ns>:cb-names``, ``<ns>:idem:{...}``...): a namespace never contains ``:``.
+    """
+    namespace, sep, rest = key.partition(":")
+    if not sep or not _NAMESPACE.match(namespace) or not _MARKER.match(rest):
+        return None
+    return namespace
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceSurvey:
+    """What a bounded SCAN found about the namespaces of one Redis.
+
+    Attributes:
+        namespace: The namespace asked about.
+        empty: No key of ``namespace`` exists (as far as the survey saw).
+        others: The other durabilis namespaces found, sorted.
+        scanned: Keys looked at.
+        truncated: The survey stopped at its bound: ``others`` is "at least".
+    """
+
+    namespace: str
+    empty: bool
+    others: tuple[str, ...] = ()
+    scanned: int = 0
+    truncated: bool = False
+
+    @property
+    def wrong(self) -> bool:
+        """The namespace is empty while others exist: probably not the one meant."""
+        return self.empty and bool(self.others)
+
+    def found_text(self, shown: int = 20) -> str:
+        """``"a, b"``, ``"at least a, b"``, cut after ``shown`` names."""
+        names = list(self.others[:shown])
+        if len(self.others) > shown:
+            names.append(f"... ({len(self.others) - shown} more)")
+        text = ", ".join(names)
+        return f"at least {text} (stopped after {self.scanned} keys)" if self.truncated else text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"namespace": self.namespace, "empty": self.empty, "others": list(self.others),
+                "scanned": self.scanned, "truncated": self.truncated}
+
+
+def check_namespace(survey: NamespaceSurvey) -> Check:
+    """Fail when the namespace is empty but other durabilis namespaces exist."""
+    details = survey.to_dict()
+    ns = survey.namespace
+    if not survey.empty:
+        return Check("namespace", OK, f"namespace {ns!r} holds durabilis keys", details)
+    if survey.wrong:
+        return Check(
+            "namespace", FAIL,
+            f"namespace {ns!r} is empty, but this Redis holds durabilis namespace(s) "
+            f"{survey.found_text()}: wrong --namespace / DURABILIS_NAMESPACE?",
+            details,
+        )
+    more = f" among the first {survey.scanned} keys" if survey.truncated else ""
+    return Check(
+        "namespace", INFO,
+        f"namespace {ns!r} is empty and no other durabilis namespace was found{more} "
+        "(nothing has run here yet?)",
+        details,
+    )
+
+
 def hide_password(url: str) -> str:
     """``url`` with its password replaced by ``***``."""
     try:
@@ -436,6 +525,63 @@ def _keys_check(store: Store, scan_limit: int) -> Check:
     )
 
 
+def _probe_keys(store: Store) -> list[str]:
+    """Keys every busy namespace has one of (checked with EXISTS before any SCAN)."""
+    keys = store.keys
+    return [keys.layer("stats"), keys.layer("inflight"), keys.dlq("stream"), keys.dlq("counts"),
+            keys.breaker_names(), keys.ckpt("live"), keys.config("fleet")]
+
+
+def survey_namespaces(
+    store: Store, *, limit: int = NAMESPACE_SCAN_LIMIT, probe: bool = True
+) -> NamespaceSurvey:
+    """Is ``store``'s namespace empty, and which other durabilis namespaces exist?
+
+    First ``EXISTS`` on a few keys every busy namespace has (``probe``); then one
+    SCAN of the whole keyspace (every primary on Cluster), stopped at the first
+    key of the namespace or after ``limit`` keys (``truncated``: the namespaces
+    found are "at least", and a namespace whose only keys lie further is taken
+    as empty).
+
+    Raises:
+        StorageUnavailable: Redis cannot be reached.
+        DurabilisError: SCAN or EXISTS refused (an ACL), or another Redis error.
+    """
+    namespace = store.namespace
+    prefix = namespace + ":"
+    if probe:
+        for key in _probe_keys(store):
+            if store.command("EXISTS", key):
+                return NamespaceSurvey(namespace, empty=False)
+    others: set[str] = set()
+    scanned = 0
+    try:
+        for raw in store.client.scan_iter(count=1000):
+            if scanned >= limit:
+                return NamespaceSurvey(namespace, True, tuple(sorted(others)), scanned, True)
+            scanned += 1
+            name = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+            if name.startswith(prefix):
+                return NamespaceSurvey(namespace, empty=False, scanned=scanned)
+            found = namespace_of(name)
+            if found is not None:
+                others.add(found)
+    except (redis.RedisError, OSError) as exc:
+        raise map_error(exc) from exc
+    return NamespaceSurvey(namespace, True, tuple(sorted(others)), scanned, False)
+
+
+def _namespace_check(store: Store, keys: Check) -> Check:
+    if keys.details.get("total"):
+        return check_namespace(NamespaceSurvey(store.namespace, empty=False))
+    try:
+        return check_namespace(survey_namespaces(store, probe=False))
+    except DurabilisError as exc:
+        if isinstance(exc, StorageUnavailable):
+            raise
+        return Check("namespace", WARN, f"cannot survey the namespaces ({exc})", {})
+
+
 def run_doctor(store: Store, *, pings: int = 20, scan_limit: int = 1_000_000) -> DoctorReport:
     """Check the Redis behind ``store`` (see the module docstring for the checks).
 
@@ -457,5 +603,8 @@ def run_doctor(store: Store, *, pings: int = 20, scan_limit: int = 1_000_000) ->
     checks += _info_checks(store)
     checks.append(_script_check(store))
     checks.append(_latency_check(store, max(1, pings)))
-    checks.append(_keys_check(store, max(1, scan_limit)))
+    keys = _keys_check(store, max(1, scan_limit))
+    checks.append(keys)
+    if keys.status != WARN:  # SCAN refused: the namespaces cannot be surveyed either
+        checks.append(_namespace_check(store, keys))
     return DoctorReport(hide_password(store.url), store.namespace, checks)

@@ -134,15 +134,16 @@ class IdempotencyConfig:
         dedup_window_seconds: How long a claim/result dedups, counted from the claim.
         max_key_length: Longest key in UTF-8 bytes; longer raises ``InvalidKey``
             (the seed silently turned dedup off instead).
-        in_progress_ttl_seconds: Lease of an in-progress claim; after it a dead
-            owner's claim is taken over.
+        in_progress_ttl_seconds: Lease of an in-progress claim (30 s, whatever
+            builds the config); after it a dead owner's claim is taken over or
+            recovered. A live owner renews it (the layer's keep-alive).
         max_value_bytes: Largest encoded placeholder/result stored.
     """
 
     enabled: bool = True
     dedup_window_seconds: float = 3600
     max_key_length: int = 256
-    in_progress_ttl_seconds: float = 300
+    in_progress_ttl_seconds: float = 30
     max_value_bytes: int = 1024 * 1024
 
     def __post_init__(self) -> None:

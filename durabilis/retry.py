@@ -84,6 +84,25 @@ _BUCKETS = 10
 """Buckets per budget window: an event counts for 90-100 % of the window."""
 
 
+def gateway_policies() -> list[RetryPolicy]:
+    """What a :class:`~durabilis.DurabilityConfig` retries with unless told otherwise: one
+    ``"*"`` policy for every operation type.
+
+    3 attempts, 200 ms doubling to 5 s, jitter on; transport trouble is retried
+    (``NETWORK_TIMEOUT``, ``SERVICE_UNAVAILABLE``, ``RATE_LIMITED``: timeouts and
+    connection errors of the standard library, httpx, requests and aiohttp are
+    recognised, see docs/retry.md); ``PERMISSION_DENIED``, ``INVALID_SCHEMA`` and
+    ``NOT_FOUND`` stop at once; anything else is not retried either.
+    """
+    return [
+        RetryPolicy(
+            "*", 3, 200, 5_000,
+            retryable_errors=("NETWORK_TIMEOUT", "SERVICE_UNAVAILABLE", "RATE_LIMITED"),
+            non_retryable_errors=("PERMISSION_DENIED", "INVALID_SCHEMA", "NOT_FOUND"),
+        )
+    ]
+
+
 def default_policies() -> list[RetryPolicy]:
     """The seed's five policies (multiplier 2.0, jitter on)."""
     transient = ("NETWORK_TIMEOUT", "SERVICE_UNAVAILABLE")

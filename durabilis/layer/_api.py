@@ -35,7 +35,7 @@ class DurabilityLayer:
 
     Args:
         store: From :func:`durabilis.connect`.
-        config: Settings of every pillar (seed defaults when omitted).
+        config: Settings of every pillar (the gateway defaults when omitted; :meth:`DurabilityConfig.seed` for the seed's).
         replica_id: Identifies this process (breaker reports, DLQ replays).
 
     Attributes:
@@ -53,10 +53,10 @@ class DurabilityLayer:
         self.config = config or DurabilityConfig()
         cfg = self.config
         self.idempotency = IdempotencyGuard(store, cfg.idempotency)
-        self.retry = RetryEngine(store) if cfg.retry_policies is None else RetryEngine.empty(store)
-        for policy in cfg.retry_policies or ():
+        self.retry = RetryEngine.empty(store)
+        for policy in cfg.policies:
             self.retry.upsert_policy(policy)
-        self.breakers = CircuitBreakerRegistry(store, cfg.breakers, replica_id=replica_id)
+        self.breakers = CircuitBreakerRegistry(store, cfg.breaker_configs, replica_id=replica_id)
         self.checkpoints = CheckpointManager(store, cfg.checkpoint)
         self.dlq = DeadLetterQueue(store, cfg.dlq, replayer_id=self.breakers.replica_id)
         self._core = _LayerCore(
@@ -268,13 +268,12 @@ class AsyncDurabilityLayer:
         self.config = config or DurabilityConfig()
         cfg = self.config
         self.idempotency = AsyncIdempotencyGuard(store, cfg.idempotency)
-        self.retry = (
-            AsyncRetryEngine(store) if cfg.retry_policies is None
-            else AsyncRetryEngine.empty(store)
-        )
-        for policy in cfg.retry_policies or ():
+        self.retry = AsyncRetryEngine.empty(store)
+        for policy in cfg.policies:
             self.retry.upsert_policy(policy)
-        self.breakers = AsyncCircuitBreakerRegistry(store, cfg.breakers, replica_id=replica_id)
+        self.breakers = AsyncCircuitBreakerRegistry(
+            store, cfg.breaker_configs, replica_id=replica_id
+        )
         self.checkpoints = AsyncCheckpointManager(store, cfg.checkpoint)
         self.dlq = AsyncDeadLetterQueue(store, cfg.dlq, replayer_id=self.breakers.replica_id)
         self._core = _LayerCore(

@@ -9,7 +9,7 @@ from types import MappingProxyType
 from typing import Any
 
 from durabilis._steps import CURRENT
-from durabilis.breaker import CircuitBreakerConfig
+from durabilis.breaker import DEFAULT_BREAKER_CONFIGS, CircuitBreakerConfig
 from durabilis.checkpoint import CheckpointConfig
 from durabilis.dlq import DlqConfig
 from durabilis.errors import ConfigError
@@ -24,6 +24,9 @@ DEFAULT_DEPENDENCIES: Mapping[str, str] = MappingProxyType(
     }
 )
 """Which breaker guards which operation type by default (the seed's three breakers)."""
+
+RECOVERY_WARN_SECONDS = 60
+"""A lease longer than this makes recovery slow enough to warn about."""
 
 WORKER_LOST = "WORKER_LOST"
 """``last_error`` of an operation whose worker died mid-flight (``recover_orphans``): it
@@ -40,12 +43,17 @@ CIRCUIT_OPEN = "CIRCUIT_OPEN"
 class DurabilityConfig:
     """The five pillars' settings, and which breaker guards which operation type.
 
+    The defaults fit a gateway: one ``"*"`` retry policy for every operation type
+    (:func:`durabilis.retry.gateway_policies`), no breaker, no dependency, and a
+    30 s claim lease. :meth:`seed` gives the seed's five policies, three breakers
+    and their dependencies (what the demo runs; ``examples/seed.toml``).
+
     Attributes:
         idempotency: Dedup window, key limits and the claim's lease
-            (``in_progress_ttl_seconds``: how long after a worker's death its
-            operation can be recovered; a live worker renews it).
-        retry_policies: The retry policies; ``None``: the seed's five.
-        breakers: The breakers; ``None``: the seed's three.
+            (``in_progress_ttl_seconds``, 30 s: how long after a worker's death
+            its operation can be recovered; a live worker renews it).
+        retry_policies: The retry policies; ``None``: the ``"*"`` gateway policy.
+        breakers: The breakers; ``None``: none.
         checkpoint: Checkpoint settings.
         dlq: Dead-letter queue settings.
         dependencies: Operation type -> breaker name (``execute(dependency=…)``
@@ -54,15 +62,53 @@ class DurabilityConfig:
             ``None``: a third of the lease.
     """
 
-    idempotency: IdempotencyConfig = field(
-        default_factory=lambda: IdempotencyConfig(in_progress_ttl_seconds=30)
-    )
+    idempotency: IdempotencyConfig = field(default_factory=IdempotencyConfig)
     retry_policies: tuple[RetryPolicy, ...] | None = None
     breakers: tuple[CircuitBreakerConfig, ...] | None = None
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     dlq: DlqConfig = field(default_factory=DlqConfig)
-    dependencies: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_DEPENDENCIES))
+    dependencies: Mapping[str, str] = field(default_factory=dict)
     renew_every_seconds: float | None = None
+
+    @classmethod
+    def seed(cls, **overrides: Any) -> DurabilityConfig:
+        """The seed's setup: its five retry policies, three breakers and the
+        dependencies ``mcp_call``/``memory_write``/``wiki_write`` -> their breakers."""
+        from durabilis.retry import default_policies  # noqa: PLC0415  (retry imports nothing here)
+
+        values: dict[str, Any] = {
+            "retry_policies": tuple(default_policies()),
+            "breakers": tuple(DEFAULT_BREAKER_CONFIGS),
+            "dependencies": dict(DEFAULT_DEPENDENCIES),
+        }
+        values.update(overrides)
+        return cls(**values)
+
+    @property
+    def policies(self) -> tuple[RetryPolicy, ...]:
+        """The retry policies in effect (``retry_policies``, else the gateway default)."""
+        if self.retry_policies is not None:
+            return self.retry_policies
+        from durabilis.retry import gateway_policies  # noqa: PLC0415
+
+        return tuple(gateway_policies())
+
+    @property
+    def breaker_configs(self) -> tuple[CircuitBreakerConfig, ...]:
+        """The breakers in effect (``breakers``, else none)."""
+        return self.breakers or ()
+
+    def warnings(self) -> list[str]:
+        """What an operator should know about these settings (``config check``, ``doctor``)."""
+        out = []
+        lease = self.idempotency.in_progress_ttl_seconds
+        if lease > RECOVERY_WARN_SECONDS:
+            out.append(
+                f"idempotency.in_progress_ttl_seconds is {lease:g} s: a dead worker's operations "
+                f"wait that long before recover_orphans can park them (over "
+                f"{RECOVERY_WARN_SECONDS} s)"
+            )
+        return out
 
     def __post_init__(self) -> None:
         self.validate()

@@ -39,3 +39,14 @@ def fail(ctx: OperationContext) -> Any:
     """Fails like the dependency is still down."""
     _log(ctx)
     raise OperationError("NETWORK_TIMEOUT", "still down")
+
+
+SECRET = "token=s3cr3t-payload"
+"""What :func:`reject`'s error quotes (it must not show when redaction is on)."""
+
+
+def reject(ctx: OperationContext) -> Any:
+    """Fails for good (not retryable) with an error quoting a secret, as a
+    payload or a URL would be."""
+    _log(ctx)
+    raise ValueError(f"the service rejected {SECRET}")

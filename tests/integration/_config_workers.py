@@ -23,7 +23,7 @@ def replica(url: str, namespace: str, interval: float, reports: Any, stop: Any) 
     only stored.
     """
     store = durabilis.connect(url, namespace=namespace)
-    layer = DurabilityLayer(store, DurabilityConfig(dependencies={}))
+    layer = DurabilityLayer(store, DurabilityConfig.seed(dependencies={}))
     sync = ConfigSync(layer, interval_seconds=interval)
 
     def attempts_now(version: int) -> int:

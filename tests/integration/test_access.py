@@ -117,9 +117,14 @@ def test_everything_works_under_the_documented_acl_user_limited_to_the_namespace
             await store.close()
 
     asyncio.run(async_flow())
+    # redis-py's connection handshake sends CLIENT SETINFO (and, from redis-py 8,
+    # CLIENT MAINT_NOTIFICATIONS) best-effort and ignores a refusal; on a server that
+    # does not know the subcommand the ACL log names it just "client". durabilis
+    # itself never sends CLIENT.
     denied = [(entry.get("reason"), entry.get("object"))
               for node in each_node(raw) for entry in node.acl_log()
-              if entry.get("username") == user and entry.get("object") != "client|setinfo"]
+              if entry.get("username") == user
+              and str(entry.get("object")).split("|")[0] != "client"]
     assert denied == []  # not a single command or key refused
 
 

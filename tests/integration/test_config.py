@@ -62,7 +62,7 @@ def test_another_replica_applies_changes_on_refresh_and_logs_durability_config_r
 ) -> None:
     operator = ConfigSync(store)
     operator.publish_policy(MCP5)
-    replica = DurabilityLayer(store, replica_id="replica-b")
+    replica = DurabilityLayer(store, DurabilityConfig.seed(), replica_id="replica-b")
     sync = ConfigSync(replica)
     seen: list[Reload] = []
     sync.on_reload(seen.append)
@@ -83,7 +83,7 @@ def test_another_replica_applies_changes_on_refresh_and_logs_durability_config_r
             for e in reloads] == [(1, ["mcp_call"], [], "replica-b"),
                                   (2, [], ["memory_service"], "replica-b")]
 
-    own = DurabilityLayer(store).retry.get_policy("mcp_call")
+    own = DurabilityLayer(store, DurabilityConfig.seed()).retry.get_policy("mcp_call")
     operator.unpublish("retry", "mcp_call")
     third = sync.refresh()
     assert third is not None and third.removed == ("retry:mcp_call",)

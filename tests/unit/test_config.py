@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from durabilis import CircuitBreakerConfig, ConfigError, RetryPolicy
+from durabilis import CircuitBreakerConfig, ConfigError, IdempotencyConfig, RetryPolicy
 from durabilis._codec import canonical_json
 from durabilis.breaker import DEFAULT_BREAKER_CONFIGS
 from durabilis.config import (
@@ -29,8 +29,13 @@ from durabilis.layer import DEFAULT_DEPENDENCIES, DurabilityConfig
 from durabilis.retry import RetryBudget, RetryEngine, default_policies
 
 NO_ENV: dict[str, str] = {}
+SEED = '[layer]\npreset = "seed"\n'  # files that override the seed's entries start so
 
 SEED_LAYOUT = """
+[layer]
+preset = "seed"
+renew_every_seconds = 5
+
 [idempotency]
 dedup_window_seconds = 7200
 in_progress_ttl_seconds = 45
@@ -51,9 +56,6 @@ claim_ttl_seconds = 120
 
 [dependencies]
 memory_write = "memory_service"
-
-[layer]
-renew_every_seconds = 5
 """
 
 
@@ -104,12 +106,39 @@ def test_from_toml_on_the_config_class_is_load_config(tmp_path: Path) -> None:
     assert DurabilityConfig.from_toml(path, environ=NO_ENV) == load_config(path, environ=NO_ENV)
 
 
-def test_no_file_gives_the_seed_defaults(tmp_path: Path) -> None:
+def test_no_file_gives_the_gateway_defaults_whatever_builds_the_config(tmp_path: Path) -> None:
     cfg = load_config(None, environ=NO_ENV)
-    assert policies(cfg) == {p.operation_type: p for p in default_policies()}
-    assert breakers(cfg) == {b.name: b for b in DEFAULT_BREAKER_CONFIGS}
+    assert [p.operation_type for p in cfg.policies] == ["*"]  # one policy for every type
+    assert cfg.breaker_configs == () and dict(cfg.dependencies) == {}
     assert cfg.idempotency == DurabilityConfig().idempotency
-    assert dict(cfg.dependencies) == dict(DEFAULT_DEPENDENCIES)
+    # One source of truth for the lease: every way of building a config gives 30 s.
+    for built in (
+        cfg, DurabilityConfig(), DurabilityConfig.seed(),
+        DurabilityConfig(idempotency=IdempotencyConfig(dedup_window_seconds=7200)),
+        load_config(write(tmp_path, "[idempotency]\ndedup_window_seconds = 7200\n"),
+                    environ=NO_ENV),
+    ):
+        assert built.idempotency.in_progress_ttl_seconds == 30
+    assert IdempotencyConfig().in_progress_ttl_seconds == 30
+
+
+def test_the_seed_preset_and_the_example_file_are_the_seeds_setup(tmp_path: Path) -> None:
+    seed = DurabilityConfig.seed()
+    assert policies(seed) == {p.operation_type: p for p in default_policies()}
+    assert breakers(seed) == {b.name: b for b in DEFAULT_BREAKER_CONFIGS}
+    assert dict(seed.dependencies) == dict(DEFAULT_DEPENDENCIES)
+    preset = load_config(write(tmp_path, '[layer]\npreset = "seed"\n'), environ=NO_ENV)
+    example = load_config(Path(__file__).parents[2] / "examples" / "seed.toml", environ=NO_ENV)
+    for cfg in (preset, example):
+        assert cfg.policies == seed.policies and cfg.breaker_configs == seed.breaker_configs
+        assert dict(cfg.dependencies) == dict(seed.dependencies)
+
+
+def test_a_lease_that_slows_recovery_down_is_warned_about() -> None:
+    assert DurabilityConfig().warnings() == []
+    slow = DurabilityConfig(idempotency=IdempotencyConfig(in_progress_ttl_seconds=300))
+    (warning,) = slow.warnings()
+    assert "300 s" in warning and "recover_orphans" in warning
 
 
 def test_new_policies_and_breakers_are_defined_by_their_sections(tmp_path: Path) -> None:
@@ -194,24 +223,24 @@ def test_environment_overrides_win_and_are_read_as_toml_values(tmp_path: Path) -
     assert cfg.idempotency.in_progress_ttl_seconds == 45  # from the file
     assert cfg.dependencies["message_send"] == "wiki_service"
     # Without a file, the overrides apply to the defaults.
-    alone = load_config(None, environ={"DURABILIS__RETRY__WIKI_WRITE__MAX_ATTEMPTS": "9"})
-    assert policies(alone)["wiki_write"].max_attempts == 9
+    alone = load_config(None, environ={'DURABILIS__RETRY__*__MAX_ATTEMPTS': "9"})
+    assert policies(alone)["*"].max_attempts == 9
 
 
 @pytest.mark.parametrize(
     ("text", "section", "field"),
     [
-        ("[retry.mcp_call]\nmax_attempts = 0\n", "retry.mcp_call", "max_attempts"),
-        ("[retry.mcp_call]\nmax_attempts = 3.0\n", "retry.mcp_call", "max_attempts"),
-        ("[retry.mcp_call]\nmax_atempts = 3\n", "retry.mcp_call", "max_atempts"),
-        ("[retry.mcp_call]\nmax_delay_ms = 1\n", "retry.mcp_call", "max_delay_ms"),
-        ("[retry.mcp_call.budget]\nratio = -1\n", "retry.mcp_call.budget", "ratio"),
+        (SEED + "[retry.mcp_call]\nmax_attempts = 0\n", "retry.mcp_call", "max_attempts"),
+        (SEED + "[retry.mcp_call]\nmax_attempts = 3.0\n", "retry.mcp_call", "max_attempts"),
+        (SEED + "[retry.mcp_call]\nmax_atempts = 3\n", "retry.mcp_call", "max_atempts"),
+        (SEED + "[retry.mcp_call]\nmax_delay_ms = 1\n", "retry.mcp_call", "max_delay_ms"),
+        (SEED + "[retry.mcp_call.budget]\nratio = -1\n", "retry.mcp_call.budget", "ratio"),
         ("[retry.job]\nmax_attempts = 2\ninitial_delay_ms = 1\n", "retry.job", "max_delay_ms"),
         ("[retry.job]\noperation_type = 'x'\n", "retry.job", "operation_type"),
         ("[retry]\nmcp_call = 3\n", "retry", "mcp_call"),
-        ("[circuit_breaker.memory_service]\nfailure_rate_threshold = 1.5\n",
+        (SEED + "[circuit_breaker.memory_service]\nfailure_rate_threshold = 1.5\n",
          "circuit_breaker.memory_service", "failure_rate_threshold"),
-        ("[circuit_breaker.memory_service]\nmin_request_count = 50\n",
+        (SEED + "[circuit_breaker.memory_service]\nmin_request_count = 50\n",
          "circuit_breaker.memory_service", "min_request_count"),
         ("[circuit_breaker.new_one]\nbogus = 1\n", "circuit_breaker.new_one", "bogus"),
         ("[idempotency]\nenabled = 'yes'\n", "idempotency", "enabled"),
@@ -261,7 +290,8 @@ def test_a_file_that_is_not_toml_or_not_readable_is_named(tmp_path: Path) -> Non
 
 
 def test_parse_config_takes_already_parsed_data() -> None:
-    cfg = parse_config({"retry": {"mcp_call": {"max_attempts": 4}}}, environ=NO_ENV)
+    cfg = parse_config({"layer": {"preset": "seed"}, "retry": {"mcp_call": {"max_attempts": 4}}},
+                       environ=NO_ENV)
     assert policies(cfg)["mcp_call"].max_attempts == 4
 
 
@@ -279,7 +309,8 @@ def test_the_effective_config_reads_back_as_the_same_config(tmp_path: Path) -> N
     assert doc["retry"]["mcp_call"]["max_attempts"] == 5
     assert doc["circuit_breaker"]["memory_service"]["failure_rate_threshold"] == 0.6
     for policy in doc["retry"].values():
-        policy.pop("operation_type")
+        if isinstance(policy, dict):
+            policy.pop("operation_type")
     for breaker in doc["circuit_breaker"].values():
         breaker.pop("name")
     assert parse_config(doc, environ=NO_ENV) == cfg
