@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from durabilis._retry_core import TESTING
 from durabilis._scripts import ScriptCall
-from durabilis.errors import CorruptData, DurabilisError
+from durabilis.errors import CorruptData, DurabilisError, StorageUnavailable
 
 if TYPE_CHECKING:
     from durabilis._store import AsyncStore, Gates, Store
@@ -343,7 +343,20 @@ def drive(plan: Plan[T], store: Store, *, leases: LeaseBook | None = None) -> T:
             except Exception:
                 raise  # a bug below the plan: not the plan's to handle
             except BaseException as exc:  # KeyboardInterrupt, SystemExit
-                run.throw(exc)
+                if not shielded(step) or not isinstance(exc, INTERRUPTS):
+                    run.throw(exc)
+                    continue
+                # Interrupted inside a shielded step (a record, a compensation):
+                # the step's fate is unknown, so the plan sees it fail like a lost
+                # reply (and sends it again: every shielded step can be resent)
+                # and the interruption is delivered after it.
+                run.defer(exc)
+                if type(step) is Sleep:
+                    run.send(None)
+                else:
+                    run.throw(StorageUnavailable(
+                        f"interrupted by {type(exc).__name__} while the step was in flight"
+                    ))
                 continue
             run.send(reply)
         result: T = run.value
@@ -429,6 +442,20 @@ def async_shielded(step: Any) -> bool:
     return shielded(step) or (type(step) is Run and not is_async_callable(step.fn))
 
 
+async def _shielded(run: Stepper, step: Any) -> Any:
+    """Await a shielded step to its end; a cancellation meanwhile is deferred."""
+    task = asyncio.ensure_future(step)
+    while True:
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError as exc:
+            if task.done() and task.cancelled():
+                raise
+            run.defer(exc)  # the step finishes first
+            if task.done():  # it finished as the cancellation came
+                return task.result()  # (raises what the step raised)
+
+
 async def adrive(plan: Plan[T], store: AsyncStore, *, leases: LeaseBook | None = None) -> T:
     """Run ``plan`` to its end against ``store`` (the asyncio driver).
 
@@ -443,15 +470,7 @@ async def adrive(plan: Plan[T], store: AsyncStore, *, leases: LeaseBook | None =
             step = run.step
             try:
                 if async_shielded(step):
-                    task = asyncio.ensure_future(aperform(store, step, leases, held))
-                    while True:
-                        try:
-                            reply = await asyncio.shield(task)
-                            break
-                        except asyncio.CancelledError as exc:
-                            if task.done():
-                                raise
-                            run.defer(exc)  # the step finishes first
+                    reply = await _shielded(run, aperform(store, step, leases, held))
                 else:
                     reply = await aperform(store, step, leases, held)
             except DurabilisError as exc:

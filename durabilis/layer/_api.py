@@ -35,7 +35,8 @@ class DurabilityLayer:
 
     Args:
         store: From :func:`durabilis.connect`.
-        config: Settings of every pillar (the gateway defaults when omitted; :meth:`DurabilityConfig.seed` for the seed's).
+        config: Settings of every pillar (the gateway defaults when omitted;
+            :meth:`DurabilityConfig.seed` for the seed's).
         replica_id: Identifies this process (breaker reports, DLQ replays).
 
     Attributes:
@@ -86,7 +87,11 @@ class DurabilityLayer:
                     return
                 continue
             try:
-                self.store.run_many(self._core.renew_calls(self._leases.held()))
+                held = self._leases.held()
+                replies = self.store.run_many(self._core.renew_calls(held))
+                back = self._core.reindex_calls(held, replies)
+                if back:
+                    self.store.run_many(back)
             except DurabilisError as exc:
                 _log.warning("durability_lease_renew_failed", error=f"{type(exc).__name__}: {exc}")
             for item in self._leases.deferred():
@@ -298,7 +303,11 @@ class AsyncDurabilityLayer:
                     return
                 continue
             try:
-                await self.store.run_many(self._core.renew_calls(self._leases.held()))
+                held = self._leases.held()
+                replies = await self.store.run_many(self._core.renew_calls(held))
+                back = self._core.reindex_calls(held, replies)
+                if back:
+                    await self.store.run_many(back)
             except DurabilisError as exc:
                 _log.warning("durability_lease_renew_failed", error=f"{type(exc).__name__}: {exc}")
             for item in self._leases.deferred():

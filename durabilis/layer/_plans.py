@@ -43,7 +43,7 @@ from durabilis.breaker import (
     Permit,
 )
 from durabilis.checkpoint import _part
-from durabilis.dlq import DlqRecord, Prepared, error_text
+from durabilis.dlq import DlqRecord, DlqStatus, Prepared, error_text
 from durabilis.errors import (
     CircuitOpen,
     ConfigError,
@@ -115,6 +115,13 @@ def _breaker_refused(reply: Any) -> bool:
 
 def _record_refused(reply: Any) -> bool:
     return _tag(reply) != "ok"
+
+
+def _not_released(reply: Any) -> bool:
+    try:
+        return int(reply) != 1
+    except (TypeError, ValueError):
+        return True
 
 
 def _save_refused(reply: Any) -> bool:
@@ -289,7 +296,8 @@ class _LayerCore:
         and in-flight entries."""
         if not held:
             return []
-        note = self._note("renew", [m for _, _, m in held if m])
+        members = [m for _, _, m in held if m]
+        note = self._note("renew", members)
         if not self.fuses:  # one key per script: every record is its own slot
             calls = [
                 ScriptCall("idem_renew", [self._keys.idem(k)], [n, self._lease_ms, "nonce"])
@@ -302,6 +310,24 @@ class _LayerCore:
             [*(n for _, n, _ in held), self._lease_ms, "nonce"],
         )
         return [renew, note]
+
+    def reindex_calls(
+        self, held: Sequence[tuple[str, str, str]], replies: Sequence[Any]
+    ) -> list[ScriptCall]:
+        """After :meth:`renew_calls` on Cluster: put back the in-flight entries of
+        the claims just renewed (still ours).
+
+        There the entry is written before the claim, not with it: a claim step
+        delayed past the lease lets recovery look at the entry, find no claim
+        and drop it; the claim then lands unindexed. Renewing puts it back.
+        """
+        if self.fuses:
+            return []
+        back = []
+        for (_, _, member), reply in zip(held, replies, strict=False):
+            if member and _renewed(reply):
+                back.append(member)
+        return [self._note("add", back)] if back else []
 
     def deferred_sent(self, leases: LeaseBook, item: Deferred, replies: Replies) -> None:
         """The keep-alive sent a deferred outcome: it landed (or the claim is gone)."""
@@ -777,7 +803,17 @@ class _LayerCore:
             if name == "save":
                 if _tag(reply) == "exists":  # ours, sent again after a lost reply
                     return None
-                out = self._ckpt.decode_save(calls["save"], reply)
+                try:
+                    out = self._ckpt.decode_save(calls["save"], reply)
+                except DurabilisError as exc:
+                    # Refused for good (foreign data at a checkpoint key): the
+                    # outcome is recorded all the same, without its checkpoint
+                    # (a gated refusal wrote nothing; the record is sent again alone).
+                    _log.error(
+                        "durability_checkpoint_not_saved", idempotency_key=req.key.value,
+                        task_id=req.task_id, error=f"{type(exc).__name__}: {exc}",
+                    )
+                    return None
                 if isinstance(out, ScriptCall):
                     calls["save"] = out
                 return out if isinstance(out, ScriptCall) else None
@@ -945,7 +981,21 @@ class _LayerCore:
             self._idem.release(IdempotencyKey(key), token),
             self._note("rem", [member], recovered=1, parked=1),
         ]
-        out = yield IO(calls)
+        # The release is gated: if the claim is no longer the one reclaimed (its
+        # worker came back and recorded the outcome by its nonce, or another
+        # process took it over), nothing is parked. Standalone: one atomic step,
+        # the enqueue is not written either. Cluster: the enqueue ran first (a
+        # crash between the two leaves the claim, and recovery parks again under
+        # the same id); its record is finished when the operation completed.
+        out = yield IO(calls, {1: _not_released})
+        if out.status[1] == "r":
+            if out.status[0] == "c" and self._dlq.decode_enqueue(calls[0], out[0]).created:
+                state = (yield IO([self._idem.check(IdempotencyKey(key))]))[0]
+                dup = self._idem.decode_check(IdempotencyKey(key), state)
+                if dup is not None and not dup.in_progress:
+                    yield IO([self._dlq.finish(dlq_id, DlqStatus.REPLAYED, by="its worker")])
+            yield IO([self._note("rem", [member])])
+            return None
         self._dlq.decode_enqueue(calls[0], out[0])
         _log.warning(
             "durability_orphan_recovered", idempotency_key=key, dlq_id=dlq_id,
@@ -970,7 +1020,7 @@ class _LayerCore:
             # saying why its payload is missing.
             _log.error("durability_orphan_payload_not_parkable", idempotency_key=key,
                        error=f"{type(exc).__name__}: {exc}")
-            note = {"idempotency_key": key[:200], "payload_error": f"{type(exc).__name__}"}
+            note = {"idempotency_key": key, "payload_error": f"{type(exc).__name__}"}
             try:
                 fallback: Prepared = self._dlq.prepare(agent, op, None, note)
             except DurabilisError:

@@ -242,9 +242,15 @@ def test_help_documents_the_resolution_order_and_every_exit_code(
 
 def test_an_empty_namespace_among_others_exits_5_and_names_them(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-    redis_url: str, namespace: str, layer: DurabilityLayer,
+    private_redis: RedisServer, namespace: str, fleet_toml: Path,
 ) -> None:
-    park(layer, {"page": 1})  # this test's namespace exists: the empty one is not alone
+    # A Redis of its own: on the shared one, hundreds of test namespaces would be
+    # named before this one (the list is bounded).
+    redis_url = private_redis.url
+    with durabilis.connect(redis_url, namespace=namespace) as store:
+        own = DurabilityLayer(store, load_config(fleet_toml, environ={}))
+        park(own, {"page": 1})  # this test's namespace exists: the empty one is not alone
+        own.close()
     empty = isolated_namespace()
     for args in (["dlq", "ls"], ["dlq", "ls", "--json"], ["dlq", "stats", "--json"],
                  ["dlq", "show", "0" * 32], ["breaker", "ls"], ["breaker", "show", "svc"],

@@ -543,3 +543,70 @@ def test_fencing_tokens_increase_per_key_even_when_the_clock_steps_back(
     third = guard.check_and_record("k")
     assert isinstance(third, durabilis.New) and third.taken_over
     assert int(third.token) > int(second.token)
+
+
+# --- found since by the simulator and a second adversarial review ------------------------------
+
+
+def test_foreign_data_at_the_checkpoint_key_does_not_keep_the_outcome_from_being_recorded(
+    store: durabilis.Store, raw: Any, namespace: str
+) -> None:
+    layer = layer_on(store)
+    raw.set(f"{namespace}:ckpt:{{ckpt}}:task:t-1", "not a hash")  # planted by someone else
+    op = Counter(result={"n": 1})
+    assert layer.execute("a1", "job", "p", op, task_id="t-1", phase="send") == {"n": 1}
+    # Recorded without its checkpoint: a duplicate gets the result, nothing runs again.
+    assert layer.execute("a1", "job", "p", op, task_id="t-1", phase="send") == {"n": 1}
+    assert len(op.calls) == 1
+    assert in_flight(raw, store) == []
+
+
+def test_an_orphan_parked_without_its_payload_keeps_its_whole_idempotency_key(
+    store: durabilis.Store,
+) -> None:
+    layer = layer_on(store, lease=0.2)
+    ops = layer.idempotency._ops
+    key = "k" * 250  # within max_key_length, longer than any shortening would keep
+    envelope = ops.pack_value({"agent_id": "a" * 300, "operation_type": "job",
+                               "payload": {"n": 1}}, "payload")
+    store.run(ops.claim(IdempotencyKey(key), None, envelope, "n-1"))
+    store.run(layer._core._note("add", [layer._core.member(key, "n-1")]))
+    time.sleep(0.3)
+    [dlq_id] = layer.recover_orphans()
+    record = layer.dlq.get(dlq_id)
+    assert record is not None and record.metadata["idempotency_key"] == key
+
+
+def test_an_interrupt_during_the_record_step_lets_the_record_land_first(
+    private_redis: RedisServer, namespace: str
+) -> None:
+    import signal
+
+    store = durabilis.connect(private_redis.url, namespace=namespace, socket_timeout=2)
+    admin = redis.Redis.from_url(private_redis.url)
+    layer = DurabilityLayer(store, fast_config(lease=5))
+    fired: list[float] = []
+
+    def interrupt(signum: int, frame: Any) -> None:
+        fired.append(time.monotonic())
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        def fn(ctx: OperationContext) -> str:
+            admin.execute_command("CLIENT", "PAUSE", 600, "WRITE")  # the record step waits
+            signal.setitimer(signal.ITIMER_REAL, 0.2)  # Ctrl-C while it is in flight
+            return "charged"
+
+        with pytest.raises(KeyboardInterrupt):
+            layer.execute("a1", "job", "p", fn)
+        assert fired  # it arrived during the record step, and was delivered after it
+        found = layer.idempotency.check(IdempotencyKey.new("a1", "job", "p"))
+        assert found is not None and not found.in_progress
+        assert found.original_result == "charged"
+        assert layer.execute("a1", "job", "p", Counter()) == "charged"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        admin.close()
+        store.close()

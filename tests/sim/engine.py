@@ -421,7 +421,11 @@ class Simulation:
                     continue
                 if self.now >= a.next_renew:
                     a.next_renew = self.now + RENEW
-                    self.store.run_many(a.layer._core.renew_calls(a.leases.held()))
+                    held = a.leases.held()
+                    replies = self.store.run_many(a.layer._core.renew_calls(held))
+                    back = a.layer._core.reindex_calls(held, replies)
+                    if back:
+                        self.store.run_many(back)
                     for item in a.leases.deferred():  # outcomes the keep-alive still sends
                         replies = self.store.run_step(item.step.calls, item.step.gates)
                         a.layer._core.deferred_sent(a.leases, item, replies)
