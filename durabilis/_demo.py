@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import multiprocessing
 import os
 import random
@@ -63,6 +64,7 @@ def _quiet_logs(directory: Path) -> None:
     """Events go to a JSON-lines file, not over the progress line."""
     directory.mkdir(parents=True, exist_ok=True)
     sink = (directory / "demo-events.log").open("a", encoding="utf-8")
+    logging.getLogger("durabilis").setLevel(logging.INFO)  # every event, into the file
     structlog.configure(
         processors=[structlog.processors.TimeStamper(fmt="iso"),
                     structlog.processors.JSONRenderer()],

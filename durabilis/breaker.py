@@ -28,10 +28,9 @@ from enum import Enum
 from time import monotonic, perf_counter
 from typing import Any, ParamSpec, TypeVar
 
-import structlog
-
 from durabilis import _codec
 from durabilis._keys import KeySpace
+from durabilis._log import get_logger
 from durabilis._scripts import Arg, ScriptCall
 from durabilis._store import AsyncStore, Store
 from durabilis.errors import (
@@ -58,7 +57,7 @@ __all__ = [
     "default_replica_id",
 ]
 
-_log = structlog.get_logger("durabilis")
+_log = get_logger()
 
 P = ParamSpec("P")
 R = TypeVar("R")

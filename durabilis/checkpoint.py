@@ -17,7 +17,7 @@ did not expect: see ``ckpt_save.lua``); ``restore`` two; ``clear_task`` two per
 256 records of the task; ``history`` and loading a :class:`TaskRun` two plus one
 per ancestor that is not a current checkpoint of the task.
 
-Events (structlog, logger ``"durabilis"``): ``durability_checkpoint_saved``
+Events (logger ``"durabilis"``, docs/production.md): ``durability_checkpoint_saved``
 (info: every save, fork and rewind; ``mode`` says which), ``durability_checkpoint_conflict``
 (info: a save lost to a concurrent writer) and ``durability_checkpoint_evicted``
 (debug: the cap evicted checkpoints).
@@ -35,10 +35,9 @@ from datetime import datetime
 from typing import Any, Final
 from urllib.parse import unquote
 
-import structlog
-
 from durabilis import _codec
 from durabilis._keys import KeySpace, escape_part
+from durabilis._log import get_logger
 from durabilis._scripts import ScriptCall
 from durabilis._steps import IO, Plan, Run, adrive, drive, is_async_callable
 from durabilis._store import AsyncStore, Store
@@ -63,7 +62,7 @@ __all__ = [
     "TaskRun",
 ]
 
-_log = structlog.get_logger("durabilis")
+_log = get_logger()
 
 _HINT = 8
 """Eviction candidates each save brings back for the next one (see ``ckpt_save.lua``)."""

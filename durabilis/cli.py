@@ -290,12 +290,6 @@ def _print_value(title: str, value: Any) -> None:
 
 # --- errors as printed: the type always, the text redacted like durabilis's events -------
 
-_ERROR_PREFIX = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*)(?::[ \t]*(.*))?$", re.DOTALL)
-_OWN_TEXTS = frozenset({"RetryExhausted", "CircuitOpen"})
-"""Errors whose text durabilis writes from names, counts and error codes only
-(``job: gave up after 2 attempt(s), last error NETWORK_TIMEOUT``): never redacted."""
-
-
 def describe_error(exc: BaseException, *, redacted: bool = True) -> str:
     """``"TimeoutError: <text>"``: the exception's type always, its text redacted
     (``durabilis.events.redact``: ``[REDACTED]`` unless ``DURABILIS_LOG_REDACT=0``)
@@ -310,22 +304,10 @@ def describe_error(exc: BaseException, *, redacted: bool = True) -> str:
 
 
 def describe_error_text(text: str | None) -> str | None:
-    """An error text as stored (``"NETWORK_TIMEOUT: upstream timed out"``,
-    ``"TimeoutError: ..."``, ``"WORKER_LOST"``) as the CLI prints it: the leading
-    code or type kept, the rest redacted like :func:`describe_error`
-    (``"NETWORK_TIMEOUT: [REDACTED]"``) except for the texts durabilis writes itself
-    (``RetryExhausted``, ``CircuitOpen``); a code with an empty text is the code alone."""
-    from durabilis.events import redact  # noqa: PLC0415
+    """A stored error text as the CLI prints it (:func:`durabilis.events.redact_error`)."""
+    from durabilis.events import redact_error  # noqa: PLC0415
 
-    if text is None:
-        return None
-    match = _ERROR_PREFIX.match(text.strip())
-    if match is None:
-        return redact(text)
-    code, rest = match[1], (match[2] or "").strip()
-    if not rest:
-        return code
-    return f"{code}: {rest if code in _OWN_TEXTS else redact(rest)}"
+    return redact_error(text)
 
 
 # --- progress on a terminal -----------------------------------------------------------
@@ -1318,8 +1300,10 @@ def main(argv: list[str] | None = None) -> int:
     structlog.configure(**options)
     stdlib = logging.getLogger("durabilis")
     saved_level = stdlib.level
-    if quiet and stdlib.getEffectiveLevel() < logging.WARNING:
-        stdlib.setLevel(logging.WARNING)
+    if quiet:
+        stdlib.setLevel(max(stdlib.getEffectiveLevel(), logging.WARNING))
+    else:  # an operator's tool shows what it did (a line per replayed record)
+        stdlib.setLevel(min(stdlib.getEffectiveLevel(), logging.INFO))
     try:
         return _run(args)
     except BrokenPipeError:  # `durabilis dlq ls | head`: the reader left

@@ -54,9 +54,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
-import structlog
-
 from durabilis import _codec
+from durabilis._log import get_logger
 from durabilis._retry_core import RetryBudget, RetryPolicy
 from durabilis._scripts import ScriptCall
 from durabilis._store import AsyncStore, Store
@@ -87,7 +86,7 @@ __all__ = [
     "policy_to_dict",
 ]
 
-_log = structlog.get_logger("durabilis")
+_log = get_logger()
 
 ENV_PREFIX: Final = "DURABILIS__"
 """Environment overrides: ``DURABILIS__<SECTION>__<FIELD>`` (``__`` between parts)."""

@@ -41,10 +41,9 @@ from datetime import datetime
 from enum import Enum
 from typing import Any, NamedTuple, TypeVar
 
-import structlog
-
 from durabilis import _codec
 from durabilis._keys import KeySpace
+from durabilis._log import get_logger
 from durabilis._scripts import ScriptCall
 from durabilis._steps import Command, Run, Sleep, adrive, drive
 from durabilis._store import AsyncStore, Store
@@ -56,7 +55,7 @@ from durabilis.errors import (
     InvalidTtl,
     PayloadTooLarge,
 )
-from durabilis.events import redact
+from durabilis.events import error_text, redact_error
 
 __all__ = [
     "AsyncDeadLetterQueue",
@@ -71,7 +70,7 @@ __all__ = [
     "ReplaySummary",
 ]
 
-_log = structlog.get_logger("durabilis")
+_log = get_logger()
 
 _PAGE = 100
 _JSON_FIELD = "original_operation"
@@ -340,18 +339,6 @@ def sort_key(stream_id: str) -> str:
         raise InvalidKey(str(stream_id), "not a stream entry id (<ms>-<seq>)")
     ms, seq = str(int(match[1])), str(int(match[2]))
     return f"{ms.zfill(15)}-{chr(96 + len(seq))}{seq}"
-
-
-def error_text(exc: BaseException) -> str:
-    """How an exception is written down as ``last_error``.
-
-    An error with a ``code`` (e.g. :class:`~durabilis.OperationError`) keeps
-    its message as is (it starts with the code); others get their type name.
-    """
-    if getattr(exc, "code", None) is not None and str(exc):
-        return str(exc)
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _clean(text: str) -> str:
@@ -1031,7 +1018,7 @@ class _DlqOps:
                     dlq_id=dlq_id,
                     operation_type=record.operation_type,
                     replay_attempts=attempts,
-                    error=redact(str(call.args[1])),
+                    error=redact_error(str(call.args[1])),
                 )
                 return ReplayResult(
                     dlq_id,

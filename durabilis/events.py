@@ -1,6 +1,9 @@
 """The structlog events durabilis emits, and the redaction switch for what they may carry.
 
-Every event goes to ``structlog.get_logger("durabilis")``. The six audit events
+Every event goes through the standard library logger ``"durabilis"`` (its level
+decides; INFO events are silent until enabled) to structlog when the application
+configured it, else to that logger's handlers: see :mod:`durabilis._log` and
+docs/production.md. The six audit events
 keep the names and metadata fields of the seed gateway's audit log:
 
 - ``durability_retry_attempt``: ``operation_type, attempt_number, max_attempts,
@@ -19,7 +22,8 @@ keep the names and metadata fields of the seed gateway's audit log:
 **Redaction.** No event carries a payload, a result or a checkpoint state.
 Error *texts* (``last_error`` of an exhausted operation, the error of a failed
 DLQ replay) may quote a payload or a secret (URLs, tokens), so they are logged
-as ``"[REDACTED]"`` unless redaction is turned off, by
+as ``"[REDACTED]"`` (after the codes and exception types that lead them:
+``"NETWORK_TIMEOUT: ReadTimeout: [REDACTED]"``) unless redaction is turned off, by
 ``configure_logging(redact=False)`` or the environment variable
 ``DURABILIS_LOG_REDACT=0``. Error *codes* (``NETWORK_TIMEOUT``...) are always
 logged. The stored DLQ record keeps the full text (``durabilis dlq show``).
@@ -28,6 +32,7 @@ logged. The stored DLQ record keeps the full text (``durabilis dlq show``).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from types import MappingProxyType
 
@@ -36,7 +41,9 @@ __all__ = [
     "REDACTED",
     "REDACT_ENV",
     "configure_logging",
+    "error_text",
     "redact",
+    "redact_error",
     "redaction_enabled",
 ]
 
@@ -104,3 +111,45 @@ def redact(text: str | None) -> str | None:
     if text is None:
         return None
     return REDACTED if _SWITCH.redact else text
+
+
+_ERROR_PREFIX = re.compile(
+    r"^([A-Za-z_][\w.]*(?::[ \t]*[A-Za-z_][\w.]*(?=:|$))*)(?::[ \t]*(.*))?$", re.DOTALL
+)
+_OWN_TEXTS = frozenset({"RetryExhausted", "CircuitOpen", "OperationInProgress"})
+"""Errors whose text durabilis writes from names, counts and error codes only
+(``job: gave up after 2 attempt(s), last error NETWORK_TIMEOUT``): never redacted."""
+
+
+def redact_error(text: str | None) -> str | None:
+    """An error text (``"NETWORK_TIMEOUT: ReadTimeout: timed out for https://…"``) as
+    it may appear in a log event: the leading codes and exception types are kept,
+    the rest redacted like :func:`redact` (``"NETWORK_TIMEOUT: ReadTimeout:
+    [REDACTED]"``); texts durabilis writes itself are kept whole."""
+    if text is None:
+        return None
+    match = _ERROR_PREFIX.match(text.strip())
+    if match is None:
+        return redact(text)
+    code, rest = match[1], (match[2] or "").strip()
+    if not rest:
+        return code
+    if any(part.strip() in _OWN_TEXTS for part in code.split(":")):
+        return f"{code}: {rest}"
+    return f"{code}: {redact(rest)}"
+
+
+def error_text(exc: BaseException) -> str:
+    """How an exception is written down as ``last_error``.
+
+    An error whose message starts with its ``code`` (e.g.
+    :class:`~durabilis.OperationError`) keeps it as is; others are written
+    ``"<type>: <message>"`` (the type alone when the message is empty), so the
+    exception's type is never lost.
+    """
+    name = type(exc).__name__
+    text = str(exc).strip()
+    code = getattr(exc, "code", None)
+    if isinstance(code, str) and code and text.startswith(code):
+        return text.rstrip(": \t") or name  # "NETWORK_TIMEOUT: " -> "NETWORK_TIMEOUT"
+    return f"{name}: {text}" if text else name

@@ -3,11 +3,11 @@
 Two complementary sources:
 
 - :class:`DurabilisMetrics`: **this process's** counters, fed by durabilis's
-  structlog events through a processor (``metrics.processor``), so nothing in
-  the hot path calls Prometheus directly::
+  events (a tap on its event logger, or ``metrics.processor`` in a structlog
+  chain), so nothing in the hot path calls Prometheus directly::
 
       metrics = DurabilisMetrics()              # registers on the default registry
-      metrics.install()                         # prepends its processor to structlog's chain
+      metrics.install()                         # counts every event, logged or not
       # or: structlog.configure(processors=[metrics.processor, *your_processors])
 
 - :class:`DurabilisCollector`: **fleet-wide** gauges and counters read from
@@ -26,11 +26,11 @@ from __future__ import annotations
 from collections.abc import Iterator, MutableMapping
 from typing import Any
 
-import structlog
 from prometheus_client import REGISTRY, CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from durabilis._log import add_tap, remove_tap
 from durabilis.breaker import BreakerState
 from durabilis.config import ConfigSync
 from durabilis.dlq import DlqStatus
@@ -143,14 +143,22 @@ class DurabilisMetrics:
             self.config_reloads.inc()
 
     def install(self) -> None:
-        """Prepend :meth:`processor` to structlog's current processor chain.
+        """Count every durabilis event from now on, whatever is logged.
 
-        A later ``structlog.configure(processors=...)`` replaces the chain:
-        put ``metrics.processor`` in your own list then.
+        Installs a tap on durabilis's event logger: it sees every event, also
+        the INFO ones the ``"durabilis"`` logger's level keeps out of the logs,
+        and nothing in the logging or structlog configuration is changed. (Use
+        either this or :meth:`processor` in a structlog chain, not both.)
         """
-        processors = list(structlog.get_config()["processors"])
-        if self.processor not in processors:
-            structlog.configure(processors=[self.processor, *processors])
+        add_tap(self._tap)
+
+    def uninstall(self) -> None:
+        """Stop counting (undoes :meth:`install`)."""
+        remove_tap(self._tap)
+
+    def _tap(self, name: str, level: str, fields: dict[str, Any]) -> None:
+        if name.startswith("durability_"):
+            self.observe(name, level, fields)
 
 
 class DurabilisCollector(Collector):

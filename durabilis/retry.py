@@ -9,7 +9,7 @@ with a :class:`RetryBudget` makes I/O, one script call per decision:
 - one ``retry_budget`` call ("call" mode) before the first attempt;
 - one per planned retry ("retry" mode), which grants or refuses it.
 
-Events (structlog, logger ``"durabilis"``), none on success:
+Events (logger ``"durabilis"``, docs/production.md), none on success:
 ``durability_retry_attempt`` (a retry is scheduled) and
 ``durability_retry_exhausted`` / ``durability_retry_non_retryable`` (the loop stops).
 """
@@ -26,10 +26,9 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-import structlog
-
 from durabilis import _codec
 from durabilis._keys import KeySpace
+from durabilis._log import get_logger
 from durabilis._retry_core import (
     DEADLINE_EXCEEDED,
     EXHAUSTED,
@@ -51,7 +50,7 @@ from durabilis._retry_core import (
 from durabilis._scripts import ScriptCall
 from durabilis._store import AsyncStore, Store
 from durabilis.errors import ConfigError, CorruptData
-from durabilis.events import redact
+from durabilis.events import error_text, redact_error
 
 __all__ = [
     "DEADLINE_EXCEEDED",
@@ -78,7 +77,7 @@ __all__ = [
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
-_log = structlog.get_logger("durabilis")
+_log = get_logger()
 
 _BUCKETS = 10
 """Buckets per budget window: an event counts for 90-100 % of the window."""
@@ -257,7 +256,7 @@ def emit_retry_stop(
         reason=decision.stop_reason,
         sent_to_dlq=decision.sent_to_dlq,
         dlq_id=dlq_id,
-        last_error=redact(last_error),
+        last_error=redact_error(last_error),
         **context,
     )
 
@@ -347,7 +346,7 @@ class _EngineBase:
 
     @staticmethod
     def _stop(operation_type: str, decision: RetryDecision, exc: Exception) -> RetryOutcome[Any]:
-        emit_retry_stop(operation_type, decision, last_error=str(exc) or type(exc).__name__)
+        emit_retry_stop(operation_type, decision, last_error=error_text(exc))
         return RetryOutcome.failed(decision, exc)
 
 

@@ -18,6 +18,7 @@ A missing redis-server fails loudly with the install hint: it is never a skip.
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from collections.abc import Iterator
@@ -74,6 +75,10 @@ def _backend(config: pytest.Config) -> str:
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
+    # The suites assert on every event, INFO ones included: let them through the
+    # "durabilis" logger's gate (a library user's default is WARNING). The test of
+    # the quiet default sets the level back itself.
+    logging.getLogger("durabilis").setLevel(logging.DEBUG)
 
 
 def pytest_report_header(config: pytest.Config) -> str:

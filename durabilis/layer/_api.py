@@ -8,8 +8,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-import structlog
-
+from durabilis._log import get_logger
 from durabilis._steps import LeaseBook, adrive, drive
 from durabilis._store import AsyncStore, Store
 from durabilis.breaker import AsyncCircuitBreakerRegistry, CircuitBreakerRegistry
@@ -21,7 +20,7 @@ from durabilis.layer._config import DurabilityConfig, LayerStats, OperationConte
 from durabilis.layer._plans import _LayerCore
 from durabilis.retry import AsyncRetryEngine, RetryEngine
 
-_log = structlog.get_logger("durabilis")
+_log = get_logger()
 
 T = TypeVar("T")
 

@@ -30,9 +30,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import structlog
-
 from durabilis import _codec
+from durabilis._log import get_logger
 from durabilis._retry_core import NON_RETRYABLE, TESTING, RetryDecision, decide
 from durabilis._scripts import Replies, ScriptCall
 from durabilis._steps import INTERRUPTS, IO, Defer, Deferred, Hold, LeaseBook, Plan, Run, Sleep
@@ -43,7 +42,7 @@ from durabilis.breaker import (
     Permit,
 )
 from durabilis.checkpoint import _part
-from durabilis.dlq import DlqRecord, DlqStatus, Prepared, error_text
+from durabilis.dlq import DlqRecord, DlqStatus, Prepared
 from durabilis.errors import (
     CircuitOpen,
     ConfigError,
@@ -55,6 +54,7 @@ from durabilis.errors import (
     ResultNotStored,
     RetryExhausted,
 )
+from durabilis.events import error_text
 from durabilis.idempotency import Duplicate, IdempotencyKey, New
 from durabilis.layer._config import (
     CIRCUIT_OPEN,
@@ -72,7 +72,7 @@ from durabilis.retry import (
     emit_retry_stop,
 )
 
-_log = structlog.get_logger("durabilis")
+_log = get_logger()
 
 _STOPPED: tuple[type[BaseException], ...] = (DurabilisError, *INTERRUPTS)
 """A step failed, or the plan was interrupted: nothing more will run."""

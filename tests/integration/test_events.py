@@ -95,7 +95,7 @@ def test_retry_attempt_and_exhausted_carry_the_seed_fields(store: durabilis.Stor
     assert stop["operation_type"] == "job" and stop["agent_id"] == "agent-7"
     assert (stop["attempts"], stop["max_attempts"], stop["reason"]) == (3, 3, "EXHAUSTED")
     assert stop["sent_to_dlq"] is True and stop["dlq_id"] == info.value.dlq_id
-    assert stop["last_error"] == REDACTED
+    assert stop["last_error"] == f"NETWORK_TIMEOUT: {REDACTED}"  # the code kept, the text redacted
     for event in [*attempts, stop]:
         has_seed_fields(event)
 
@@ -103,7 +103,7 @@ def test_retry_attempt_and_exhausted_carry_the_seed_fields(store: durabilis.Stor
     with capture_logs() as bare, instant_retries():
         engine.execute("job", failing())
     (alone,) = events(bare, "durability_retry_exhausted")
-    assert alone["dlq_id"] is None and alone["last_error"] == REDACTED
+    assert alone["dlq_id"] is None and alone["last_error"] == f"NETWORK_TIMEOUT: {REDACTED}"
     has_seed_fields(alone)
     layer.close()
 
@@ -248,7 +248,7 @@ def test_a_payload_never_appears_in_a_log_line_by_default(store: durabilis.Store
     for event in seen.dicts:
         assert secret not in repr(event)
     stop = next(e for e in seen.dicts if e["event"] == "durability_retry_exhausted")
-    assert stop["last_error"] == REDACTED
+    assert stop["last_error"] == f"NETWORK_TIMEOUT: {REDACTED}"
 
 
 def test_with_redaction_off_error_texts_are_logged_in_clear(store: durabilis.Store) -> None:

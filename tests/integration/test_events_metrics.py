@@ -4,6 +4,7 @@ the events, and the fleet-wide state read from Redis at scrape time."""
 from __future__ import annotations
 
 import io
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -76,7 +77,7 @@ def test_the_processor_counts_each_pillars_events(
     layer.close()
 
 
-def test_install_prepends_the_processor_to_the_current_chain(
+def test_install_counts_every_event_even_those_the_logger_level_keeps_out(
     store: durabilis.Store, restore_structlog: None
 ) -> None:
     sink = io.StringIO()
@@ -87,11 +88,21 @@ def test_install_prepends_the_processor_to_the_current_chain(
     registry = CollectorRegistry()
     metrics = DurabilisMetrics(registry)
     metrics.install()
-    metrics.install()  # idempotent
-    assert structlog.get_config()["processors"][0] == metrics.processor
-    durabilis.CheckpointManager(store).save("t", "a", "p", 1)
-    assert registry.get_sample_value("durabilis_checkpoint_saves_total") == 1
-    assert "durability_checkpoint_saved" in sink.getvalue()  # the chain still logs
+    metrics.install()  # idempotent: counted once
+    gate = logging.getLogger("durabilis")
+    level = gate.level
+    try:
+        durabilis.CheckpointManager(store).save("t", "a", "p", 1)
+        assert registry.get_sample_value("durabilis_checkpoint_saves_total") == 1
+        assert "durability_checkpoint_saved" in sink.getvalue()  # the chain still logs
+        gate.setLevel(logging.WARNING)  # a library user's default: INFO not logged
+        durabilis.CheckpointManager(store).save("t", "a", "p", 2)
+        assert registry.get_sample_value("durabilis_checkpoint_saves_total") == 2
+        assert sink.getvalue().count("durability_checkpoint_saved") == 1
+    finally:
+        gate.setLevel(level)
+        metrics.uninstall()
+    assert structlog.get_config()["processors"][0] != metrics.processor  # nothing changed
 
 
 def test_the_collector_reads_the_fleet_state_at_scrape_time(store: durabilis.Store) -> None:
