@@ -47,6 +47,7 @@ EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
 EXIT_ERROR = 4
 EXIT_WRONG_NAMESPACE = 5
+EXIT_DEFERRED = 6
 
 DEFAULT_NAMESPACE = "durabilis"
 ENV_URL = "DURABILIS_REDIS_URL"
@@ -64,6 +65,7 @@ where the Redis, namespace and config come from (a flag wins over the environmen
 exit codes:
   0 ok   1 not found / not done / checks failed   2 usage   3 Redis unavailable
   4 other durabilis error   5 wrong or empty namespace (others exist; named on stderr)
+  6 dlq replay: records deferred (breaker open, or still in progress): none failed
 """
 _STREAM_ID = re.compile(r"^\d+-\d+$")
 DEFAULT_TIMEOUT = 5.0
@@ -127,6 +129,9 @@ def _add_dlq(sub: Any, common: argparse.ArgumentParser) -> None:
     rp.add_argument("--operation-type", default=None, help="with --all: only this type")
     rp.add_argument("--limit", type=int, default=None, help="with --all: at most this many")
     rp.add_argument("--max-per-second", type=float, default=None)
+    rp.add_argument("--wait", type=float, default=None, metavar="SECONDS",
+                    help="how long to wait for an operation in progress elsewhere (a live "
+                    "delivery) before deferring its record; default: the claim's lease")
     rp.add_argument("-q", "--quiet", action="store_true",
                     help="print only the summary line (no per-record lines, no progress, "
                     "only durabilis's warnings on stderr); --json output is unchanged")
@@ -320,6 +325,8 @@ def replay_progress_text(done: int, total: int, summary: Any) -> str:
         parts.append(f"{summary.skipped} skipped")
     if summary.lost:
         parts.append(f"{summary.lost} claim lost")
+    if summary.deferred:
+        parts.append(f"{summary.deferred} deferred")
     return f"replayed {done}/{max(total, done)}: {', '.join(parts)}"
 
 
@@ -608,13 +615,17 @@ class _ReplayPass:
     meanwhile are skipped.
     """
 
-    def __init__(self, layer: Any, handler: Callable[..., Any], progress: Progress) -> None:
+    def __init__(self, layer: Any, handler: Callable[..., Any], progress: Progress,
+                 wait: float | None = None) -> None:
         self.layer = layer
         self.handler = handler
         self.progress = progress
+        self.wait = wait
         self.replayed = self.skipped = 0
         self.failed: dict[str, str | None] = {}
         self.lost: dict[str, str | None] = {}
+        self.deferred: dict[str, str | None] = {}
+        self.open: dict[str, None] = {}  # dependencies found with an open breaker
 
     @property
     def ran(self) -> int:
@@ -626,12 +637,20 @@ class _ReplayPass:
         return ReplaySummary(
             replayed=self.replayed, failed=len(self.failed), skipped=self.skipped,
             lost=len(self.lost), failed_ids=tuple(self.failed), lost_ids=tuple(self.lost),
+            deferred=len(self.deferred), deferred_ids=tuple(self.deferred),
+            breakers_open=tuple(self.open),
         )
 
-    def _add(self, result: Any) -> bool:
+    def _add(self, result: Any, record: Any) -> bool:
         """Count one result; ``True`` when its handler ran."""
         from durabilis.dlq import ReplayOutcome  # noqa: PLC0415
 
+        if result.outcome is ReplayOutcome.DEFERRED:
+            self.deferred[result.dlq_id] = result.error
+            dependency = (record.metadata or {}).get("dependency")
+            if dependency and str(result.error or "").startswith("CircuitOpen"):
+                self.open[dependency] = None  # its other records wait for the next pass
+            return False
         if result.outcome is ReplayOutcome.REPLAYED:
             self.replayed += 1
         elif result.outcome is ReplayOutcome.FAILED:
@@ -663,7 +682,10 @@ class _ReplayPass:
                 if wait > 0:
                     time.sleep(wait)
                 started = time.monotonic()
-                if self._add(self.layer.replay(record.dlq_id, self.handler)):
+                if (record.metadata or {}).get("dependency") in self.open:
+                    self.deferred[record.dlq_id] = "CircuitOpen: its breaker is open"
+                elif self._add(self.layer.replay(record.dlq_id, self.handler, wait=self.wait),
+                               record):
                     next_start = started + interval
                 done += 1
                 self.progress.update(replay_progress_text(done, total, self.summary()))
@@ -694,30 +716,40 @@ def _dlq_replay(s: _Session) -> int:
     if a.id is not None:
         return _replay_one(s, layer, handler)
     with Progress(enabled=not a.quiet) as progress:
-        replay = _ReplayPass(layer, handler, progress)
+        replay = _ReplayPass(layer, handler, progress, a.wait)
         total = replay.run(a.operation_type, a.limit, a.max_per_second)
     if total == 0 and replay.ran == 0 and replay.skipped == 0:
         s.check_namespace()
     summary = replay.summary()
+    _print_replay_summary(s, replay, summary)
+    if summary.failed or summary.lost:
+        return EXIT_NOT_FOUND
+    return EXIT_DEFERRED if summary.deferred else EXIT_OK
+
+
+def _print_replay_summary(s: _Session, replay: _ReplayPass, summary: Any) -> None:
     if s.json:
         _print_json({**jsonable(summary), "errors": replay.errors()})
     else:
         print(f"replayed {summary.replayed}, failed {summary.failed}, "
-              f"skipped {summary.skipped}, claim lost {summary.lost}")
-        if not a.quiet:
+              f"skipped {summary.skipped}, claim lost {summary.lost}, "
+              f"deferred {summary.deferred}")
+        if summary.breakers_open:
+            print("paused: breaker open for " + ", ".join(summary.breakers_open)
+                  + " (no attempt counted; replay again once it closes)")
+        if not s.args.quiet:
             errors = replay.errors()
             for dlq_id in summary.failed_ids:
                 print(f"failed: {dlq_id}: {errors[dlq_id]}")
             for dlq_id in summary.lost_ids:
                 print(f"claim lost: {dlq_id}" + (f": {errors[dlq_id]}" if errors[dlq_id]
                                                  else ""))
-    return EXIT_OK if summary.failed == 0 and summary.lost == 0 else EXIT_NOT_FOUND
 
 
 def _replay_one(s: _Session, layer: Any, handler: Callable[..., Any]) -> int:
     from durabilis.dlq import ReplayOutcome  # noqa: PLC0415
 
-    result = layer.replay(s.args.id, handler)
+    result = layer.replay(s.args.id, handler, wait=s.args.wait)
     if result.outcome is ReplayOutcome.NOT_FOUND:
         s.check_namespace()
     error = result.error  # CLAIMED_ELSEWHERE: who holds the claim, not an error
@@ -727,6 +759,8 @@ def _replay_one(s: _Session, layer: Any, handler: Callable[..., Any]) -> int:
         _print_json({**jsonable(result), "error": error})
     else:
         print(f"{result.dlq_id}: {result.outcome.value}" + (f": {error}" if error else ""))
+    if result.outcome is ReplayOutcome.DEFERRED:
+        return EXIT_DEFERRED
     return EXIT_OK if result.replayed else EXIT_NOT_FOUND
 
 
@@ -1080,7 +1114,9 @@ def _doctor(s: _Session) -> int:
     if s.args.pings < 1 or s.args.scan_limit < 1:
         raise CliError(EXIT_USAGE, "--pings and --scan-limit must be >= 1")
     # A wrong namespace is one of doctor's checks ("namespace"), not exit 5.
-    report = run_doctor(s.store(), pings=s.args.pings, scan_limit=s.args.scan_limit)
+    config = s.config() if s.config_path is not None else None
+    report = run_doctor(s.store(), pings=s.args.pings, scan_limit=s.args.scan_limit,
+                        config=config)
     if s.json:
         _print_json(report.to_dict())
     else:
@@ -1113,11 +1149,14 @@ def _config_check(s: _Session) -> int:
             print(f"durabilis: {exc}", file=sys.stderr)
         return EXIT_NOT_FOUND
     doc = config_to_dict(config)
+    warnings = config.warnings()
     if s.json:
-        _print_json({"ok": True, "config": doc})
+        _print_json({"ok": True, "config": doc, "warnings": warnings})
     else:
         print(f"{path}: ok ({len(doc['retry'])} retry policies, "
               f"{len(doc['circuit_breaker'])} breakers)")
+        for warning in warnings:
+            print(f"warning: {warning}")
         print(json.dumps(doc, indent=2, ensure_ascii=False))
     return EXIT_OK
 

@@ -28,6 +28,7 @@ is two per batch.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -48,11 +49,13 @@ from durabilis._scripts import ScriptCall
 from durabilis._steps import Command, Run, Sleep, adrive, drive
 from durabilis._store import AsyncStore, Store
 from durabilis.errors import (
+    CircuitOpen,
     ConfigError,
     CorruptData,
     InvalidKey,
     InvalidPayload,
     InvalidTtl,
+    OperationInProgress,
     PayloadTooLarge,
 )
 from durabilis.events import error_text, redact_error
@@ -176,8 +179,8 @@ class DlqRecord:
         agent_id: Who ran the operation.
         operation_type: Its type (``"wiki_write"``, ...).
         retry_count: Attempts made before it was parked.
-        last_error: The latest error: the last failed replay's, else the one
-            that sent it here (``original_error``).
+        last_error: The latest error: of the last failed replay or the last
+            parking, whichever came later, else ``original_error``.
         failed_at: When it was enqueued (Redis server clock, UTC).
         expires_at: When it is removed, whatever its status.
         status: :class:`DlqStatus`.
@@ -190,7 +193,10 @@ class DlqRecord:
         metadata: The ``metadata`` given to ``enqueue``.
         stream_id: The stream entry id: the enqueue order, and the cursor of
             ``list_pending`` / ``list_all`` (``after=``).
-        original_error: The error that sent it to the DLQ.
+        original_error: The error that first sent it to the DLQ (the stream entry).
+        parkings: How many times the operation was parked while this record was
+            pending (deliveries of one idempotency key land in ONE record).
+        last_parked_at: When it was last parked again (``None``: parked once).
     """
 
     dlq_id: str
@@ -213,6 +219,8 @@ class DlqRecord:
     metadata: Mapping[str, str] = field(default_factory=dict)
     stream_id: str = ""
     original_error: str = ""
+    parkings: int = 1
+    last_parked_at: datetime | None = None
 
 
 class DlqListing(NamedTuple):
@@ -271,6 +279,12 @@ class ReplayOutcome(str, Enum):
     """Already replayed or abandoned: the handler did not run."""
     CLAIMED_ELSEWHERE = "claimed_elsewhere"
     """Another replayer holds a live claim on it: the handler did not run."""
+    DEFERRED = "deferred"
+    """Not replayed now, and no replay attempt counted: the operation is in
+    progress elsewhere (``OperationInProgress``: a live delivery or another
+    record of it) or its dependency's breaker is open (``CircuitOpen``; the pass
+    replays no other record of that dependency). The record stays pending,
+    its claim released; ``error`` says which."""
     CLAIM_LOST = "claim_lost"
     """The handler ran, but the claim was lost meanwhile (it expired and was
     taken over, or an operator finished the record): nothing was recorded."""
@@ -311,6 +325,10 @@ class ReplaySummary:
             finished or expired meanwhile.
         lost: Records whose handler ran but whose claim was lost meanwhile.
         failed_ids: The ids of the failed ones; ``lost_ids`` of the lost ones.
+        deferred: Records not replayed now, no attempt counted
+            (:attr:`ReplayOutcome.DEFERRED`); ``deferred_ids`` their ids.
+        breakers_open: Dependencies found with an open breaker: the pass
+            replayed none of their records (replay again once they close).
     """
 
     replayed: int = 0
@@ -319,9 +337,18 @@ class ReplaySummary:
     lost: int = 0
     failed_ids: tuple[str, ...] = ()
     lost_ids: tuple[str, ...] = ()
+    deferred: int = 0
+    deferred_ids: tuple[str, ...] = ()
+    breakers_open: tuple[str, ...] = ()
 
 
 # --- helpers --------------------------------------------------------------------
+
+
+def record_id_for(merge_key: str) -> str:
+    """The id of an operation's first DLQ record, derived from its idempotency key
+    (every replica parking the operation names the same record)."""
+    return hashlib.sha256(f"dlq\x00{merge_key}".encode()).hexdigest()[:32]
 
 
 def sort_key(stream_id: str) -> str:
@@ -426,6 +453,7 @@ class _Enqueued:
     created: bool
     stream_id: str
     pending: int = 0
+    merged: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -490,16 +518,21 @@ class _Pacer:
 class _Tally:
     """Accumulates replay results into a :class:`ReplaySummary`."""
 
-    __slots__ = ("failed_ids", "lost_ids", "ran", "replayed", "skipped")
+    __slots__ = ("deferred_ids", "failed_ids", "lost_ids", "open", "ran", "replayed", "skipped")
 
     def __init__(self) -> None:
         self.ran = self.replayed = self.skipped = 0
         self.failed_ids: list[str] = []
         self.lost_ids: list[str] = []
+        self.deferred_ids: list[str] = []
+        self.open: dict[str, None] = {}  # dependencies with an open breaker (ordered set)
 
     def add(self, result: ReplayResult) -> bool:
         """Count ``result``; ``True`` when its handler ran."""
         outcome = result.outcome
+        if outcome is ReplayOutcome.DEFERRED:
+            self.deferred_ids.append(result.dlq_id)
+            return False
         if outcome is ReplayOutcome.REPLAYED:
             self.replayed += 1
         elif outcome is ReplayOutcome.FAILED:
@@ -520,6 +553,9 @@ class _Tally:
             lost=len(self.lost_ids),
             failed_ids=tuple(self.failed_ids),
             lost_ids=tuple(self.lost_ids),
+            deferred=len(self.deferred_ids),
+            deferred_ids=tuple(self.deferred_ids),
+            breakers_open=tuple(self.open),
         )
 
 
@@ -560,6 +596,17 @@ class _DlqOps:
 
     def record_key(self, dlq_id: str) -> str:
         return self.keys.dlq("rec", dlq_id)
+
+    @property
+    def bykey_key(self) -> str:
+        """Hash: an operation's idempotency key -> the id of its current record."""
+        return self.keys.dlq("bykey")
+
+    @property
+    def log_key(self) -> str:
+        """Capped stream of every state change (parked, parked_again, replay_failed,
+        replayed, abandoned), in order."""
+        return self.keys.dlq("log")
 
     # validation ------------------------------------------------------------
 
@@ -663,12 +710,24 @@ class _DlqOps:
         dlq_id: str,
         ttl_seconds: float | None = None,
         metadata: Mapping[str, str] | None = None,
+        merge_key: str | None = None,
+        candidate: str | None = None,
     ) -> ScriptCall:
         """The enqueue call of a prepared record (never raises for its content:
-        the error text is truncated, ``metadata`` here is small and trusted)."""
+        the error text is truncated, ``metadata`` here is small and trusted).
+
+        With ``merge_key`` (the operation's idempotency key), a parking of an
+        operation whose record is pending lands in that record (one record per
+        operation); ``dlq_id`` names this parking, and a new record takes the id
+        ``candidate`` (by default :func:`record_id_for`) or, when that id is taken
+        by an older record of the key, ``dlq_id``. A reply ``"miss"`` (the key's
+        record is another) is sent again with :meth:`enqueue_again`.
+        """
         meta = list(prepared.metadata)
         for key, value in (metadata or {}).items():
             meta += [_META_PREFIX + _clean(key), _clean(value)]
+        mkey = merge_key or ""
+        cand = (candidate or record_id_for(mkey)) if mkey else dlq_id
         return ScriptCall(
             "dlq_enqueue",
             [
@@ -678,6 +737,9 @@ class _DlqOps:
                 self.pending_by_op_key,
                 self.counts_key,
                 self.record_key(dlq_id),
+                self.bykey_key,
+                self.record_key(cand),
+                self.log_key,
             ],
             [
                 dlq_id,
@@ -689,9 +751,23 @@ class _DlqOps:
                 _truncate(_clean(last_error), self.config.max_error_bytes),
                 prepared.payload_field,
                 prepared.payload,
+                mkey,
+                cand,
                 *meta,
             ],
         )
+
+    def enqueue_again(self, call: ScriptCall, reply: Any) -> ScriptCall | None:
+        """After a ``"miss"`` reply: the same enqueue, naming the record the key's
+        entry names; ``None`` for any other reply."""
+        if _tag(reply, str(call.keys[5])) != "miss":
+            return None
+        cand = _text(reply[1], self.bykey_key, "dlq_id")
+        keys = list(call.keys)
+        keys[7] = self.record_key(cand)
+        args = list(call.args)
+        args[10] = cand
+        return ScriptCall(call.name, keys, args)
 
     def enqueue(  # noqa: PLR0917  (the seed's signature)
         self,
@@ -734,18 +810,30 @@ class _DlqOps:
         )
 
     def decode_enqueue(self, call: ScriptCall, reply: Any) -> _Enqueued:
-        """Decode the enqueue reply (logs the events)."""
-        dlq_id = str(call.args[0])
+        """Decode the enqueue reply (logs the events); a ``"miss"`` is not decoded
+        here (see :meth:`enqueue_again`)."""
+        parking = str(call.args[0])
         key = str(call.keys[5])
         tag = _tag(reply, key)
         if tag == "exists":
             sid = _text(reply[1], key, "sid")
+            dlq_id = _text(reply[2], key, "dlq_id") if len(reply) > 2 else parking
             _log.info("durability_dlq_enqueue_existing", dlq_id=dlq_id, stream_id=sid)
             return _Enqueued(dlq_id, created=False, stream_id=sid)
+        if tag == "merged":
+            sid = _text(reply[1], key, "sid")
+            dlq_id = _text(reply[2], key, "dlq_id")
+            parkings = _codec.as_int(reply[3], key=key, field="pk")
+            _log.info(
+                "durability_dlq_parked_again", dlq_id=dlq_id, operation_type=str(call.args[4]),
+                agent_id=str(call.args[3]), parkings=parkings,
+            )
+            return _Enqueued(dlq_id, created=False, stream_id=sid, merged=True)
         if tag != "ok":
             raise _corrupt(reply, key)
         sid = _text(reply[1], key, "sid")
         pending = _codec.as_int(reply[4], key=key, field="pending")
+        dlq_id = _text(reply[5], key, "dlq_id")
         operation_type = str(call.args[4])
         _log.info(
             "durability_dlq_enqueued",
@@ -865,6 +953,8 @@ class _DlqOps:
             },
             stream_id=_text(req(h, "sid", hkey), hkey, "sid"),
             original_error=original_error,
+            parkings=_codec.as_int(h.get("pk", 1), key=hkey, field="pk"),
+            last_parked_at=opt_ms("pat"),
         )
 
     def pending_range(self, operation_type: str | None, after: bytes | None) -> Command:
@@ -973,6 +1063,8 @@ class _DlqOps:
                 self.pending_by_op_key,
                 self.counts_key,
                 self.record_key(dlq_id),
+                self.bykey_key,
+                self.log_key,
             ],
             [dlq_id, target.value, token, by or ""],
         )
@@ -993,20 +1085,54 @@ class _DlqOps:
             return False
         raise _corrupt(reply, key)
 
+    def defer(self, dlq_id: str, token: str, error: BaseException) -> ScriptCall:
+        """Release the claim of a replay that did not run, counting nothing."""
+        text = _truncate(error_text(error), self.config.max_error_bytes)
+        return ScriptCall("dlq_fail", [self.record_key(dlq_id), self.log_key],
+                          [token, text, dlq_id, "defer"])
+
     def fail(self, dlq_id: str, token: str, error: BaseException) -> ScriptCall:
         text = _truncate(error_text(error), self.config.max_error_bytes)
-        return ScriptCall("dlq_fail", [self.record_key(dlq_id)], [token, text])
+        return ScriptCall("dlq_fail", [self.record_key(dlq_id), self.log_key],
+                          [token, text, dlq_id])
 
-    def replay_steps(self, dlq_id: str, handle: Handle) -> _Plan[ReplayResult]:
-        """Claim, run the handler, then finish (fenced) or report the failure."""
+    def replay_steps(
+        self, dlq_id: str, handle: Handle, open_breakers: dict[str, None] | None = None
+    ) -> _Plan[ReplayResult]:
+        """Claim, run the handler, then finish (fenced) or report the failure.
+
+        A handler refused before it could replay (``OperationInProgress``,
+        ``CircuitOpen``) defers the record: claim released, nothing counted. With
+        ``open_breakers`` (a pass's), a record whose dependency is in it is
+        deferred without running, and a ``CircuitOpen`` adds its dependency.
+        """
         if not self.known_id(dlq_id):
             return ReplayResult(dlq_id, ReplayOutcome.NOT_FOUND)
         claimed = self.decode_claim(dlq_id, (yield self.claim(dlq_id)))
         if isinstance(claimed, ReplayResult):
             return claimed
         record = claimed.record
-        error = yield from handle(record)
         key = self.record_key(dlq_id)
+        dependency = (record.metadata or {}).get("dependency")
+        error: BaseException | None
+        if open_breakers is not None and dependency is not None and dependency in open_breakers:
+            error = CircuitOpen(dependency, 0.0)
+        else:
+            error = yield from handle(record)
+        if isinstance(error, (OperationInProgress, CircuitOpen)):
+            if isinstance(error, CircuitOpen) and open_breakers is not None:
+                open_breakers[error.dependency] = None
+            reply = yield self.defer(dlq_id, claimed.token, error)
+            if _tag(reply, key) not in ("ok", "none", "final", "lost"):
+                raise _corrupt(reply, key)
+            _log.info(
+                "durability_dlq_replay_deferred", dlq_id=dlq_id,
+                operation_type=record.operation_type, reason=type(error).__name__,
+            )
+            return ReplayResult(
+                dlq_id, ReplayOutcome.DEFERRED, error=error_text(error),
+                replay_attempts=record.replay_attempts, status=DlqStatus.PENDING,
+            )
         if isinstance(error, BaseException):
             call = self.fail(dlq_id, claimed.token, error)
             reply = yield call
@@ -1094,7 +1220,7 @@ class _DlqOps:
                 if wait > 0:
                     yield Sleep(wait)
                 started = time.monotonic()
-                result = yield from self.replay_steps(member.dlq_id, handle)
+                result = yield from self.replay_steps(member.dlq_id, handle, tally.open)
                 if tally.add(result):
                     pacer.started(started)
             if len(page) < _PAGE:

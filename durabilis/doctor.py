@@ -582,13 +582,28 @@ def _namespace_check(store: Store, keys: Check) -> Check:
         return Check("namespace", WARN, f"cannot survey the namespaces ({exc})", {})
 
 
-def run_doctor(store: Store, *, pings: int = 20, scan_limit: int = 1_000_000) -> DoctorReport:
+def check_config(config: Any) -> Check:
+    """The settings the fleet runs with (``--config`` / ``$DURABILIS_CONFIG``)."""
+    warnings = list(config.warnings())
+    details = {"warnings": warnings,
+               "in_progress_ttl_seconds": config.idempotency.in_progress_ttl_seconds}
+    if warnings:
+        return Check("config", WARN, "; ".join(warnings), details)
+    return Check("config", OK, f"claim lease {config.idempotency.in_progress_ttl_seconds:g} s",
+                 details)
+
+
+def run_doctor(
+    store: Store, *, pings: int = 20, scan_limit: int = 1_000_000, config: Any = None
+) -> DoctorReport:
     """Check the Redis behind ``store`` (see the module docstring for the checks).
 
     Args:
         store: A connected store (its namespace is the one whose keys are counted).
         pings: PINGs timed for the latency check.
         scan_limit: Stop counting keys after this many.
+        config: A :class:`~durabilis.DurabilityConfig` to check too (its warnings:
+            a lease that makes recovery slow).
 
     Raises:
         StorageUnavailable: Redis cannot be reached at all.
@@ -607,4 +622,6 @@ def run_doctor(store: Store, *, pings: int = 20, scan_limit: int = 1_000_000) ->
     checks.append(keys)
     if keys.status != WARN:  # SCAN refused: the namespaces cannot be surveyed either
         checks.append(_namespace_check(store, keys))
+    if config is not None:
+        checks.append(check_config(config))
     return DoctorReport(hide_password(store.url), store.namespace, checks)

@@ -12,13 +12,32 @@ record has expired, nothing of the DLQ remains.
 A record hash that already exists is never overwritten: enqueue with a
 caller-chosen dlq_id is idempotent.
 
+ONE RECORD PER OPERATION. With a merge key (the operation's idempotency key),
+every parking of the same operation while its record is pending lands in that
+record: its parking count goes up, its latest error and time are kept, and
+the stream keeps the first failure. The by-key hash maps a merge key to its
+record. Keys must be declared, so the caller names the record it expects (the
+candidate: the first record of a key has the id the caller derives from the
+key); when the by-key hash names another, nothing is written and the answer
+is "miss" with that id, to send again with it. Each parking carries its own id
+(the claim's), kept in the record ("pid:<id>"): a parking sent again after a
+lost reply changes nothing.
+
+Every change of state is also appended to the capped log stream (XRANGE it to
+see, in order, what happened to the DLQ's records: parked, parked_again,
+replay_failed, replayed, abandoned).
+
 KEYS[1]  stream                     (<ns>:dlq:{dlq}:stream)
 KEYS[2]  expiry index, zset         score expires_ms, member "<sid>|<dlq_id>|<p|r|a>|<op>"
 KEYS[3]  pending index, lex zset    member "<sortkey(sid)>|<dlq_id>"
 KEYS[4]  pending-by-op, lex zset    member "<op>\0<sortkey(sid)>|<dlq_id>"
 KEYS[5]  counts hash                field "<status>|<op>" -> live records
 KEYS[6]  the record hash            (<ns>:dlq:{dlq}:rec:<dlq_id>)
-ARGV[1]  dlq_id
+KEYS[7]  by-key hash                merge key -> dlq_id of its current record
+KEYS[8]  candidate record hash      (<ns>:dlq:{dlq}:rec:<candidate>); KEYS[6] without merging
+KEYS[9]  log stream                 (<ns>:dlq:{dlq}:log), capped
+ARGV[1]  dlq_id                     this parking's id (the record's, when one is created
+                                    without a candidate)
 ARGV[2]  ttl_ms                     record lifetime in milliseconds (>= 1)
 ARGV[3]  purge_limit                expired records to purge on the way (0 = none)
 ARGV[4]  agent_id
@@ -28,20 +47,29 @@ ARGV[7]  last_error
 ARGV[8]  payload field name         "original_operation" (JSON text) or
                                     "original_operation_msgpack" (msgpack bytes)
 ARGV[9]  payload
-ARGV[10..] metadata field/value pairs, field names already prefixed "meta:"
+ARGV[10] merge key                  "" = no merging
+ARGV[11] candidate id               the record the merge key is expected to name
+ARGV[12..] metadata field/value pairs, field names already prefixed "meta:"
 
 Returns one of
-  {"ok", sid, failed_ms, expires_ms, pending_index_size}
-  {"exists", sid}                   a record with this dlq_id is already live
+  {"ok", sid, failed_ms, expires_ms, pending_index_size, dlq_id}   a record created
+  {"merged", sid, dlq_id, parkings} parked again into the operation's pending record
+  {"exists", sid, dlq_id}           this parking is already in (a record with this
+                                    dlq_id is live, or the record holds the parking)
+  {"miss", dlq_id}                  the merge key names another record: nothing written
   {"corrupt", key, detail}          a key holds something durabilis did not write
 ]]
 local S, E, P, PO, C, H = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local BK, HC, LOG = KEYS[7], KEYS[8], KEYS[9]
 local id, ttl, purge_limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local mkey, cand = ARGV[10], ARGV[11]
+local LOG_MAX = 10000
 local op = ARGV[5]
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-local checks = {S, "stream", E, "zset", P, "zset", PO, "zset", C, "hash", H, "hash"}
+local checks = {S, "stream", E, "zset", P, "zset", PO, "zset", C, "hash", H, "hash",
+                BK, "hash", HC, "hash", LOG, "stream"}
 for i = 1, #checks, 2 do
   local kind = redis.call("TYPE", checks[i])["ok"]
   if kind ~= "none" and kind ~= checks[i + 1] then
@@ -99,29 +127,60 @@ local function iso_utc(ms)
 end
 -- iso_utc:end
 
+-- Which record this parking goes to (checks only: nothing is written yet).
+local target, TH, merge_into = id, H, false
+if mkey ~= "" then
+  local cur = redis.call("HGET", BK, mkey)
+  if cur and cur ~= cand then return {"miss", cur} end
+  if redis.call("EXISTS", HC) == 1 then
+    local f = redis.call("HMGET", HC, "st", "exp", "sid")
+    local hexp = tonumber(f[2])
+    if cur == cand and f[1] == "pending" and hexp and hexp > now then
+      if redis.call("HEXISTS", HC, "pid:" .. id) == 1 then return {"exists", f[3], cand} end
+      merge_into = true
+    end
+  else
+    target, TH = cand, HC  -- the operation's record takes the id derived from its key
+  end
+end
+if not merge_into and redis.call("EXISTS", TH) == 1 then
+  return {"exists", redis.call("HGET", TH, "sid") or "", target}
+end
+
 ready()
+if merge_into then
+  local parkings = redis.call("HINCRBY", HC, "pk", 1)
+  redis.call("HSET", HC, "le", ARGV[7], "pat", now, "pid:" .. id, 1)
+  redis.call("XADD", LOG, "MAXLEN", "~", LOG_MAX, "*", "dlq_id", cand, "change", "parked_again",
+    "error", ARGV[7], "parkings", parkings)
+  return {"merged", redis.call("HGET", HC, "sid"), cand, parkings}
+end
 if purge_limit > 0 then
   for _, member in ipairs(redis.call("ZRANGEBYSCORE", E, "-inf", now, "LIMIT", 0, purge_limit)) do
     purge(member)
   end
 end
 
-if redis.call("EXISTS", H) == 1 then
-  return {"exists", redis.call("HGET", H, "sid") or ""}
-end
-
+id = target
 local exp = now + ttl
 local fields = {
   "dlq_id", id, "agent_id", ARGV[4], "operation_type", op, "retry_count", ARGV[6],
   "last_error", ARGV[7], "failed_at", iso_utc(now), "expires_at", iso_utc(exp),
   ARGV[8], ARGV[9],
 }
-for i = 10, #ARGV do fields[#fields + 1] = ARGV[i] end
+for i = 12, #ARGV do fields[#fields + 1] = ARGV[i] end
 local sid = redis.call("XADD", S, "*", unpack(fields))
 local pm = sortkey(sid) .. "|" .. id
 
-redis.call("HSET", H, "st", "pending", "op", op, "sid", sid, "ts", now, "exp", exp, "ra", 0)
-redis.call("PEXPIREAT", H, exp)
+redis.call("HSET", TH, "st", "pending", "op", op, "sid", sid, "ts", now, "exp", exp, "ra", 0,
+  "pk", 1, "pid:" .. ARGV[1], 1)
+if mkey ~= "" then
+  redis.call("HSET", TH, "ik", mkey)
+  redis.call("HSET", BK, mkey, id)
+end
+redis.call("PEXPIREAT", TH, exp)
+redis.call("XADD", LOG, "MAXLEN", "~", LOG_MAX, "*", "dlq_id", id, "change", "parked",
+  "operation_type", op, "error", ARGV[7])
 redis.call("ZADD", E, exp, sid .. "|" .. id .. "|p|" .. op)
 redis.call("ZADD", P, 0, pm)
 redis.call("ZADD", PO, 0, op .. "\0" .. pm)
@@ -129,10 +188,10 @@ bump("pending|" .. op, 1)
 
 -- The shared keys live as long as their longest-lived record.
 local horizon = tonumber(redis.call("ZRANGE", E, -1, -1, "WITHSCORES")[2])
-for _, key in ipairs({S, E, P, PO, C}) do
+for _, key in ipairs({S, E, P, PO, C, BK, LOG}) do
   local pttl = redis.call("PTTL", key)
   if pttl == -1 or (pttl >= 0 and now + pttl < horizon) then
     redis.call("PEXPIREAT", key, horizon)
   end
 end
-return {"ok", sid, now, exp, redis.call("ZCARD", P)}
+return {"ok", sid, now, exp, redis.call("ZCARD", P), id}

@@ -5,8 +5,13 @@ goes up by one, the new error is kept, and the claim is released so the
 record can be replayed again at once.
 
 KEYS[1]  the record hash            (<ns>:dlq:{dlq}:rec:<dlq_id>)
+KEYS[2]  log stream                 (<ns>:dlq:{dlq}:log; the change is appended)
 ARGV[1]  token                      claim token from dlq_claim
 ARGV[2]  error                      text of the replay's error
+ARGV[3]  dlq_id                     (for the log entry)
+ARGV[4]  mode                       "defer": the replay did not run (the operation
+                                    in progress elsewhere, a breaker open): only
+                                    the claim is released, nothing counted
 
 Returns one of
   {"ok", replay_attempts}
@@ -33,7 +38,18 @@ if exp <= now then return {"none"} end
 if st ~= "pending" then return {"final", st} end
 if ct ~= ARGV[1] then return {"lost"} end
 
+if ARGV[4] == "defer" then  -- a replay that did not run: release the claim, count nothing
+  redis.call("HDEL", H, "co", "ct", "ce")
+  return {"ok", tonumber(redis.call("HGET", H, "ra") or "0")}
+end
+local lkind = redis.call("TYPE", KEYS[2])["ok"]
+if lkind ~= "none" and lkind ~= "stream" then
+  return {"corrupt", KEYS[2], "a " .. lkind .. " where the DLQ keeps its log (stream)"}
+end
 local attempts = redis.call("HINCRBY", H, "ra", 1)
+redis.call("XADD", KEYS[2], "MAXLEN", "~", 10000, "*", "dlq_id", ARGV[3] or "",
+  "change", "replay_failed", "error", ARGV[2])
+if redis.call("PTTL", KEYS[2]) == -1 then redis.call("PEXPIREAT", KEYS[2], exp) end
 redis.call("HSET", H, "le", ARGV[2], "lat", now)
 redis.call("HDEL", H, "co", "ct", "ce")
 return {"ok", attempts}

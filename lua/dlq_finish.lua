@@ -11,6 +11,8 @@ KEYS[2]  pending index, lex zset
 KEYS[3]  pending-by-op, lex zset
 KEYS[4]  counts hash
 KEYS[5]  the record hash
+KEYS[6]  by-key hash                (its entry for the record's operation is removed)
+KEYS[7]  log stream                 (the change is appended)
 ARGV[1]  dlq_id
 ARGV[2]  target                     "replayed" | "abandoned"
 ARGV[3]  token                      claim token, "" = none (operator action)
@@ -23,12 +25,13 @@ Returns one of
   {"lost"}                          the token does not hold the claim
   {"corrupt", key, detail}
 ]]
-local E, P, PO, C, H = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local E, P, PO, C, H, BK, LOG = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local id, target, token, by = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-local checks = {E, "zset", P, "zset", PO, "zset", C, "hash", H, "hash"}
+local checks = {E, "zset", P, "zset", PO, "zset", C, "hash", H, "hash", BK, "hash",
+                LOG, "stream"}
 for i = 1, #checks, 2 do
   local kind = redis.call("TYPE", checks[i])["ok"]
   if kind ~= "none" and kind ~= checks[i + 1] then
@@ -65,6 +68,9 @@ else
   if by ~= "" then redis.call("HSET", H, "aby", by) end
 end
 redis.call("HDEL", H, "co", "ct", "ce")
+local mkey = redis.call("HGET", H, "ik")
+if mkey and redis.call("HGET", BK, mkey) == id then redis.call("HDEL", BK, mkey) end
+redis.call("XADD", LOG, "MAXLEN", "~", 10000, "*", "dlq_id", id, "change", target, "by", by)
 
 -- Add before removing: a key emptied by the removal would be recreated
 -- without its TTL.
@@ -77,7 +83,7 @@ redis.call("ZREM", P, pm)
 redis.call("ZREM", PO, op .. "\0" .. pm)
 
 local horizon = tonumber(redis.call("ZRANGE", E, -1, -1, "WITHSCORES")[2])
-for _, key in ipairs({E, C}) do
+for _, key in ipairs({E, C, LOG}) do
   local pttl = redis.call("PTTL", key)
   if pttl == -1 or (pttl >= 0 and now + pttl < horizon) then
     redis.call("PEXPIREAT", key, horizon)

@@ -211,14 +211,18 @@ class DurabilityLayer:
         """
         return drive(self._core.recover_plan(limit), self.store)
 
-    def replay(self, dlq_id: str, fn: Callable[[OperationContext], Any]) -> ReplayResult:
+    def replay(
+        self, dlq_id: str, fn: Callable[[OperationContext], Any], *, wait: float | None = None
+    ) -> ReplayResult:
         """Replay a parked operation through the layer with its original key.
 
         A completed operation is not run again (its stored result counts as the
-        replay's success).
+        replay's success). An operation in progress elsewhere is waited for up
+        to ``wait`` seconds (``None``: the claim's lease), then the record is
+        ``DEFERRED``, like one whose breaker is open: no attempt counted.
         """
         return drive(
-            self.dlq._ops.replay_steps(dlq_id, self._core.replay_plan(fn)), self.store,
+            self.dlq._ops.replay_steps(dlq_id, self._core.replay_plan(fn, wait)), self.store,
             leases=self._leases,
         )
 
@@ -228,11 +232,15 @@ class DurabilityLayer:
         operation_type: str | None = None,
         limit: int | None = None,
         max_per_second: float | None = None,
+        *,
+        wait: float | None = None,
     ) -> ReplaySummary:
-        """Replay pending DLQ records through the layer (see :meth:`replay`)."""
+        """Replay pending DLQ records through the layer (see :meth:`replay`); the
+        pass replays no record of a dependency found with an open breaker
+        (``summary.breakers_open``)."""
         return drive(
             self.dlq._ops.replay_pending_steps(
-                operation_type, limit, max_per_second, self._core.replay_plan(fn)
+                operation_type, limit, max_per_second, self._core.replay_plan(fn, wait)
             ),
             self.store, leases=self._leases,
         )
@@ -383,10 +391,12 @@ class AsyncDurabilityLayer:
         """See :meth:`DurabilityLayer.recover_orphans`."""
         return await adrive(self._core.recover_plan(limit), self.store)
 
-    async def replay(self, dlq_id: str, fn: Callable[[OperationContext], Any]) -> ReplayResult:
+    async def replay(
+        self, dlq_id: str, fn: Callable[[OperationContext], Any], *, wait: float | None = None
+    ) -> ReplayResult:
         """See :meth:`DurabilityLayer.replay`."""
         return await adrive(
-            self.dlq._ops.replay_steps(dlq_id, self._core.replay_plan(fn)), self.store,
+            self.dlq._ops.replay_steps(dlq_id, self._core.replay_plan(fn, wait)), self.store,
             leases=self._leases,
         )
 
@@ -396,11 +406,13 @@ class AsyncDurabilityLayer:
         operation_type: str | None = None,
         limit: int | None = None,
         max_per_second: float | None = None,
+        *,
+        wait: float | None = None,
     ) -> ReplaySummary:
         """See :meth:`DurabilityLayer.replay_pending`."""
         return await adrive(
             self.dlq._ops.replay_pending_steps(
-                operation_type, limit, max_per_second, self._core.replay_plan(fn)
+                operation_type, limit, max_per_second, self._core.replay_plan(fn, wait)
             ),
             self.store, leases=self._leases,
         )

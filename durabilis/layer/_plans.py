@@ -48,6 +48,7 @@ from durabilis.errors import (
     ConfigError,
     CorruptData,
     DurabilisError,
+    InvalidPayload,
     LeaseLost,
     OperationInProgress,
     OutcomeUnrecorded,
@@ -115,6 +116,11 @@ def _breaker_refused(reply: Any) -> bool:
 
 def _record_refused(reply: Any) -> bool:
     return _tag(reply) != "ok"
+
+
+def _missed(reply: Any) -> bool:
+    """An enqueue refused because the operation's record is another (see dlq_enqueue)."""
+    return _tag(reply) == "miss"
 
 
 def _not_released(reply: Any) -> bool:
@@ -355,13 +361,16 @@ class _LayerCore:
         self._fire(transition)
         return permit
 
-    def _best_effort(self, calls: list[ScriptCall], event: str, key: str) -> Plan[bool]:
+    def _best_effort(
+        self, calls: list[ScriptCall], event: str, key: str,
+        gates: Mapping[int, Callable[[Any], bool]] | None = None,
+    ) -> Plan[bool]:
         """Run a compensating step, shielded; a storage failure is logged, not raised
         (what it leaves behind is found by recovery or expires: see docs/layer.md)."""
         if not calls:
             return True
         try:
-            yield IO(calls, shield=True)
+            yield IO(calls, gates or {}, shield=True)
         except DurabilisError as exc:
             _log.error(event, idempotency_key=key, error=f"{type(exc).__name__}: {exc}")
             return False
@@ -494,13 +503,17 @@ class _LayerCore:
             if claimed and done[0] == 2:
                 yield from self._best_effort(
                     self._park_orphan_calls(req, nonce, member if listed else ""),
-                    "durability_claim_undo_failed", req.key.value,
+                    "durability_claim_undo_failed", req.key.value, gates={0: _missed},
                 )
                 return
         if listed:
             yield from self._best_effort(
                 [self._note("rem", [member])], "durability_claim_undo_failed", req.key.value
             )
+
+    def _merge_key(self, key: str) -> str | None:
+        """Parkings of one operation share a DLQ record (when operations have keys)."""
+        return key if self.config.idempotency.enabled else None
 
     def _park_orphan_calls(self, req: _Request, nonce: str, member: str) -> list[ScriptCall]:
         """Park an inherited orphan (a taken-over claim this call will not run)."""
@@ -511,6 +524,7 @@ class _LayerCore:
             self._dlq.enqueue_prepared(
                 req.park, 0, WORKER_LOST, dlq_id=dlq_id,
                 metadata={"reason": WORKER_LOST, "claim": nonce},
+                merge_key=self._merge_key(req.key.value),
             ),
             self._idem.release(req.key, None, nonce),
             self._note("rem", [member] if member else [], recovered=1, parked=1),
@@ -872,6 +886,7 @@ class _LayerCore:
             calls["enqueue"] = self._dlq.enqueue_prepared(
                 req.park, attempts, error, dlq_id=dlq_id,
                 metadata={"reason": reason, "claim": cl.nonce},
+                merge_key=self._merge_key(req.key.value),
             )
         if cl.token or cl.member:
             calls["release"] = self._idem.release(req.key, cl.token, cl.nonce)
@@ -880,13 +895,19 @@ class _LayerCore:
         )
 
         def on_reply(name: str, reply: Any) -> Any:
+            nonlocal dlq_id
             if name == "enqueue":
-                self._dlq.decode_enqueue(calls["enqueue"], reply)
+                again = self._dlq.enqueue_again(calls["enqueue"], reply)
+                if again is not None:  # the operation's record is another: park there
+                    calls["enqueue"] = again
+                    return again
+                dlq_id = self._dlq.decode_enqueue(calls["enqueue"], reply).dlq_id
             return None
 
         try:
             yield from self._persist(
-                req.key.value, calls, ("enqueue", "release", "note"), {}, on_reply
+                req.key.value, calls, ("enqueue", "release", "note"),
+                {"enqueue": _missed} if "enqueue" in calls else {}, on_reply,
             )
         except _Unsent as unsent:
             yield from self._defer(req, cl, unsent)
@@ -971,12 +992,18 @@ class _LayerCore:
             env = unpacked
         except CorruptData:
             _log.exception("durability_orphan_payload_unreadable", idempotency_key=key)
+        return (yield from self._park_orphan(key, nonce, token, member, env))
+
+    def _park_orphan(
+        self, key: str, nonce: str, token: str, member: str, env: Mapping[str, Any]
+    ) -> Plan[str | None]:
+        """Park a reclaimed orphan and release its claim, as one step."""
         prepared = self._prepare_orphan(key, env)
-        dlq_id = dlq_id_for(key, nonce)
         calls = [
             self._dlq.enqueue_prepared(
-                prepared, 0, WORKER_LOST, dlq_id=dlq_id,
+                prepared, 0, WORKER_LOST, dlq_id=dlq_id_for(key, nonce),
                 metadata={"reason": WORKER_LOST, "claim": nonce},
+                merge_key=self._merge_key(key),
             ),
             self._idem.release(IdempotencyKey(key), token),
             self._note("rem", [member], recovered=1, parked=1),
@@ -986,17 +1013,27 @@ class _LayerCore:
         # process took it over), nothing is parked. Standalone: one atomic step,
         # the enqueue is not written either. Cluster: the enqueue ran first (a
         # crash between the two leaves the claim, and recovery parks again under
-        # the same id); its record is finished when the operation completed.
-        out = yield IO(calls, {1: _not_released})
+        # the same parking id); a record it created is finished when the
+        # operation completed. The enqueue is gated too: the operation's record
+        # may be another than expected ("miss": sent again naming it).
+        for _ in range(3):
+            out = yield IO(calls, {0: _missed, 1: _not_released})
+            again = self._dlq.enqueue_again(calls[0], out[0]) if out.status[0] == "r" else None
+            if again is None:
+                break
+            calls[0] = again
+        else:
+            return None  # the key's record keeps moving: the next recovery pass parks it
         if out.status[1] == "r":
-            if out.status[0] == "c" and self._dlq.decode_enqueue(calls[0], out[0]).created:
+            if out.status[0] == "c":
+                made = self._dlq.decode_enqueue(calls[0], out[0])
                 state = (yield IO([self._idem.check(IdempotencyKey(key))]))[0]
                 dup = self._idem.decode_check(IdempotencyKey(key), state)
-                if dup is not None and not dup.in_progress:
-                    yield IO([self._dlq.finish(dlq_id, DlqStatus.REPLAYED, by="its worker")])
+                if made.created and dup is not None and not dup.in_progress:
+                    yield IO([self._dlq.finish(made.dlq_id, DlqStatus.REPLAYED, by="its worker")])
             yield IO([self._note("rem", [member])])
             return None
-        self._dlq.decode_enqueue(calls[0], out[0])
+        dlq_id: str = self._dlq.decode_enqueue(calls[0], out[0]).dlq_id
         _log.warning(
             "durability_orphan_recovered", idempotency_key=key, dlq_id=dlq_id,
             operation_type=prepared.operation_type, agent_id=prepared.agent_id,
@@ -1029,7 +1066,7 @@ class _LayerCore:
 
     # -- replay --
 
-    def replay_request(self, record: DlqRecord) -> _Request:
+    def replay_request(self, record: DlqRecord, wait: float | None = None) -> _Request:
         meta = record.metadata or {}
         key = meta.get("idempotency_key")
         return self.request(
@@ -1040,20 +1077,37 @@ class _LayerCore:
             idempotency_key=IdempotencyKey(key) if key else None,
             task_id=meta.get("task_id") or None,
             phase=meta.get("phase") or None,
-            wait=None,
+            wait=self._replay_wait(wait),
             park_on_open=False,
             deadline_seconds=None,
             replay=True,
         )
 
+    def _replay_wait(self, wait: float | None) -> float:
+        """How long a replay waits for the operation in progress elsewhere (a live
+        delivery, another replayer): ``None`` is the claim's lease, time enough
+        for a live worker to finish or a dead one's lease to end."""
+        if wait is None:
+            return float(self.config.idempotency.in_progress_ttl_seconds)
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not wait >= 0:
+            raise ConfigError("wait", f"must be a number of seconds >= 0 or None, got {wait!r}")
+        return float(wait)
+
     def replay_plan(
-        self, fn: Callable[[OperationContext], Any]
+        self, fn: Callable[[OperationContext], Any], wait: float | None = None
     ) -> Callable[[DlqRecord], Plan[BaseException | None]]:
         """The DLQ replay handler (a plan): the record's operation through the layer."""
+        seconds = self._replay_wait(wait)
 
         def handle(record: DlqRecord) -> Plan[BaseException | None]:
+            missing = (record.metadata or {}).get("payload_error")
+            if missing:  # parked by recovery without its payload: nothing to replay
+                return InvalidPayload(
+                    f"parked without its payload ({missing}): handle it by hand, then "
+                    "abandon or mark it replayed"
+                )
             try:
-                yield from self.execute_plan(self.replay_request(record), fn)
+                yield from self.execute_plan(self.replay_request(record, seconds), fn)
             except Exception as exc:  # the replay failed: the DLQ notes it
                 return exc
             return None

@@ -226,13 +226,14 @@ def test_help_documents_the_resolution_order_and_every_exit_code(
     assert done.value.code == 0
     text = capsys.readouterr().out
     for word in ("DURABILIS_REDIS_URL", "DURABILIS_NAMESPACE", "DURABILIS_CONFIG",
-                 "a flag wins over the environment", "5 wrong or empty namespace"):
+                 "a flag wins over the environment", "5 wrong or empty namespace",
+                 "6 dlq replay: records deferred"):
         assert word in text, word
     doc = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
     codes = doc.split("## Exit codes", 1)[1].split("\n## ", 1)[0]
     assert [line.split("|")[1].strip() for line in codes.splitlines()
             if line.startswith("| ") and line.split("|")[1].strip().isdigit()] == [
-        "0", "1", "2", "3", "4", "5",
+        "0", "1", "2", "3", "4", "5", "6",
     ]
     assert "DURABILIS_NAMESPACE" in doc and "DURABILIS_CONFIG" in doc
 
@@ -350,7 +351,7 @@ def test_replay_all_quiet_prints_only_the_summary_line(
     code, out, _ = run(capsys, "dlq", "replay", "--all", "--handler", HANDLER + "fail", *base)
     assert code == EXIT_NOT_FOUND
     lines = out.splitlines()
-    assert lines[0] == "replayed 0, failed 3, skipped 0, claim lost 0"
+    assert lines[0] == "replayed 0, failed 3, skipped 0, claim lost 0, deferred 0"
     # The layer's retries gave up again: durabilis's own text, with the error code, is whole.
     exhausted = "RetryExhausted: job: gave up after 2 attempt(s), last error NETWORK_TIMEOUT"
     assert sorted(lines[1:]) == sorted(f"failed: {i}: {exhausted}; dlq_id=None" for i in ids)
@@ -358,7 +359,7 @@ def test_replay_all_quiet_prints_only_the_summary_line(
     code, out, _ = run(capsys, "dlq", "replay", "--all", "--quiet", "--handler",
                        HANDLER + "fail", *base)
     assert code == EXIT_NOT_FOUND
-    assert out == "replayed 0, failed 3, skipped 0, claim lost 0\n"
+    assert out == "replayed 0, failed 3, skipped 0, claim lost 0, deferred 0\n"
 
     # --json is one document with or without --quiet.
     code, out, _ = run(capsys, "dlq", "replay", "--all", "--quiet", "--json", "--handler",
@@ -375,7 +376,7 @@ def test_replay_all_quiet_prints_only_the_summary_line(
     assert main(["breaker", "close", "svc", *base]) == EXIT_OK
     code, out, err = run(capsys, "dlq", "replay", "--all", "-q", "--handler",
                          HANDLER + "record", *base)
-    assert code == EXIT_OK and out == "replayed 3, failed 0, skipped 0, claim lost 0\n"
+    assert code == EXIT_OK and out == "replayed 3, failed 0, skipped 0, claim lost 0, deferred 0\n"
     assert "durability_dlq_replayed" not in err  # no line per record
 
 
@@ -530,3 +531,30 @@ def test_idem_show_points_to_the_dlq_record_of_a_dead_workers_operation(
     assert (record["dlq_id"], record["status"], record["last_error"]) == (
         dlq_id, "pending", "WORKER_LOST",
     )
+
+
+# --- a slow recovery is said out loud ----------------------------------------------------
+
+
+def test_a_lease_that_makes_recovery_slow_is_reported_by_config_check_and_doctor(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, redis_url: str, namespace: str,
+    layer: DurabilityLayer,
+) -> None:
+    park(layer, {"page": 1})  # the namespace holds something: doctor's namespace check is ok
+    slow = tmp_path / "slow.toml"
+    slow.write_text("[idempotency]\nin_progress_ttl_seconds = 300\n", encoding="utf-8")
+    code, out, _ = run(capsys, "config", "check", str(slow), "--json")
+    assert code == EXIT_OK
+    [warning] = json.loads(out)["warnings"]
+    assert "300 s" in warning and "recover_orphans" in warning
+    code, out, _ = run(capsys, "config", "check", str(slow))
+    assert "warning: idempotency.in_progress_ttl_seconds is 300 s" in out
+    code, out, _ = run(capsys, "doctor", "--url", redis_url, "--namespace", namespace,
+                       "--config", str(slow), "--json", "--pings", "1")
+    check = next(c for c in json.loads(out)["checks"] if c["name"] == "config")
+    assert check["status"] == "warn" and "300 s" in check["summary"]
+    fine = tmp_path / "fine.toml"
+    fine.write_text("[idempotency]\ndedup_window_seconds = 7200\n", encoding="utf-8")
+    code, out, _ = run(capsys, "config", "check", str(fine), "--json")
+    assert code == EXIT_OK and json.loads(out)["warnings"] == []
+    assert json.loads(out)["config"]["idempotency"]["in_progress_ttl_seconds"] == 30

@@ -40,6 +40,9 @@ def test_demo_exits_0_on_the_embedded_default_and_its_report_matches_redis(
         assert again["writes_applied_by_wiki"] == len(tasks) * len(PHASES)
         assert again["dlq_pending"] == 0 and again["in_flight"] == 0
         assert again["parked_in_dlq"] == again["dlq_replayed"] > 0  # the outage parked writes
+        # One record per operation: its parkings (deliveries) add up to the layer's count.
+        records, _ = durabilis.DeadLetterQueue(store).list_all()
+        assert sum(r.parkings for r in records) == again["parkings"] >= again["parked_in_dlq"]
         assert {t["to"] for t in again["breaker_transitions"]} >= {"open", "closed"}
         assert again["tasks_resumed_from_checkpoint"] > 0
         checkpoint = durabilis.CheckpointManager(store).restore("page-000", AGENT)

@@ -409,7 +409,7 @@ def test_when_every_record_has_expired_redis_drops_every_dlq_key_by_itself(
     dlq = DeadLetterQueue(store)
     ids = park(dlq, 3, ttl_seconds=0.2)
     dlq.mark_replayed(ids[0])
-    assert len(keys_matching(raw, f"{namespace}:*")) == 3 + 5
+    assert len(keys_matching(raw, f"{namespace}:*")) == 3 + 6  # + the log stream
     sleep_until(raw, dlq.get(ids[-1]).expires_at)  # type: ignore[union-attr]
     assert keys_matching(raw, f"{namespace}:*") == []
     assert dlq.cleanup_expired() == 0
@@ -440,7 +440,7 @@ def test_every_dlq_key_has_a_ttl_no_earlier_than_its_longest_lived_record(
     dlq.mark_replayed(ids[0])
     dlq.abandon(ids[2])
     keys = keys_matching(raw, f"{namespace}:*")
-    assert len(keys) == 3 + 5  # 3 record hashes, stream, expiry, pending, by-op, counts
+    assert len(keys) == 3 + 6  # 3 record hashes, stream, expiry, pending, by-op, counts, log
     for k in keys:
         ttl = raw.pttl(k)
         if b":rec:" in k:

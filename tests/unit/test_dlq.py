@@ -164,7 +164,7 @@ def test_enqueue_generates_distinct_ids_and_keeps_a_chosen_one() -> None:
 
 def test_metadata_becomes_prefixed_plain_fields() -> None:
     call = ops().enqueue(**enqueue_args(), metadata={"idempotency_key": "k1", "payload": "x"})
-    assert list(call.args[9:]) == ["meta:idempotency_key", "k1", "meta:payload", "x"]
+    assert list(call.args[11:]) == ["meta:idempotency_key", "k1", "meta:payload", "x"]
 
 
 @pytest.mark.parametrize(
@@ -373,7 +373,7 @@ def test_a_raising_handler_is_reported_with_its_error_and_token() -> None:
     assert step.arg.dlq_id == "abc"
     fail = plan.send((False, OperationError("SERVICE_UNAVAILABLE", "down")))
     assert fail.name == "dlq_fail"  # type: ignore[union-attr]
-    assert list(fail.args) == ["1-5", "SERVICE_UNAVAILABLE: down"]  # type: ignore[union-attr]
+    assert list(fail.args) == ["1-5", "SERVICE_UNAVAILABLE: down", "abc"]  # type: ignore[union-attr]
     with pytest.raises(StopIteration) as done:
         plan.send([b"ok", 1])
     assert done.value.value.outcome is ReplayOutcome.FAILED
@@ -414,7 +414,7 @@ def test_text_with_lone_surrogates_is_cleaned_not_refused() -> None:
     call = ops().enqueue(
         **enqueue_args(last_error="bad \udcff byte"), metadata={"k\udcff": "v\udcff"}
     )
-    for arg in (call.args[6], *call.args[9:]):
+    for arg in (call.args[6], *call.args[11:]):
         str(arg).encode("utf-8")  # would raise on a lone surrogate
 
 
