@@ -1004,11 +1004,23 @@ IDEM_DLQ_SCAN_LIMIT = 10_000
 def _parked_with_key(s: _Session, key: str) -> tuple[list[Any], bool]:
     """DLQ records whose metadata carries idempotency key ``key`` (pending ones
     first, then the others), and whether the walk stopped at its bound."""
+    from durabilis.dlq import record_id_for  # noqa: PLC0415
+
     dlq = s.layer().dlq
+    # The by-key index names the operation's current record in one read (one
+    # record per operation); its first record has the id derived from the key.
+    current = s.store().command("HGET", dlq._ops.bykey_key, key)
+    for dlq_id in dict.fromkeys(
+        [*([current.decode() if isinstance(current, bytes) else str(current)]
+           if current else []), record_id_for(key)]
+    ):
+        record = dlq.get(dlq_id)
+        if record is not None and record.metadata.get("idempotency_key") == key:
+            return [record], False
     found: list[Any] = []
     seen = 0
     after: Any = None
-    while True:  # the pending index
+    while True:  # the pending index (records parked before the by-key index)
         page = dlq.list_pending(limit=500, after=after)
         seen += len(page)
         found += [r for r in page if r.metadata.get("idempotency_key") == key]
