@@ -32,6 +32,7 @@ import structlog
 
 import durabilis
 from durabilis import CircuitBreakerConfig, IdempotencyConfig, OperationError, RetryPolicy
+from durabilis._mask import mask_url
 from durabilis.errors import CheckpointNotFound
 from durabilis.layer import DurabilityConfig, DurabilityLayer, OperationContext
 
@@ -162,7 +163,7 @@ def run(
     print(
         f"durabilis demo: {workers} workers publish {total_tasks} wiki pages "
         f"({len(PHASES)} phases each) through a flaky wiki\n"
-        f"  store {store.url}  namespace {namespace}\n"
+        f"  store {mask_url(store.url)}  namespace {namespace}\n"
         f"  wiki: {int(FAILURE_RATE * 100)}% random timeouts, outage from "
         f"t={OUTAGE[0]:.0f}s to t={OUTAGE[1]:.0f}s; every page is delivered to two workers;"
         " worker 0 is killed mid-task",

@@ -22,6 +22,7 @@ import redis.asyncio
 from redis.backoff import NoBackoff
 
 from durabilis._keys import KeySpace
+from durabilis._mask import mask_url
 from durabilis._scripts import Replies, ScriptCall, ScriptRegistry, fuse
 from durabilis.errors import CorruptData, DurabilisError, StorageUnavailable, UnsupportedUrl
 
@@ -342,7 +343,7 @@ class _StoreBase:
         return [self.scripts.get(call.name).script, len(call.keys), *_argv(call)]
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(url={self.url!r}, namespace={self.namespace!r})"
+        return f"{type(self).__name__}(url={mask_url(self.url)!r}, namespace={self.namespace!r})"
 
     @property
     def fuses(self) -> bool:

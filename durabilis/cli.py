@@ -97,6 +97,10 @@ def _common() -> argparse.ArgumentParser:
                         help="print one JSON document (see docs/cli.md for the shapes)")
     common.add_argument("--timeout", type=float, default=s, metavar="SECONDS",
                         help="Redis socket timeout (default: 5)")
+    common.add_argument("--show-errors", action="store_true", default=s,
+                        help="print stored error texts in clear (default: redacted after "
+                        "their code and type, as durabilis's events are; they may quote "
+                        "payloads or tokens)")
     return common
 
 
@@ -502,8 +506,10 @@ def _record_row(r: Any, *, payload: bool) -> dict[str, Any]:
     out = {
         "dlq_id": r.dlq_id, "status": r.status, "operation_type": r.operation_type,
         "agent_id": r.agent_id, "retry_count": r.retry_count,
-        "replay_attempts": r.replay_attempts, "last_error": r.last_error,
-        "original_error": r.original_error, "failed_at": r.failed_at,
+        "replay_attempts": r.replay_attempts, "parkings": r.parkings,
+        "last_error": describe_error_text(r.last_error),
+        "original_error": describe_error_text(r.original_error), "failed_at": r.failed_at,
+        "last_parked_at": r.last_parked_at,
         "expires_at": r.expires_at, "last_replay_at": r.last_replay_at,
         "replayed_at": r.replayed_at, "replayed_by": r.replayed_by,
         "abandoned_at": r.abandoned_at, "abandoned_by": r.abandoned_by,
@@ -552,7 +558,7 @@ def _dlq_ls(s: _Session) -> int:
         ("DLQ_ID", "STATUS", "OPERATION_TYPE", "AGENT", "RETRIES", "REPLAYS", "FAILED_AT",
          "LAST_ERROR"),
         [(r.dlq_id, r.status, r.operation_type, r.agent_id, r.retry_count, r.replay_attempts,
-          r.failed_at, r.last_error) for r in records],
+          r.failed_at, describe_error_text(r.last_error)) for r in records],
         "no DLQ records",
     )
     return EXIT_OK
@@ -1078,7 +1084,8 @@ def _idem_in_dlq(s: _Session) -> int:
         raise CliError(EXIT_NOT_FOUND, f"no idempotency record for {key!r}, and no DLQ "
                        f"record carries that key{bound}")
     rows = [{"dlq_id": r.dlq_id, "status": r.status, "operation_type": r.operation_type,
-             "agent_id": r.agent_id, "last_error": r.last_error, "failed_at": r.failed_at,
+             "agent_id": r.agent_id, "last_error": describe_error_text(r.last_error),
+             "failed_at": r.failed_at,
              "replay_attempts": r.replay_attempts} for r in records]
     if s.json:
         _print_json({"key": key, "status": "in_dlq", "dlq_records": rows,
@@ -1285,8 +1292,12 @@ def _run(args: argparse.Namespace) -> int:
         InvalidKey,
         StorageUnavailable,
     )
+    from durabilis.events import configure_logging, redaction_enabled  # noqa: PLC0415
 
     session = _Session(args)
+    redacted = redaction_enabled()
+    if getattr(args, "show_errors", False):
+        configure_logging(redact=False)  # for this command (events included)
     try:
         command = _COMMANDS[(args.command, getattr(args, "action", None))]
         return command(session)
@@ -1306,7 +1317,31 @@ def _run(args: argparse.Namespace) -> int:
         print(f"durabilis: {describe_error(exc, redacted=False)}", file=sys.stderr)
         return EXIT_ERROR
     finally:
+        configure_logging(redact=redacted)
         session.close()
+
+
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every control character (but newline and tab) written as
+    ``\\uXXXX``: stored data (an error text, a payload, a key) can neither move
+    the cursor, forge a line nor retitle the terminal. Valid in JSON too."""
+    return _CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+class _Escaped:
+    """A text stream whose writes go through :func:`escape_controls` (the CLI's stdout)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return int(self._stream.write(escape_controls(text)))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 class _Stderr:
@@ -1318,7 +1353,7 @@ class _Stderr:
     def write(self, text: str) -> int:
         if self.progress is not None:
             self.progress.clear()
-        return sys.stderr.write(text)
+        return sys.stderr.write(escape_controls(text))
 
     def flush(self) -> None:
         sys.stderr.flush()
@@ -1355,13 +1390,16 @@ def main(argv: list[str] | None = None) -> int:
         stdlib.setLevel(max(stdlib.getEffectiveLevel(), logging.WARNING))
     else:  # an operator's tool shows what it did (a line per replayed record)
         stdlib.setLevel(min(stdlib.getEffectiveLevel(), logging.INFO))
+    real_stdout = sys.stdout
+    sys.stdout = _Escaped(real_stdout)
     try:
         return _run(args)
     except BrokenPipeError:  # `durabilis dlq ls | head`: the reader left
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(devnull, real_stdout.fileno())
         return EXIT_NOT_FOUND
     finally:
+        sys.stdout = real_stdout
         structlog.configure(**saved)
         stdlib.setLevel(saved_level)
 

@@ -34,10 +34,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
+from durabilis._mask import mask_url
 from durabilis._scripts import sources
 from durabilis._store import Store, map_error
 from durabilis.errors import DurabilisError, StorageUnavailable
@@ -400,17 +400,8 @@ def check_namespace(survey: NamespaceSurvey) -> Check:
 
 
 def hide_password(url: str) -> str:
-    """``url`` with its password replaced by ``***``."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return url
-    if "@" not in parts.netloc:
-        return url
-    creds, _, hosts = parts.netloc.rpartition("@")
-    user = creds.partition(":")[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{hosts}" if ":" in creds else
-                                     f"{user}@{hosts}"))
+    """``url`` with its password (and password-like query arguments) replaced by ``***``."""
+    return mask_url(url)
 
 
 # --- gathering the facts ---------------------------------------------------------------

@@ -40,7 +40,9 @@ class UnsupportedUrl(ConfigError):
     """The connection URL names a scheme durabilis cannot (yet) connect to."""
 
     def __init__(self, url: str, message: str) -> None:
-        super().__init__("url", f"{message} (url={url!r})")
+        from durabilis._mask import mask_url  # noqa: PLC0415  (errors imports nothing else)
+
+        super().__init__("url", f"{message} (url={mask_url(url)!r})")
         self.url = url
 
 

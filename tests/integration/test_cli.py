@@ -144,7 +144,12 @@ def test_dlq_ls_show_abandon_stats_and_cleanup(cli: Run, layer: Any) -> None:
     first = listing["records"][0]
     assert first["status"] == "pending" and first["operation_type"] == "job"
     assert first["agent_id"] == "agent-1" and first["retry_count"] == 2
-    assert first["last_error"] == "NETWORK_TIMEOUT: upstream timed out"
+    # Stored error texts are redacted after their code, as the events are ...
+    assert first["last_error"] == "NETWORK_TIMEOUT: [REDACTED]"
+    assert first["parkings"] == 1
+    # ... and shown in clear when asked.
+    clear = js(cli("dlq", "ls", "--json", "--show-errors"))["records"][0]
+    assert clear["last_error"] == "NETWORK_TIMEOUT: upstream timed out"
     assert first["failed_at"].endswith("Z") and "original_operation" not in first
 
     only = js(cli("dlq", "ls", "--operation-type", "other", "--json"))
