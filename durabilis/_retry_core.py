@@ -77,6 +77,12 @@ DEADLINE_EXCEEDED: StopReason = "DEADLINE_EXCEEDED"
 RETRY_BUDGET_EXHAUSTED: StopReason = "RETRY_BUDGET_EXHAUSTED"
 
 JITTER_SHARE = 0.3
+
+MAX_DELAY_MS = 3_600_000
+"""Longest ``initial_delay_ms`` / ``max_delay_ms`` (one hour); every sleep is clamped to it."""
+
+MAX_DEADLINE_MS = 86_400_000
+"""Longest ``deadline_ms`` (one day)."""
 """Jitter adds a uniform share in ``[0, JITTER_SHARE)`` of the delay (seed: 30 %)."""
 
 
@@ -496,6 +502,7 @@ class RetryPolicy:
                 f"must be >= initial_delay_ms ({self.initial_delay_ms!r}), "
                 f"got {self.max_delay_ms!r}",
             )
+        _check_bounds(self)
         if not isinstance(self.operation_type, str) or not self.operation_type:
             raise ConfigError("operation_type", "must be a non-empty string")
         try:
@@ -512,6 +519,7 @@ class RetryPolicy:
         _codes("non_retryable_errors", self.non_retryable_errors)
         if self.deadline_ms is not None and _number("deadline_ms", self.deadline_ms) <= 0:
             raise ConfigError("deadline_ms", f"must be > 0 or None, got {self.deadline_ms!r}")
+
         if self.budget is not None:
             if not isinstance(self.budget, RetryBudget):
                 raise ConfigError("budget", f"must be a RetryBudget or None, got {self.budget!r}")
@@ -543,6 +551,20 @@ class RetryPolicy:
             ValueError: A negative attempt.
         """
         return backoff_delay(self, attempt)
+
+
+def _check_bounds(policy: RetryPolicy) -> None:
+    # A retry delay holds the operation's claim (the keep-alive renews it): an
+    # unbounded one would wedge the operation, and past ~1e13 ms the sleep
+    # itself overflows.
+    for name in ("initial_delay_ms", "max_delay_ms"):
+        if _number(name, getattr(policy, name)) > MAX_DELAY_MS:
+            raise ConfigError(name, f"must be at most {MAX_DELAY_MS} (one hour), "
+                              f"got {getattr(policy, name)!r}")
+    deadline = policy.deadline_ms
+    if deadline is not None and _number("deadline_ms", deadline) > MAX_DEADLINE_MS:
+        raise ConfigError("deadline_ms", f"must be at most {MAX_DEADLINE_MS} (one day), "
+                          f"got {policy.deadline_ms!r}")
 
 
 def backoff_delay(

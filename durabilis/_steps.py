@@ -54,6 +54,9 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+MAX_SLEEP_SECONDS = 2 * 3600.0
+"""No plan step sleeps longer than this (retry delays are at most an hour, plus jitter)."""
+
 Plan = Generator[Any, Any, T]
 """A generator of steps returning ``T``."""
 
@@ -263,7 +266,7 @@ def perform(store: Store, step: Any, leases: LeaseBook | None, held: list[Any]) 
         return _command(store, step)
     if kind is Sleep:
         if not TESTING.instant and step.seconds > 0:
-            time.sleep(step.seconds)
+            time.sleep(min(step.seconds, MAX_SLEEP_SECONDS))
         return None
     if kind is Hold:
         if leases is not None:
@@ -424,7 +427,7 @@ async def aperform(store: AsyncStore, step: Any, leases: LeaseBook | None, held:
         return await _command(store, step)
     if kind is Sleep:
         if not TESTING.instant and step.seconds > 0:
-            await asyncio.sleep(step.seconds)
+            await asyncio.sleep(min(step.seconds, MAX_SLEEP_SECONDS))
         return None
     if kind is Hold:
         if leases is not None:

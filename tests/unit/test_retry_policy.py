@@ -341,3 +341,19 @@ def test_the_hot_path_success_outcome_is_an_ordinary_frozen_outcome() -> None:
     assert repr(fast) == repr(RetryOutcome(True, "r", 2))
     with pytest.raises(AttributeError):
         fast.success = False  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("initial_delay_ms", 9e12), ("max_delay_ms", 1e13), ("max_delay_ms", 3_600_001),
+     ("deadline_ms", 86_400_001)],
+)
+def test_delays_and_deadlines_are_bounded(field: str, value: float) -> None:
+    base = {"initial_delay_ms": 1, "max_delay_ms": 10, "deadline_ms": None}
+    if field == "initial_delay_ms":
+        base["max_delay_ms"] = value
+    base[field] = value
+    with pytest.raises(ConfigError) as info:
+        RetryPolicy("job", 3, **base)  # type: ignore[arg-type]
+    assert info.value.field in (field, "initial_delay_ms", "max_delay_ms")
+    RetryPolicy("job", 3, 3_600_000, 3_600_000, deadline_ms=86_400_000)  # the bounds pass
