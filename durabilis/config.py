@@ -457,7 +457,9 @@ def _plain(value: Any) -> Any:
     if isinstance(value, tuple):
         return [_plain(v) for v in value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
+        return {f.name: _plain(getattr(value, f.name)) if f.name != "key_secret"
+                else (None if getattr(value, f.name) is None else "***")  # never printed
+                for f in dataclasses.fields(value) if f.init}
     return value
 
 

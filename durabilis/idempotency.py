@@ -12,6 +12,8 @@ one round trip each (one EVALSHA); ``record_count`` is a SCAN.
 from __future__ import annotations
 
 import hashlib
+import hmac
+import os
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -25,6 +27,7 @@ from durabilis.errors import (
     ConfigError,
     CorruptData,
     InvalidKey,
+    InvalidPayload,
     KeyReuseMismatch,
     LeaseLost,
 )
@@ -48,6 +51,13 @@ MAX_VALUE_BYTES = 512 * 1024 * 1024
 """Largest ``max_value_bytes``: what one Redis string can hold."""
 
 
+KEY_SECRET_ENV = "DURABILIS_KEY_SECRET"
+"""Environment variable holding the namespace's content-key secret."""
+
+RAW_PREFIX = "%raw:"
+"""The key space of caller-supplied keys in the layer (content keys never start so)."""
+
+
 def _escape(part: str) -> str:
     return part.replace("%", "%25").replace(":", "%3A")
 
@@ -63,6 +73,20 @@ def _is_unicode(text: str) -> bool:
 def fingerprint(payload: Any) -> str:
     """The payload fingerprint stored with caller-supplied keys (SHA-256 hex)."""
     return hashlib.sha256(_codec.content_bytes(payload)).hexdigest()
+
+
+def payload_fingerprint(payload: Any) -> str:
+    """:func:`fingerprint` of a JSON-compatible payload; of any other value the
+    layer can store (``datetime``, ``Decimal``, tuples…), SHA-256 of its msgpack
+    encoding (exact types; equal mappings built in another key order differ).
+
+    Raises:
+        InvalidPayload: A value msgpack cannot encode either.
+    """
+    try:
+        return fingerprint(payload)
+    except InvalidPayload:
+        return "m" + hashlib.sha256(_codec.pack(payload, what="payload")).hexdigest()[1:]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,11 +107,16 @@ class IdempotencyKey:
     fingerprint: str | None = None
 
     @classmethod
-    def new(cls, agent_id: str, operation_type: str, content: Any) -> IdempotencyKey:
+    def new(
+        cls, agent_id: str, operation_type: str, content: Any, *,
+        secret: str | bytes | None = None,
+    ) -> IdempotencyKey:
         """Content-addressed key.
 
-        ``hash32`` is the first 32 hex chars of SHA-256 of the content: bytes as
-        they are, ``str`` as UTF-8, anything else as sorted-key compact JSON.
+        ``hash32`` is the first 32 hex chars of SHA-256 of the content (of its
+        HMAC-SHA-256 keyed by ``secret`` when one is given: then a key name does
+        not reveal a guessable payload): bytes as they are, ``str`` as UTF-8,
+        anything else as sorted-key compact JSON.
         ``:`` and ``%`` in ``agent_id`` / ``operation_type`` are percent-escaped
         so parts never collide.
 
@@ -100,7 +129,12 @@ class IdempotencyKey:
                 raise InvalidKey(str(part), f"{name} must be a non-empty string")
             if not _is_unicode(part):
                 raise InvalidKey(part, f"{name} must be valid Unicode (no lone surrogates)")
-        digest = hashlib.sha256(_codec.content_bytes(content)).hexdigest()[:32]
+        data = _codec.content_bytes(content)
+        if secret:
+            key = secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
+            digest = hmac.new(key, data, hashlib.sha256).hexdigest()[:32]
+        else:
+            digest = hashlib.sha256(data).hexdigest()[:32]
         return cls(f"{_escape(agent_id)}:{_escape(operation_type)}:{digest}")
 
     @classmethod
@@ -115,6 +149,34 @@ class IdempotencyKey:
         if not _is_unicode(key):
             raise InvalidKey(key, "an idempotency key must be valid Unicode (no lone surrogates)")
         return cls(key, None if payload is None else fingerprint(payload))
+
+    @classmethod
+    def caller(cls, agent_id: str, key: IdempotencyKey | str, payload: Any) -> IdempotencyKey:
+        """A caller-supplied key as the layer stores it: ``%raw:<agent>:<key>``.
+
+        Scoped to its agent (two agents' keys never meet) and in a key space of
+        its own: a content key never starts with ``%raw:`` (``%`` is escaped in
+        its parts), so a caller cannot name another's content key. Bound to the
+        payload's fingerprint (the key's own, else ``payload``'s): reusing it with
+        another payload raises :class:`~durabilis.KeyReuseMismatch`.
+
+        Raises:
+            InvalidKey: An empty key or agent, or one that is not valid text.
+        """
+        raw = key if isinstance(key, IdempotencyKey) else cls.from_raw(key)
+        if not isinstance(raw, IdempotencyKey):
+            raise InvalidKey(repr(key), "expected an IdempotencyKey or str")
+        if not isinstance(agent_id, str) or not agent_id or not _is_unicode(agent_id):
+            raise InvalidKey(str(agent_id), "agent_id must be a non-empty string")
+        if not isinstance(raw.value, str) or not raw.value:
+            raise InvalidKey(str(raw.value), "an idempotency key must be a non-empty string")
+        return cls(f"{RAW_PREFIX}{_escape(agent_id)}:{raw.value}",
+                   raw.fingerprint or payload_fingerprint(payload))
+
+    @property
+    def is_caller_key(self) -> bool:
+        """Whether this is a caller-supplied key as the layer stores it."""
+        return self.value.startswith(RAW_PREFIX)
 
     def __str__(self) -> str:
         return self.value
@@ -138,6 +200,11 @@ class IdempotencyConfig:
             builds the config); after it a dead owner's claim is taken over or
             recovered. A live owner renews it (the layer's keep-alive).
         max_value_bytes: Largest encoded placeholder/result stored.
+        key_secret: The namespace's secret for content keys (HMAC-SHA-256 instead
+            of SHA-256, so key names do not reveal guessable payloads); ``None``:
+            ``$DURABILIS_KEY_SECRET`` if set, else none. Every replica of a
+            namespace must use the same one (docs/production.md: rotation).
+            Never printed (``repr``, ``config check``).
     """
 
     enabled: bool = True
@@ -145,6 +212,12 @@ class IdempotencyConfig:
     max_key_length: int = 256
     in_progress_ttl_seconds: float = 30
     max_value_bytes: int = 1024 * 1024
+    key_secret: str | None = field(default=None, repr=False)
+
+    @property
+    def content_key_secret(self) -> str | None:
+        """The secret in effect (``key_secret``, else ``$DURABILIS_KEY_SECRET``)."""
+        return self.key_secret or os.environ.get(KEY_SECRET_ENV) or None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -167,6 +240,10 @@ class IdempotencyConfig:
             raise ConfigError(
                 "max_value_bytes", f"must be at most {MAX_VALUE_BYTES} (a Redis string's limit)"
             )
+        if self.key_secret is not None and (
+            not isinstance(self.key_secret, str) or len(self.key_secret) < 16
+        ):
+            raise ConfigError("key_secret", "must be a string of at least 16 characters, or None")
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ KEYS[1]  the record hash            (<ns>:idem:{<key>})
 ARGV[1]  window_ms                  dedup window, counted from the claim
 ARGV[2]  lease_ms                   how long an in-progress claim is held
 ARGV[3]  placeholder                msgpack bytes, "" = none
-ARGV[4]  fingerprint                payload fingerprint, "" = none (not checked)
+ARGV[4]  fingerprint                payload fingerprint, "" = none (must equal the stored one)
 ARGV[5]  payload                    msgpack bytes kept while in progress, "" = none
 ARGV[6]  nonce                      the caller's claim id, "" = none (optional)
 
@@ -99,7 +99,10 @@ end
 if state == "p" and (not le or not int(tok)) then
   return {"corrupt", "in-progress record without a valid lease expiry or token"}
 end
-if ARGV[4] ~= "" and fp and fp ~= ARGV[4] then
+-- A key bound to a payload answers only that payload; a key claimed without
+-- one answers no claim that brings one, and the reverse (a caller cannot
+-- reach a bound key's result by leaving its fingerprint out).
+if (fp or "") ~= ARGV[4] then
   return {"mismatch"}
 end
 local stored_window = int(f[8]) or window

@@ -56,7 +56,13 @@ from durabilis.errors import (
     RetryExhausted,
 )
 from durabilis.events import error_text
-from durabilis.idempotency import Duplicate, IdempotencyKey, New
+from durabilis.idempotency import (
+    RAW_PREFIX,
+    Duplicate,
+    IdempotencyKey,
+    New,
+    payload_fingerprint,
+)
 from durabilis.layer._config import (
     CIRCUIT_OPEN,
     WORKER_LOST,
@@ -199,6 +205,7 @@ class _LayerCore:
         self._budget = _BudgetOps(store.keys)
         self._index = store.keys.layer("inflight")
         self._stats = store.keys.layer("stats")
+        self._key_secret = config.idempotency.content_key_secret
         self._lease_s = float(config.idempotency.in_progress_ttl_seconds)
         self._lease_ms = max(1, int(self._lease_s * 1000))
 
@@ -230,11 +237,15 @@ class _LayerCore:
             ConfigError: ``task_id`` without ``phase`` (or the reverse), a bad
                 ``wait`` / ``deadline_seconds``.
         """
-        key = self._idem.validate_key(
-            IdempotencyKey.new(agent_id, operation_type, payload)
-            if idempotency_key is None
-            else idempotency_key
-        )
+        if idempotency_key is None:
+            made = IdempotencyKey.new(agent_id, operation_type, payload,
+                                      secret=self._key_secret)
+        elif replay:  # the key as stored (a caller key already scoped)
+            made = (idempotency_key if isinstance(idempotency_key, IdempotencyKey)
+                    else IdempotencyKey(idempotency_key))
+        else:  # a caller's key: scoped to its agent, bound to the payload
+            made = IdempotencyKey.caller(agent_id, idempotency_key, payload)
+        key = self._idem.validate_key(made)
         dep = dependency if dependency is not None else self.config.dependencies.get(
             operation_type
         )
@@ -264,7 +275,8 @@ class _LayerCore:
             "payload",
         ))
         park = self._dlq.prepare(
-            agent_id, operation_type, payload, self._metadata(key.value, dep, task_id, phase),
+            agent_id, operation_type, payload, self._metadata(key.value, dep, task_id, phase,
+                                                                key.fingerprint),
             spare_bytes=_REASON_ROOM,
         )
         return _Request(
@@ -274,10 +286,12 @@ class _LayerCore:
 
     @staticmethod
     def _metadata(
-        key: str, dependency: str | None, task_id: str | None, phase: str | None
+        key: str, dependency: str | None, task_id: str | None, phase: str | None,
+        fingerprint: str | None = None,
     ) -> dict[str, str]:
         meta = {"idempotency_key": key}
-        for name, value in (("dependency", dependency), ("task_id", task_id), ("phase", phase)):
+        for name, value in (("dependency", dependency), ("task_id", task_id), ("phase", phase),
+                            ("fingerprint", fingerprint)):
             if value:
                 meta[name] = value
         return meta
@@ -1074,7 +1088,7 @@ class _LayerCore:
             record.operation_type,
             record.original_operation,
             dependency=meta.get("dependency") or None,
-            idempotency_key=IdempotencyKey(key) if key else None,
+            idempotency_key=self._stored_key(key, record) if key else None,
             task_id=meta.get("task_id") or None,
             phase=meta.get("phase") or None,
             wait=self._replay_wait(wait),
@@ -1082,6 +1096,14 @@ class _LayerCore:
             deadline_seconds=None,
             replay=True,
         )
+
+    @staticmethod
+    def _stored_key(key: str, record: DlqRecord) -> IdempotencyKey:
+        """A parked operation's key, bound again to its payload when a caller gave it."""
+        if not key.startswith(RAW_PREFIX):
+            return IdempotencyKey(key)
+        fp = (record.metadata or {}).get("fingerprint")
+        return IdempotencyKey(key, fp or payload_fingerprint(record.original_operation))
 
     def _replay_wait(self, wait: float | None) -> float:
         """How long a replay waits for the operation in progress elsewhere (a live

@@ -39,11 +39,30 @@ def idempotency_flow(store: durabilis.Store) -> None:
     other = guard.check_and_record("order-2")
     assert isinstance(other, New) and other.token
     assert guard.release("order-2", other.token) is True
-    assert guard.record_count() == 1
     run_many = store.run_many([guard._ops.check(guard._ops.validate_key(k))
                                for k in ("order-1", "order-2")])
     assert len(run_many) == 2
     assert store.ping()
+
+
+def layer_flow(store: durabilis.Store) -> None:
+    """The layer's whole life under the application's user: no SCAN needed."""
+    from durabilis import OperationError
+    from durabilis.layer import DurabilityConfig, DurabilityLayer
+    from durabilis.testing import instant_retries
+
+    layer = DurabilityLayer(store, DurabilityConfig())
+
+    def down(ctx: Any) -> Any:
+        raise OperationError("NETWORK_TIMEOUT", "down")
+
+    assert layer.execute("a1", "job", {"n": 1}, lambda ctx: "ok") == "ok"
+    with instant_retries(), pytest.raises(durabilis.RetryExhausted):
+        layer.execute("a1", "job", {"n": 2}, down, idempotency_key="k-2")
+    assert layer.recover_orphans() == []
+    assert layer.replay_pending(lambda ctx: "replayed").replayed == 1
+    assert layer.stats().parked == 1
+    layer.close()
 
 
 def claim_error(url: str, namespace: str, **options: Any) -> DurabilisError:
@@ -104,6 +123,7 @@ def test_everything_works_under_the_documented_acl_user_limited_to_the_namespace
     url = redis_url.replace("://", f"://{user}:{password}@", 1)
     with durabilis.connect(url, namespace=namespace) as store:
         idempotency_flow(store)
+        layer_flow(store)
 
     async def async_flow() -> None:
         store = durabilis.connect_async(url, namespace=namespace)
@@ -112,7 +132,7 @@ def test_everything_works_under_the_documented_acl_user_limited_to_the_namespace
             claim = await guard.check_and_record("async-order")
             assert isinstance(claim, New)
             await guard.record("async-order", "ok", token=claim.token)
-            assert await guard.record_count() == 2
+            assert (await guard.check("async-order")).original_result == "ok"
         finally:
             await store.close()
 
@@ -126,6 +146,9 @@ def test_everything_works_under_the_documented_acl_user_limited_to_the_namespace
               if entry.get("username") == user
               and str(entry.get("object")).split("|")[0] != "client"]
     assert denied == []  # not a single command or key refused
+    with durabilis.connect(url, namespace=namespace) as store:
+        with pytest.raises(durabilis.DurabilisError, match="ACL"):
+            IdempotencyGuard(store).record_count()  # an operator's task (SCAN)
 
 
 def test_the_acl_user_is_refused_outside_its_namespace_with_a_typed_error(

@@ -131,7 +131,8 @@ def test_doctor_without_info_rights_warns_instead_of_crashing(
     code, report = doctor(capsys, url)
     assert code == EXIT_NOT_FOUND
     found = statuses(report)
-    assert found["server"] == WARN and found["scripts"] == OK and found["keys"] == INFO
+    # The application's user has neither INFO nor SCAN: both checks say so.
+    assert found["server"] == WARN and found["scripts"] == OK and found["keys"] == WARN
     assert "app:***@" in report["url"] and "pw" not in report["url"]
 
 
@@ -148,7 +149,7 @@ def test_the_documented_operator_user_runs_doctor_and_the_cli_cleanly(
     user, rules = operator_rules()
     _, app_rules = documented_setuser()
     extra = [r for r in rules if r not in app_rules and not r.startswith(">")]
-    assert extra == ["+info", "+cluster|info"]  # the app's line, plus these
+    assert extra == ["+scan", "+info", "+cluster|info"]  # the app's line, plus these
     server = servers("ops", appendonly=True, appendfsync="always",
                      extra=["--maxmemory-policy", "noeviction"])
     admin = redis.Redis.from_url(server.url)

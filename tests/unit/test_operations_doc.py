@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from tests.support.acl import documented_setuser, granted, plain_commands, script_commands
 
-# What the stores send themselves: scripts, their (re)loading, SCAN for counts, PING.
-STORE_COMMANDS = {"evalsha", "eval", "script|load", "scan", "ping"}
+# What the stores send themselves on an application's behalf: scripts, their
+# (re)loading, PING. (SCAN, for counts, is the operator's: not granted to apps.)
+STORE_COMMANDS = {"evalsha", "eval", "script|load", "ping"}
 # What redis-py's cluster client reads to learn the slot map.
 CLUSTER_CLIENT_COMMANDS = {"cluster|slots", "cluster|shards", "command"}
 
@@ -30,3 +31,8 @@ def test_the_documented_acl_grants_what_the_stores_pillars_and_cluster_client_se
     sent = STORE_COMMANDS | CLUSTER_CLIENT_COMMANDS | plain_commands()
     missing = sent - granted(rules)
     assert not missing, f"add {sorted(missing)} to the ACL line in docs/operations.md"
+
+
+def test_the_application_user_cannot_list_other_tenants_keys() -> None:
+    _, rules = documented_setuser()
+    assert "scan" not in granted(rules) and "keys" not in granted(rules)
