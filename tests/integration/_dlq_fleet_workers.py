@@ -34,7 +34,8 @@ def park_one_key(url: str, namespace: str, deliveries: int, ready: Any, go: Any,
     ids = []
     for _ in range(deliveries):
         try:
-            layer.execute("agent-1", "job", {"page": 1}, _never, park_on_open=True)
+            # A sibling's claim may be in flight (claimed, parking): wait for it.
+            layer.execute("agent-1", "job", {"page": 1}, _never, park_on_open=True, wait=10)
         except durabilis.RetryExhausted as exc:
             ids.append(exc.dlq_id)
     layer.close()
