@@ -146,9 +146,9 @@ def test_everything_works_under_the_documented_acl_user_limited_to_the_namespace
               if entry.get("username") == user
               and str(entry.get("object")).split("|")[0] != "client"]
     assert denied == []  # not a single command or key refused
-    with durabilis.connect(url, namespace=namespace) as store:
-        with pytest.raises(durabilis.DurabilisError, match="ACL"):
-            IdempotencyGuard(store).record_count()  # an operator's task (SCAN)
+    with durabilis.connect(url, namespace=namespace) as store, \
+            pytest.raises(durabilis.DurabilisError, match="ACL"):
+        IdempotencyGuard(store).record_count()  # an operator's task (SCAN)
 
 
 def test_the_acl_user_is_refused_outside_its_namespace_with_a_typed_error(
