@@ -11,16 +11,24 @@ checkpoint of any task) is atomic, on Redis Cluster too. Nothing expired,
 cleared or evicted ever comes back: index entries are trusted only while the
 ``live`` index says so, and are dropped lazily by the scripts.
 
+``max_lineage_per_task`` bounds the records one task keeps (current and
+replaced): the save that would exceed it deletes the task's oldest replaced
+records in the same script (spliced out of the lineage: their children get
+their parent), and every lineage walk (``history``, loading a
+:class:`TaskRun`) reads at most that many records.
+
 Round trips: ``save``/``fork``/``rewind``, ``get_by_id``, ``count`` are one
-(``save`` takes a second one, rarely, when the cap must evict a checkpoint it
-did not expect: see ``ckpt_save.lua``); ``restore`` two; ``clear_task`` two per
-256 records of the task; ``history`` and loading a :class:`TaskRun` two plus one
-per ancestor that is not a current checkpoint of the task.
+(``save`` takes a second one, rarely, when the cap must evict a checkpoint, or
+the lineage cap delete a record, it did not expect: see ``ckpt_save.lua``);
+``restore`` two; ``clear_task`` two per 256 records of the task; ``history`` and
+loading a :class:`TaskRun` two plus one per ancestor that is not a current
+checkpoint of the task (at most ``max_lineage_per_task``).
 
 Events (logger ``"durabilis"``, docs/production.md): ``durability_checkpoint_saved``
 (info: every save, fork and rewind; ``mode`` says which), ``durability_checkpoint_conflict``
-(info: a save lost to a concurrent writer) and ``durability_checkpoint_evicted``
-(debug: the cap evicted checkpoints).
+(info: a save lost to a concurrent writer), ``durability_checkpoint_evicted``
+(debug: the cap evicted checkpoints) and ``durability_checkpoint_lineage_trimmed``
+(debug: the lineage cap deleted replaced records of the task).
 """
 
 from __future__ import annotations
@@ -66,6 +74,8 @@ _log = get_logger()
 
 _HINT = 8
 """Eviction candidates each save brings back for the next one (see ``ckpt_save.lua``)."""
+_LINEAGE_HINT_TASKS = 1024
+"""Tasks whose lineage-cap candidates one manager remembers (the most recent ones)."""
 _MAX_ROUNDS = 32
 _CLEAR_BATCH = 256
 _MAX_CLEAR_ROUNDS = 10_000
@@ -143,14 +153,21 @@ class CheckpointConfig:
             and of every fork/rewind copy.
         max_checkpoints: Most live current checkpoints in the namespace (all
             tasks); a save beyond it evicts the oldest ones. Replaced records
-            kept for lineage are not counted (they leave with their own TTL).
+            kept for lineage are not counted here (see ``max_lineage_per_task``).
         max_state_bytes: Largest msgpack-encoded state; larger raises
             :class:`~durabilis.PayloadTooLarge` before any Redis call.
+        max_lineage_per_task: Most records one task keeps, current and replaced
+            (lineage) together: a save beyond it deletes the task's oldest
+            replaced records in the same script (at most 32 per save). Every
+            lineage walk (``history``, loading a :class:`TaskRun`) follows at
+            most this many records, so a task whose runs have more phases
+            needs a larger value.
     """
 
     default_ttl_seconds: float = 86400
     max_checkpoints: int = 10_000
     max_state_bytes: int = 1024 * 1024
+    max_lineage_per_task: int = 100
 
     def __post_init__(self) -> None:
         self.validate()
@@ -164,6 +181,7 @@ class CheckpointConfig:
             raise ConfigError("default_ttl_seconds", f"must be at most {_MAX_TTL_SECONDS}")
         _positive_number("max_checkpoints", self.max_checkpoints, integer=True)
         _positive_number("max_state_bytes", self.max_state_bytes, integer=True)
+        _positive_number("max_lineage_per_task", self.max_lineage_per_task, integer=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,12 +263,14 @@ class _CheckpointOps:
     decodes with :meth:`decode_save` (which may hand back a call to run again).
     """
 
-    __slots__ = ("_hint", "config", "keys")
+    __slots__ = ("_hint", "_lineage", "config", "keys")
 
     def __init__(self, keys: KeySpace, config: CheckpointConfig) -> None:
         self.keys = keys
         self.config = config
         self._hint: tuple[str, ...] = ()
+        # task -> the replaced ids its next save's lineage cap will delete
+        self._lineage: dict[str, tuple[str, ...]] = {}
 
     # -- keys --
 
@@ -363,20 +383,44 @@ class _CheckpointOps:
             self.seq,
             self.rec(source_id) if source_id else self.rec(cid),
         ]
+        caps = f"{self.config.max_checkpoints}|{self.config.max_lineage_per_task}"
         args: list[str | bytes | int] = [
-            cid, task_id, agent_id, phase, packed, ttl_ms, self.config.max_checkpoints,
+            cid, task_id, agent_id, phase, packed, ttl_ms, caps,
             *self.expected_args(expected), mode, source_id, _HINT,
         ]
-        return self._with(ScriptCall("ckpt_save", keys, args), cid, self._hint)
+        candidates = (*self._hint, *self._lineage.get(task_id, ()))
+        return self._with(ScriptCall("ckpt_save", keys, args), cid, candidates)
 
     def _with(self, call: ScriptCall, cid: str, candidates: Sequence[str]) -> ScriptCall:
-        """``call`` with the new id ``cid`` and eviction ``candidates`` (``<id>:<task>``)."""
+        """``call`` with the new id ``cid`` and its ``candidates``: eviction
+        candidates (``<id>:<task>``: the record and its task's index) and
+        lineage-cap candidates (bare ids, which never hold ``:``: the record)."""
         keys = [self.rec(cid), *call.keys[1:7]]
         for member in candidates:
-            victim_id, _, victim_task = member.partition(":")
-            keys += [self.rec(victim_id), self.current_index(victim_task)]
+            victim_id, sep, victim_task = member.partition(":")
+            keys.append(self.rec(victim_id))
+            if sep:
+                keys.append(self.current_index(victim_task))
         args = [cid, *call.args[1:12], *candidates]
         return ScriptCall(call.name, keys, args)
+
+    def _remember_lineage(self, task_id: str, ids: Sequence[str]) -> None:
+        """Keep ``ids`` as the lineage candidates of ``task_id``'s next save."""
+        self._lineage.pop(task_id, None)
+        if not ids:
+            return
+        while len(self._lineage) >= _LINEAGE_HINT_TASKS:
+            try:
+                self._lineage.pop(next(iter(self._lineage)), None)
+            except (StopIteration, RuntimeError):  # emptied or changed by another thread
+                break
+        self._lineage[task_id] = tuple(ids)
+
+    def _lineage_ids(self, reply: Any, index: int, rkey: str) -> list[str]:
+        """The ids listed at ``reply[index]`` (absent: none)."""
+        if len(reply) <= index:
+            return []
+        return [_text(x, rkey, "lineage id") for x in reply[index]]
 
     def decode_save(self, call: ScriptCall, reply: Any) -> Checkpoint | ScriptCall:
         """Decode a ``ckpt_save`` reply.
@@ -398,6 +442,13 @@ class _CheckpointOps:
         if tag == "ok":
             hint = [_text(x, rkey, "hint") for x in reply[8]]
             self._hint = tuple(hint)
+            self._remember_lineage(task_id, self._lineage_ids(reply, 10, rkey))
+            trimmed = self._lineage_ids(reply, 11, rkey)
+            if trimmed:
+                _log.debug(
+                    "durability_checkpoint_lineage_trimmed",
+                    namespace=self.keys.namespace, task_id=task_id, checkpoint_ids=trimmed,
+                )
             evicted = [_text(x, rkey, "evicted").partition(":")[0] for x in reply[9]]
             if evicted:
                 _log.debug(
@@ -440,7 +491,9 @@ class _CheckpointOps:
         if tag == "miss":
             candidates = [_text(x, rkey, "candidate") for x in reply[1]]
             self._hint = tuple(candidates)
-            return self._with(call, cid, candidates)
+            lineage = self._lineage_ids(reply, 2, rkey)
+            self._remember_lineage(task_id, lineage)
+            return self._with(call, cid, [*candidates, *lineage])
         if tag == "exists":
             return self._with(call, new_checkpoint_id(), [str(a) for a in call.args[12:]])
         raise _corrupt(reply, rkey)
@@ -532,10 +585,12 @@ class _CheckpointOps:
         entries: Sequence[_Entry],
         replies: Sequence[Any],
         limit: int | None,
+        fetches: int | None = None,
     ) -> _Walk:
         """A lineage walk from the agent's newest current checkpoint.
 
-        ``replies`` are the ``ckpt_get`` replies for ``entries``, in order.
+        ``replies`` are the ``ckpt_get`` replies for ``entries``, in order;
+        ``fetches``: how many more records the walk may ask for (``None``: any).
         """
         known: dict[str, Checkpoint] = {}
         for entry, reply in zip(entries, replies, strict=True):
@@ -544,7 +599,7 @@ class _CheckpointOps:
                 known[entry.checkpoint_id] = cp
         mine = [e for e in entries if e.agent_id == agent_id and e.checkpoint_id in known]
         start = max(mine, key=lambda e: e.sequence).checkpoint_id if mine else None
-        return _Walk(start, known, limit)
+        return _Walk(start, known, limit, fetches)
 
     def save_plan(self, call: ScriptCall) -> Plan[Checkpoint]:
         """Send a save until it lands (stale eviction hints make it send itself again)."""
@@ -555,16 +610,44 @@ class _CheckpointOps:
             call = out
         raise DurabilisError("checkpoint save kept racing other writers' evictions; try again")
 
+    def lineage_limit(self, limit: int | None) -> int:
+        """How many records a lineage walk follows: ``limit``, at most the lineage cap."""
+        cap = self.config.max_lineage_per_task
+        return cap if limit is None else max(0, min(limit, cap))
+
+    def lineage_entries(self, agent_id: str, entries: Sequence[_Entry], limit: int) -> list[_Entry]:
+        """The current entries a walk from the agent's newest checkpoint reads up front.
+
+        Only entries no newer than the agent's newest can be on its lineage (a
+        parent is always older), and the walk follows at most ``limit``
+        records: the newest ``limit`` of those, newest first.
+        """
+        mine = [e.sequence for e in entries if e.agent_id == agent_id]
+        if not mine or limit <= 0:
+            return []
+        top = max(mine)
+        older = sorted((e for e in entries if e.sequence <= top), key=lambda e: -e.sequence)
+        return older[:limit]
+
     def walk_plan(
         self, task_id: str, agent_id: str, limit: int | None
     ) -> Plan[tuple[list[_Entry], _Walk]]:
-        """Locate the task's checkpoints, then follow the agent's lineage."""
+        """Locate the task's checkpoints, then follow the agent's lineage.
+
+        Follows at most ``lineage_limit(limit)`` records and reads at most
+        ``max_lineage_per_task`` in all: current ones up front (one round
+        trip), then ancestors that are not among them (one round trip each)
+        while the total stays within the cap.
+        """
         find = self.find(task_id)
         _part("agent_id", agent_id)
+        bound = self.lineage_limit(limit)
         entries = self.decode_find(find, (yield find))
-        gets = [self.get(e.checkpoint_id, task_id) for e in entries]
+        ahead = self.lineage_entries(agent_id, entries, bound)
+        gets = [self.get(e.checkpoint_id, task_id) for e in ahead]
         replies = list((yield IO(gets))) if gets else []
-        walk = self.walk(agent_id, entries, replies, limit)
+        reads = self.config.max_lineage_per_task - len(ahead)
+        walk = self.walk(agent_id, ahead, replies, bound, reads)
         while (cid := walk.need()) is not None:
             walk.feed(cid, self.decode_get(cid, (yield self.get(cid))))
         return entries, walk
@@ -617,24 +700,36 @@ class _Walk:
 
     Pure: the shells loop ``while (cid := walk.need()): walk.feed(cid, fetched)``.
     The walk ends at the first ancestor that is gone (expired, evicted,
-    cleared), at ``limit`` records, or on a cycle (corrupt data).
+    cleared), at ``limit`` records, after ``fetches`` records asked for, or on
+    a cycle (corrupt data).
     """
 
-    __slots__ = ("_known", "_limit", "_next", "chain")
+    __slots__ = ("_fetches", "_known", "_limit", "_next", "chain")
 
-    def __init__(self, start: str | None, known: dict[str, Checkpoint], limit: int | None) -> None:
+    def __init__(
+        self,
+        start: str | None,
+        known: dict[str, Checkpoint],
+        limit: int | None,
+        fetches: int | None = None,
+    ) -> None:
         self.chain: list[Checkpoint] = []
         self._known = known
         self._limit = limit
+        self._fetches = fetches
         self._next = start
         self._advance()
 
     def need(self) -> str | None:
         """The id of the next record to fetch, or ``None`` when the walk is over."""
+        if self._next is not None and self._fetches is not None and self._fetches <= 0:
+            self._next = None
         return self._next
 
     def feed(self, checkpoint_id: str, checkpoint: Checkpoint | None) -> None:
         """Hand over the record asked for by :meth:`need` (``None``: it is gone)."""
+        if self._fetches is not None:
+            self._fetches -= 1
         if checkpoint is None:
             self._next = None
             return
@@ -883,6 +978,10 @@ class CheckpointManager:
         agents' saves of the task and fork sources; ends at the first ancestor
         that is gone (expired, evicted, cleared). Empty when the agent has no
         live checkpoint in the task.
+
+        Args:
+            limit: At most this many records; never more than
+                ``config.max_lineage_per_task`` (the walk reads no more).
         """
         return self._walk(task_id, agent_id, limit)[1].chain
 
@@ -935,7 +1034,10 @@ class TaskRun:
         self._plan = plan
 
     def load(self) -> TaskRun:
-        """Read which phases are completed (done by ``with`` and by the first ``phase``)."""
+        """Read which phases are completed (done by ``with`` and by the first ``phase``).
+
+        Reads at most ``config.max_lineage_per_task`` records of the lineage.
+        """
         drive(self._plan.load_plan(), self._manager.store)
         return self
 

@@ -32,7 +32,9 @@ KEYS[2]  window zset     <ns>:cb:{<name>}:window    member <score><flag>, flag s
                                                     (S/F = slow success/failure)
 KEYS[3]  probes hash     <ns>:cb:{<name>}:probes    probe id -> admitted at (ms)
 KEYS[4]  events stream   <ns>:cb:{<name>}:events
-KEYS[5]  reporters zset  <ns>:cb:{<name>}:reporters replica -> score of its last bad result
+KEYS[5]  reporters zset  <ns>:cb:{<name>}:reporters replica -> score of its last bad result,
+                                                    only replicas whose last bad result is
+                                                    still in the window (trimmed with it)
 ARGV[1]  config, fields joined by "|" (one argument: fewer to encode per call):
          window_size       newest results kept
          window_ms         results older than this leave the window (ms), 0 = off
@@ -67,8 +69,9 @@ Returns one of
   {"stale", state, generation}         the permit is from another generation
   {"corrupt", key_index, detail}       KEYS[key_index] holds foreign data
 transition = {from, to, at_ms, failures, requests, slow, reason, generation, stream_id}
-TTLs: the state hash and window are re-armed to ttl_ms when created and then at
-most every ttl_ms / 4 (field tx), so an idle breaker expires after 3/4 to 1 ttl.
+TTLs: the state hash, window and reporters are re-armed to ttl_ms when created
+and then at most every ttl_ms / 4 (field tx), so an idle breaker expires after
+3/4 to 1 ttl.
 Hot path: while a full count-based window holds only successes, one more plain
 success leaves the same last-N results, so nothing is written (one HMGET).
 ]]
@@ -175,17 +178,13 @@ if st == "C" then
     if not n then return {"corrupt", 2, "window member without a result flag"} end
   end
   local bad = failed or is_slow
-  local mine = false
-  if bad or min_reporters > 1 then
-    mine = redis.pcall("ZSCORE", rk, replica)
-    if type(mine) == "table" then return {"corrupt", 5, mine.err} end
-  end
   local score = math.max(now * 1000, ls + 1)
   local drop = 0
   if window_ms ~= "0" then
     drop = redis.call("ZCOUNT", wk, "-inf", string.format("(%d", (now - window_ms) * 1000))
   end
   if card - drop + 1 > window_size then drop = card + 1 - window_size end
+  local dropped_bad = false  -- a failure or slow call leaves the window
   if drop > 0 then
     -- The oldest results leave the window: counted out now, removed after ready().
     for _, m in ipairs(redis.call("ZRANGE", wk, 0, drop - 1)) do
@@ -193,8 +192,16 @@ if st == "C" then
       if c == "f" then fc = fc - 1
       elseif c == "S" then sc = sc - 1
       elseif c == "F" then fc, sc = fc - 1, sc - 1 end
+      if c ~= "s" then dropped_bad = true end
     end
     n = n - drop
+  end
+  -- The reporters set is read (and its type checked) before ready() whenever
+  -- it will be written: a bad result joins it, a bad result leaving trims it.
+  local mine = false
+  if bad or dropped_bad or min_reporters > 1 then
+    mine = redis.pcall("ZSCORE", rk, replica)
+    if type(mine) == "table" then return {"corrupt", 5, mine.err} end
   end
   n = n + 1
   if failed then fc = fc + 1 end
@@ -229,11 +236,23 @@ if st == "C" then
   if failed and is_slow then flag = "F" elseif failed then flag = "f" elseif is_slow then flag = "S" end
   local sscore = string.format("%d", score)
   redis.call("ZADD", wk, sscore, sscore .. flag)
-  if bad then
-    redis.call("ZADD", rk, sscore, replica)
-    redis.call("PEXPIRE", rk, ttl)
-  end
   refresh = refresh or n == 1
+  if bad then
+    -- A new set gets the idle TTL; then it is re-armed with the state hash.
+    if redis.call("ZADD", rk, sscore, replica) == 1 and not (refresh or reason)
+        and redis.call("PTTL", rk) == -1 then
+      redis.call("PEXPIRE", rk, ttl)
+    end
+  end
+  if bad or dropped_bad then
+    -- Reporters leave with their results: keep only those whose latest bad
+    -- result is still in the window, so the set never holds more than
+    -- window_size replicas. Bounded: at most window_size + 1 leave per report
+    -- (a set grown larger before shrinks by that much per report).
+    local low = redis.call("ZRANGE", wk, 0, 0, "WITHSCORES")[2]
+    local gone = redis.call("ZRANGEBYSCORE", rk, "-inf", "(" .. low, "LIMIT", 0, window_size + 1)
+    if #gone > 0 then redis.call("ZREM", rk, unpack(gone)) end
+  end
   if reason then
     redis.call("HSET", sk, "st", "O", "g", g2, "oa", string.format("%d", now), "ps", 0,
       "n", n, "f", fc, "sl", sc, "ls", sscore)
@@ -249,6 +268,7 @@ if st == "C" then
   if refresh or reason then
     redis.call("PEXPIRE", sk, ttl)
     redis.call("PEXPIRE", wk, ttl)
+    redis.call("PEXPIRE", rk, ttl)
   end
   if tr then return {"counted", "O", g2, tr} end
   return 1

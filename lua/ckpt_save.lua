@@ -5,6 +5,21 @@ it replaces leaves the live indexes but keeps its record (and TTL) so lineage
 stays walkable. The namespace-wide cap evicts the oldest live checkpoints of
 ANY task in the same step. Nothing is written unless the whole save succeeds.
 
+The lineage cap bounds the records one task keeps (live current + live
+replaced): when this save would take the task over max_lineage, the task's
+replaced records that expire first (with one TTL: the oldest) are deleted in
+the same step, at most LINEAGE_TRIM per save (bounded work; a task over the cap
+by more, e.g. after the cap was lowered, shrinks by that much per save). A
+rewind's source is never one of them, and the record this save replaces only
+when no other replaced record is left. They are spliced out of the lineage: a
+declared record of the task (or the new one) whose parent is deleted gets the
+deleted record's parent. Their record keys must be declared too:
+the caller passes the ids it expects (bare ids, ARGV[13..], one record key
+each); when the real victims are not among them the script writes nothing and
+answers "miss" with the ids to pass next time. Each "ok" reply names the ids
+the task's next save will need (with LINEAGE_SLACK more), so a task saved in a
+loop by one process needs one round trip per save.
+
 Members of the global indexes are "<id>:<task>" (ids never hold ":"), so an
 eviction victim names its own task. Keys of other tasks can only be touched
 when declared in KEYS, so the caller passes, for each eviction candidate it
@@ -19,28 +34,34 @@ KEYS[4]  live                       (zset member -> expires ms; current checkpoi
 KEYS[5]  order                      (zset member -> sequence; current checkpoints)
 KEYS[6]  seq                        (string counter: fleet-wide creation order)
 KEYS[7]  source record hash         (fork/rewind; any key otherwise, unused)
-KEYS[8..] per candidate: its record hash, its task's current index
+KEYS[8..] per candidate, in ARGV order: an eviction candidate's record hash
+          and its task's current index (two keys), a lineage candidate's record
+          hash (one key)
 ARGV[1]  id                         new checkpoint id (no ":")
 ARGV[2]  task_id
 ARGV[3]  agent_id                   (save only; fork/rewind copy the source's)
 ARGV[4]  phase                      (save only)
 ARGV[5]  state                      msgpack bytes (save only)
 ARGV[6]  ttl_ms                     > 0
-ARGV[7]  max_checkpoints            cap on live current checkpoints
+ARGV[7]  caps                       "<max_checkpoints>|<max_lineage>": cap on live
+                                    current checkpoints (namespace) | cap on the
+                                    records of one task (0 = no lineage cap)
 ARGV[8]  check                      "1" = compare ARGV[9] with the task's latest
 ARGV[9]  expected                   expected latest id, "" = no checkpoint
 ARGV[10] mode                       "save" | "fork" | "rewind"
 ARGV[11] source_id                  fork/rewind source id
 ARGV[12] hint_n                     how many next-eviction candidates to return
-ARGV[13..] eviction candidate members
+ARGV[13..] candidates: eviction candidate members ("<id>:<task>") and
+          lineage candidate ids (bare ids: ids never hold ":"), in any order
 
 Returns one of
   {"ok", id, created_ms, expires_ms, parent ("" = none), agent, phase,
    state ("" for a save: the caller has it), {next candidate members},
-   {evicted members}}
+   {evicted members}, {next lineage candidate ids}, {lineage ids deleted}}
   {"conflict", actual latest id ("" = none)}
   {"notfound"}                      fork/rewind source missing, expired or (rewind) of another task
-  {"miss", {members}}               eviction candidates were stale; nothing written
+  {"miss", {members}, {ids}}        eviction (members) or lineage (ids) candidates
+                                    were stale; nothing written
   {"exists"}                        the id is already taken; nothing written
   {"corrupt", key, detail}
 
@@ -50,7 +71,10 @@ q sequence, pa parent id (absent = none).
 local rec, cur, old, live, order, seqk, src = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local id, task, agent, phase, state = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local ttl = tonumber(ARGV[6])
-local max = tonumber(ARGV[7])
+local max, max_lineage = string.match(ARGV[7], "^(%d+)|(%d+)$")
+max, max_lineage = tonumber(max), tonumber(max_lineage)
+-- Lineage records deleted at most per save, and extra ids in each lineage hint.
+local LINEAGE_TRIM, LINEAGE_SLACK = 32, 2
 local check, expected = ARGV[8] == "1", ARGV[9]
 local mode, source_id = ARGV[10], ARGV[11]
 local hint_n = tonumber(ARGV[12])
@@ -104,9 +128,11 @@ local field = escape(agent) .. ":" .. phase
 
 local entries = redis.call("HGETALL", cur)
 local latest, latest_seq, replaced = nil, -1, nil
+local live_current = 0
 for i = 1, #entries, 2 do
   local f, cid = entries[i], entries[i + 1]
   if alive(cid .. ":" .. task) then
+    live_current = live_current + 1
     local q = tonumber(redis.call("ZSCORE", order, cid .. ":" .. task)) or 0
     if q > latest_seq then latest, latest_seq = cid, q end
     if f == field then replaced = cid end
@@ -142,19 +168,113 @@ local function oldest(want, skip)
   return out
 end
 
+-- The candidates the caller declared: members (two keys each) and ids (one key).
+local cand, lcand, lids = {}, {}, {}
+local ki = 8
+for i = 13, #ARGV do
+  if string.find(ARGV[i], ":", 1, true) then
+    cand[ARGV[i]] = ki
+    ki = ki + 2
+  else
+    lcand[ARGV[i]] = ki
+    lids[#lids + 1] = ARGV[i]
+    ki = ki + 1
+  end
+end
+local missed = false
+
 local n = redis.call("ZCOUNT", live, "(" .. now, "+inf")
 if replaced then n = n - 1 end
 local excess = n + 1 - max
 local victims = {}
-local cand = {}
+local evicted_here = 0  -- eviction victims of this very task
 if excess > 0 then
-  for i = 13, #ARGV do cand[ARGV[i]] = 2 * (i - 13) + 8 end
   victims = oldest(excess, replaced_member)
   for _, m in ipairs(victims) do
-    if not string.find(m, ":", 1, true) then
+    local sep = string.find(m, ":", 1, true)
+    if not sep then
       return {"corrupt", order, "member " .. m .. " is not <id>:<task>"}
     end
-    if not cand[m] then return {"miss", oldest(excess + hint_n, replaced_member)} end
+    if not cand[m] then missed = true end
+    if string.sub(m, sep + 1) == task then evicted_here = evicted_here + 1 end
+  end
+end
+
+-- The `want` replaced records of the task the lineage cap deletes first: the
+-- live ones that expire first, never a rewind's source; the one this save
+-- replaces only when no other is left (`with_replaced`).
+local skip = ""
+if mode ~= "save" then skip = source_id end
+local function lineage_oldest(want, with_replaced)
+  local out = {}
+  local ids = redis.call("ZRANGEBYSCORE", old, "(" .. now, "+inf", "LIMIT", 0, want + 1)
+  for _, cid in ipairs(ids) do
+    if #out >= want then break end
+    if string.find(cid, ":", 1, true) then
+      return nil, cid
+    end
+    if cid ~= skip then out[#out + 1] = cid end
+  end
+  if with_replaced and #out < want then out[#out + 1] = replaced end
+  return out
+end
+
+-- The task's records once this save is done, before the lineage cap.
+local lineage_total = 0
+local lineage_victims = {}
+if max_lineage > 0 then
+  lineage_total = live_current + 1 - evicted_here + redis.call("ZCOUNT", old, "(" .. now, "+inf")
+  local want = math.min(lineage_total - max_lineage, LINEAGE_TRIM)
+  if want > 0 then
+    local bad
+    lineage_victims, bad = lineage_oldest(want, replaced ~= nil)
+    if not lineage_victims then
+      return {"corrupt", old, "member " .. bad .. " is not a checkpoint id"}
+    end
+    for _, cid in ipairs(lineage_victims) do
+      if not lcand[cid] then missed = true end
+    end
+  end
+end
+
+if missed then
+  local members = {}
+  if excess > 0 then members = oldest(excess + hint_n, replaced_member) end
+  local ids = {}
+  if #lineage_victims > 0 then
+    ids = lineage_oldest(#lineage_victims + LINEAGE_SLACK, replaced ~= nil) or lineage_victims
+  end
+  return {"miss", members, ids}
+end
+
+-- Deleted records are spliced out of the lineage, so it skips them instead of
+-- ending there: a declared record of the task whose parent is deleted gets
+-- the deleted record's parent (so does the new record). Only the declared
+-- records can be relinked (the hint carries the next oldest ones too); a
+-- child not among them keeps its parent and its lineage ends there.
+local relink, relink_ids = {}, {}
+if #lineage_victims > 0 then
+  local parent_of = {}
+  for _, cid in ipairs(lids) do
+    local f = redis.pcall("HMGET", KEYS[lcand[cid]], "t", "pa")
+    if type(f) == "table" and not f.err and f[1] == task then parent_of[cid] = f[2] or "" end
+  end
+  local gone = {}
+  for _, v in ipairs(lineage_victims) do gone[v] = true end
+  for _, v in ipairs(lineage_victims) do
+    local up = parent_of[v]
+    if up then
+      for _, cid in ipairs(lids) do
+        if parent_of[cid] == v then
+          parent_of[cid] = up
+          if not gone[cid] then
+            if relink[cid] == nil then relink_ids[#relink_ids + 1] = cid end
+            relink[cid] = up
+          end
+        end
+      end
+      if parent == v then parent = up end
+    end
   end
 end
 
@@ -186,11 +306,28 @@ if excess > 0 then
   end
 end
 
+local replaced_deleted = false
+for _, cid in ipairs(lineage_victims) do
+  redis.call("DEL", KEYS[lcand[cid]])
+  if cid == replaced then
+    replaced_deleted = true
+  else
+    redis.call("ZREM", old, cid)
+  end
+end
+for _, cid in ipairs(relink_ids) do
+  if relink[cid] == "" then
+    redis.call("HDEL", KEYS[lcand[cid]], "pa")
+  else
+    redis.call("HSET", KEYS[lcand[cid]], "pa", relink[cid])
+  end
+end
+
 if replaced then
   local re = redis.call("ZSCORE", live, replaced_member)
   redis.call("ZREM", live, replaced_member)
   redis.call("ZREM", order, replaced_member)
-  redis.call("ZADD", old, re, replaced)
+  if not replaced_deleted then redis.call("ZADD", old, re, replaced) end
 end
 
 local seq = redis.call("INCR", seqk)
@@ -210,6 +347,17 @@ local function extend(k)
 end
 for _, k in ipairs({cur, old, live, order, seqk}) do extend(k) end
 
+-- The lineage ids the task's next save will need (each save adds one record).
+local lineage_hint = {}
+if max_lineage > 0 then
+  local need = math.min(lineage_total - #lineage_victims + 1 - max_lineage, LINEAGE_TRIM)
+  if need > 0 then
+    lineage_hint = redis.call("ZRANGEBYSCORE", old, "(" .. now, "+inf",
+      "LIMIT", 0, need + LINEAGE_SLACK)
+  end
+end
+
 local returned_state = ""
 if mode ~= "save" then returned_state = state end
-return {"ok", id, now, exp, parent, agent, phase, returned_state, oldest(hint_n, nil), victims}
+return {"ok", id, now, exp, parent, agent, phase, returned_state, oldest(hint_n, nil), victims,
+  lineage_hint, lineage_victims}

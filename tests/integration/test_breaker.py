@@ -480,6 +480,63 @@ def test_seed_api_reports_without_a_permit(store: durabilis.Store) -> None:
     assert registry.state("dep") is CLOSED
 
 
+def test_1000_replicas_reporting_into_a_20_result_window_leave_at_most_20_reporters(
+    store: durabilis.Store, raw: redis.Redis
+) -> None:
+    # threshold 1.0 never trips (the rate must be strictly above it): every report counts
+    config = cfg(window_size=20, min_request_count=20, failure_rate_threshold=1.0,
+                 min_distinct_reporters=3)
+    reporters = store.keys.breaker_reporters("dep")
+    largest = 0
+    for i in range(1000):
+        report(make(store, config, replica=f"replica-{i}"), "F" if i % 3 else "SF")
+        largest = max(largest, raw.zcard(reporters))
+    assert largest <= 20
+    window = raw.zrange(store.keys.breaker_window("dep"), 0, -1, withscores=True)
+    assert len(window) == 20
+    bad_scores = {int(score) for member, score in window if not member.endswith(b"s")}
+    kept = raw.zrange(reporters, 0, -1, withscores=True)
+    assert {int(score) for _, score in kept} <= bad_scores  # only reporters still in the window
+    assert len(kept) == len(bad_scores)
+    assert registry_info(store, config).failure_reporters == len(kept)
+    assert 0 < raw.pttl(reporters) <= 7 * 86400 * 1000
+
+
+def registry_info(store: durabilis.Store, config: CircuitBreakerConfig) -> Any:
+    return make(store, config, replica="reader").state_info("dep")
+
+
+def test_reporters_leave_when_their_failures_leave_the_window(
+    store: durabilis.Store, raw: redis.Redis
+) -> None:
+    config = cfg(window_size=6, min_request_count=6, failure_rate_threshold=1.0)
+    for name in ("a", "b", "c"):
+        report(make(store, config, replica=name), "F")
+    reporters = store.keys.breaker_reporters("dep")
+    assert raw.zcard(reporters) == 3
+    healthy = make(store, config, replica="healthy")
+    report(healthy, "SSSS")  # a's failure leaves the window (6 results kept)
+    assert sorted(raw.zrange(reporters, 0, -1)) == [b"b", b"c"]
+    report(healthy, "SS")
+    assert raw.zcard(reporters) == 0
+    assert registry_info(store, config).failure_reporters == 0
+
+
+def test_a_reporters_set_grown_before_the_trim_shrinks_by_at_most_window_size_plus_one(
+    store: durabilis.Store, raw: redis.Redis
+) -> None:
+    config = cfg(window_size=20, min_request_count=20, failure_rate_threshold=1.0)
+    registry = make(store, config, replica="now")
+    report(registry, "S")
+    reporters = store.keys.breaker_reporters("dep")
+    raw.zadd(reporters, {f"old-{i}": i for i in range(500)})  # an earlier version's leftovers
+    report(registry, "F")
+    assert raw.zcard(reporters) == 500 - 21 + 1
+    report(registry, "F" * 30)
+    assert raw.zcard(reporters) == 1
+    assert registry.state_info("dep").failure_reporters == 1
+
+
 def test_a_long_healthy_run_keeps_an_exact_window(store: durabilis.Store, raw: redis.Redis) -> None:
     registry = make(store, cfg(window_size=5, min_request_count=5, failure_rate_threshold=0.5))
     report(registry, "S" * 30)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 import redis
@@ -241,6 +243,152 @@ def test_lineage_ends_at_an_expired_ancestor(mgr: CheckpointManager) -> None:
     top = mgr.save("t", "a", "p3", 3)
     time.sleep(0.3)
     assert mgr.history("t", "a") == [top, mid]
+
+
+# --- the lineage cap (max_lineage_per_task) ------------------------------------------------
+
+
+def count_scripts(store: durabilis.Store, monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Counts every script the store runs, by name (a fused step by its bodies).
+
+    Steps and, on Cluster, ``run_many`` go through ``Store.run``; a standalone
+    ``run_many`` is one pipeline.
+    """
+    seen: Counter[str] = Counter()
+    run, run_many = store.run, store.run_many
+
+    def one(call: Any) -> Any:
+        name = str(call.name)
+        seen.update(name.removeprefix("fused:").split("+"))
+        return run(call)
+
+    def many(calls: Any) -> Any:
+        if not store.is_cluster:
+            seen.update(c.name for c in calls)
+        return run_many(calls)
+
+    monkeypatch.setattr(store, "run", one)
+    monkeypatch.setattr(store, "run_many", many)
+    return seen
+
+
+def records(raw: redis.Redis, namespace: str) -> list[str]:
+    return ckpt_keys(raw, namespace, "rec:*")
+
+
+def test_3000_saves_of_one_task_keep_at_most_the_lineage_cap_and_every_walk_reads_no_more(
+    store: durabilis.Store, raw: redis.Redis, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mgr = CheckpointManager(store)
+    cap = mgr.config.max_lineage_per_task
+    assert cap == 100
+    mgr.save("job", "agent", "fetch", "pages")
+    seen = count_scripts(store, monkeypatch)
+    for i in range(3000):
+        mgr.save("job", "agent", "progress", i)
+    # one round trip per save: each reply names the records the next save deletes
+    assert seen["ckpt_save"] <= 3000 + 1
+    assert len(records(raw, namespace)) == cap
+    assert raw.zcard(f"{namespace}:ckpt:{{ckpt}}:task:job:replaced") == cap - 2
+
+    seen.clear()
+    history = mgr.history("job", "agent")
+    # the deleted records are spliced out: the lineage still reaches the first phase
+    assert [h.state for h in history] == [*range(2999, 2999 - (cap - 1), -1), "pages"]
+    assert seen["ckpt_get"] <= cap
+    assert len(mgr.history("job", "agent", limit=10 * cap)) == cap
+    assert len(mgr.history("job", "agent", limit=5)) == 5
+
+    seen.clear()
+    started = time.perf_counter()
+    with mgr.task("job", "agent") as run:
+        assert run.phase("fetch", lambda: pytest.fail("a completed phase ran again")) == "pages"
+        assert run.completed["progress"].state == 2999
+    assert seen["ckpt_get"] <= cap
+    assert time.perf_counter() - started < 0.5
+    for key in records(raw, namespace):
+        assert raw.pttl(key) > 0
+
+
+def test_the_lineage_cap_counts_every_agent_and_phase_of_the_task(
+    store: durabilis.Store, raw: redis.Redis, namespace: str
+) -> None:
+    mgr = CheckpointManager(store, CheckpointConfig(max_lineage_per_task=6))
+    for i in range(30):
+        mgr.save("t", "a", f"p{i % 3}", i)
+        mgr.save("t", "b", "q", i)
+        mgr.save("other", "a", "p", i)  # another task: its own cap
+    assert len([k for k in records(raw, namespace)]) == 6 + 6
+    # a(29) -> b(28) -> a(28) -> b(27) -> a(27) -> b(26): deleted, and a(27) is a
+    # current checkpoint (not declared by the save that deleted b(26)): it ends there
+    assert [h.state for h in mgr.history("t", "a")] == [29, 28, 28, 27, 27]
+    assert len(mgr.history("other", "a")) == 6
+    assert {c.phase for c in mgr.list_current("t")} == {"p0", "p1", "p2", "q"}
+
+
+def test_a_fresh_manager_at_the_lineage_cap_saves_in_two_round_trips_then_one(
+    store: durabilis.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = CheckpointConfig(max_lineage_per_task=5)
+    for i in range(10):
+        CheckpointManager(store, config).save("t", "a", "p", i)
+    fresh = CheckpointManager(store, config)
+    seen = count_scripts(store, monkeypatch)
+    fresh.save("t", "a", "p", 10)
+    assert seen["ckpt_save"] == 2  # "miss": told which records to delete, sent again
+    fresh.save("t", "a", "p", 11)
+    assert seen["ckpt_save"] == 3
+    assert [h.state for h in fresh.history("t", "a")] == [11, 10, 9, 8, 7]
+
+
+def test_a_lowered_lineage_cap_shrinks_a_longer_lineage_by_at_most_32_records_per_save(
+    store: durabilis.Store, raw: redis.Redis, namespace: str
+) -> None:
+    wide = CheckpointManager(store, CheckpointConfig(max_lineage_per_task=1000))
+    for i in range(200):
+        wide.save("t", "a", "p", i)
+    assert len(records(raw, namespace)) == 200
+    narrow = CheckpointManager(store, CheckpointConfig(max_lineage_per_task=10))
+    sizes = []
+    for i in range(200, 208):
+        narrow.save("t", "a", "p", i)
+        sizes.append(len(records(raw, namespace)))
+    assert sizes == [169, 138, 107, 76, 45, 14, 10, 10]
+    assert [h.state for h in narrow.history("t", "a")] == list(range(207, 197, -1))
+
+
+def test_a_lineage_cap_below_the_current_checkpoints_keeps_them_and_no_replaced_record(
+    store: durabilis.Store, raw: redis.Redis, namespace: str
+) -> None:
+    mgr = CheckpointManager(store, CheckpointConfig(max_lineage_per_task=2))
+    first = mgr.save("t", "a", "one", 1)
+    for i in range(5):
+        latest = mgr.save("t", "a", "two", i)
+    assert len(records(raw, namespace)) == 2
+    assert latest.parent_checkpoint_id == first.checkpoint_id  # the replaced parent is gone
+    assert [h.state for h in mgr.history("t", "a")] == [4, 1]
+    mgr.save("t", "a", "three", 3)  # current checkpoints are never deleted by this cap
+    assert len(records(raw, namespace)) == 3
+    assert [c.phase for c in mgr.list_current("t")] == ["three", "two", "one"]
+    one = CheckpointManager(store, CheckpointConfig(max_lineage_per_task=1))
+    solo = one.save("solo", "a", "p", 0)
+    again = one.save("solo", "a", "p", 1)
+    assert again.parent_checkpoint_id is None
+    with pytest.raises(CheckpointNotFound):
+        one.get_by_id(solo.checkpoint_id)
+
+
+def test_the_lineage_cap_never_deletes_a_rewinds_source(mgr: CheckpointManager) -> None:
+    small = CheckpointManager(mgr.store, CheckpointConfig(max_lineage_per_task=3))
+    a = small.save("t", "x", "p", "a")
+    b = small.save("t", "x", "p", "b")
+    small.save("t", "x", "p", "c")
+    copy = small.rewind("t", a.checkpoint_id)  # a is the oldest replaced record
+    assert copy.parent_checkpoint_id == a.checkpoint_id
+    assert small.get_by_id(a.checkpoint_id).state == "a"
+    with pytest.raises(CheckpointNotFound):
+        small.get_by_id(b.checkpoint_id)
+    assert [h.state for h in small.history("t", "x")] == ["a", "a"]
 
 
 # --- expiry ------------------------------------------------------------------------------

@@ -67,6 +67,21 @@ def test_async_cap_eviction_keeps_the_newest(redis_url: str, namespace: str) -> 
     run(redis_url, namespace, body, CheckpointConfig(max_checkpoints=2))
 
 
+def test_async_lineage_cap_bounds_the_records_history_and_the_resume(
+    redis_url: str, namespace: str
+) -> None:
+    async def body(m: AsyncCheckpointManager) -> None:
+        await m.save("t", "a", "fetch", "pages")
+        for i in range(50):
+            await m.save("t", "a", "loop", i)
+        assert [h.state for h in await m.history("t", "a")] == [49, 48, 47, 46, "pages"]
+        assert len(await m.history("t", "a", limit=100)) == 5
+        async with m.task("t", "a") as run:
+            assert await run.phase("fetch", lambda: pytest.fail("ran again")) == "pages"
+
+    run(redis_url, namespace, body, CheckpointConfig(max_lineage_per_task=5))
+
+
 def test_async_task_run_skips_completed_phases_and_awaits_async_phases(
     redis_url: str, namespace: str
 ) -> None:

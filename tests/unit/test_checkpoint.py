@@ -69,6 +69,7 @@ def test_config_defaults_are_the_seeds() -> None:
     assert cfg.default_ttl_seconds == 86400
     assert cfg.max_checkpoints == 10_000
     assert cfg.max_state_bytes == 1024 * 1024
+    assert cfg.max_lineage_per_task == 100
 
 
 @pytest.mark.parametrize(
@@ -83,6 +84,9 @@ def test_config_defaults_are_the_seeds() -> None:
         ("max_checkpoints", 1.5),
         ("max_checkpoints", True),
         ("max_state_bytes", -5),
+        ("max_lineage_per_task", 0),
+        ("max_lineage_per_task", 2.5),
+        ("max_lineage_per_task", True),
     ],
 )
 def test_invalid_config_names_the_field(field: str, value: Any) -> None:
@@ -231,6 +235,56 @@ def test_decode_save_miss_returns_the_same_save_with_the_fresh_candidates() -> N
     assert len(again.keys) == 7 + 4
 
 
+def test_the_save_carries_both_caps_in_one_argument() -> None:
+    call = ops(max_checkpoints=50, max_lineage_per_task=7).save("t", "a", "p", 1)
+    assert call.args[6] == "50|7"
+
+
+def test_lineage_candidates_are_bare_ids_with_one_declared_record_key_each() -> None:
+    o = ops()
+    call = o.save("t", "a", "p", 1)
+    o.decode_save(call, [*_ok_reply(call, hint=[b"e1:other"], evicted=[]), [b"old1", b"old2"], []])
+    nxt = o.save("t", "a", "p", 2)
+    assert list(nxt.args[12:]) == ["e1:other", "old1", "old2"]
+    assert list(nxt.keys[7:]) == [
+        "unit:ckpt:{ckpt}:rec:e1",
+        "unit:ckpt:{ckpt}:task:other",
+        "unit:ckpt:{ckpt}:rec:old1",
+        "unit:ckpt:{ckpt}:rec:old2",
+    ]
+    other = o.save("t2", "a", "p", 3)  # the lineage hint is per task
+    assert list(other.args[12:]) == ["e1:other"]
+    again = o.decode_save(nxt, [b"exists"])  # sent again under a new id, same candidates
+    assert isinstance(again, ScriptCall)
+    assert list(again.args[12:]) == list(nxt.args[12:])
+    assert list(again.keys[7:]) == list(nxt.keys[7:])
+
+
+def test_decode_save_miss_on_the_lineage_cap_resends_with_the_ids_to_delete() -> None:
+    o = ops()
+    call = o.save("t", "a", "p", 1)
+    again = o.decode_save(call, [b"miss", [], [b"old1", b"old2"]])
+    assert isinstance(again, ScriptCall)
+    assert again.args[:12] == call.args[:12]
+    assert list(again.args[12:]) == ["old1", "old2"]
+    assert list(again.keys[7:]) == ["unit:ckpt:{ckpt}:rec:old1", "unit:ckpt:{ckpt}:rec:old2"]
+    # an ok reply naming no lineage ids forgets the task's hint
+    o.decode_save(again, [*_ok_reply(again, hint=[], evicted=[]), [], [b"old1"]])
+    assert list(o.save("t", "a", "p", 2).args[12:]) == []
+
+
+def test_lineage_walks_are_bounded_by_the_lineage_cap() -> None:
+    o = ops(max_lineage_per_task=3)
+    assert o.lineage_limit(None) == 3
+    assert o.lineage_limit(2) == 2
+    assert o.lineage_limit(1000) == 3
+    entries = [_Entry("a", f"p{i}", f"i{i}", i) for i in range(1, 7)]
+    entries.append(_Entry("b", "late", "b9", 9))  # newer than the agent's newest: no ancestor
+    ahead = o.lineage_entries("a", entries, 3)
+    assert [e.checkpoint_id for e in ahead] == ["i6", "i5", "i4"]
+    assert o.lineage_entries("nobody", entries, 3) == []
+
+
 def test_decode_save_exists_retries_under_a_new_id() -> None:
     o = ops()
     call = o.save("t", "a", "p", 1)
@@ -342,6 +396,15 @@ def test_walk_stops_on_a_cycle_and_at_the_limit() -> None:
     lim = _Walk("x", {"x": cp("x", "y"), "y": cp("y", "z")}, 1)
     assert lim.need() is None
     assert len(lim.chain) == 1
+
+
+def test_walk_asks_for_at_most_its_fetch_budget() -> None:
+    walk = _Walk("x", {"x": cp("x", "y")}, None, 1)
+    assert walk.need() == "y"
+    walk.feed("y", cp("y", "z"))
+    assert walk.need() is None  # z would be a second fetch
+    assert [c.checkpoint_id for c in walk.chain] == ["x", "y"]
+    assert _Walk("x", {"x": cp("x", "y")}, None, 0).need() is None
 
 
 def test_run_plan_completes_the_agents_phases_on_the_lineage_only() -> None:
