@@ -185,9 +185,13 @@ def _add_config(sub: Any, common: argparse.ArgumentParser) -> None:
     pub.add_argument("--breaker", action="append", default=None, metavar="NAME",
                      help="only this breaker (repeatable)")
     unp = _leaf(cfg, common, "unpublish",
-                "remove a published entry (replicas go back to their own)")
-    unp.add_argument("kind", choices=("retry", "breaker"))
-    unp.add_argument("name")
+                "remove a published entry (replicas go back to their own), whatever it "
+                "holds")
+    unp.add_argument("kind", choices=("retry", "breaker", "entry"),
+                     help="'entry': NAME is a whole field of the fleet config hash (a foreign "
+                     "one written by hand)")
+    unp.add_argument("name", help="as `config show` prints it (\\xNN for a byte that is not "
+                     "UTF-8), or the raw bytes")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1186,25 +1190,46 @@ def _fleet_sync(s: _Session) -> Any:
     return ConfigSync(s.store(), replica_id=f"cli:{_operator()}")
 
 
+def _unpublish_command(shown: str) -> str:
+    """The command that removes a fleet config entry, from its name as printed."""
+    import shlex  # noqa: PLC0415
+
+    kind, sep, name = shown.partition(":")
+    if sep and name and kind in ("retry", "breaker"):
+        return f"durabilis config unpublish {kind} {shlex.quote(name)}"
+    return f"durabilis config unpublish entry {shlex.quote(shown)}"
+
+
 def _config_show(s: _Session) -> int:
-    from durabilis.config import breaker_to_dict, policy_to_dict  # noqa: PLC0415
+    from durabilis.config import (  # noqa: PLC0415
+        breaker_to_dict,
+        policy_to_dict,
+        printable_entry,
+    )
 
     fleet = _fleet_sync(s).fleet_config()
+    # A rejected entry may be named by anyone's bytes: shown escaped (\xNN), never raw.
+    rejected = {printable_entry(k, None): v for k, v in fleet.rejected.items()}
+    for name, reason in rejected.items():
+        print(f"durabilis: warning: fleet config entry {printable_entry(name)} is rejected by "
+              f"every replica ({reason}); remove it: {_unpublish_command(name)}",
+              file=sys.stderr)
     doc = {
         "version": fleet.version,
         "updated_at": fleet.updated_at,
         "retry": {k: policy_to_dict(v) for k, v in sorted(fleet.retry_policies.items())},
         "circuit_breaker": {k: breaker_to_dict(v) for k, v in sorted(fleet.breakers.items())},
-        "rejected": fleet.rejected,
+        "rejected": rejected,
     }
     if s.json:
         _print_json(doc)
         return EXIT_OK
     print(f"fleet config version {fleet.version}, updated {_cell(fleet.updated_at)}")
-    rows = [("retry", k, json.dumps(v, sort_keys=True)) for k, v in doc["retry"].items()]
-    rows += [("breaker", k, json.dumps(v, sort_keys=True))
+    rows = [("retry", printable_entry(k), json.dumps(v, sort_keys=True))
+            for k, v in doc["retry"].items()]
+    rows += [("breaker", printable_entry(k), json.dumps(v, sort_keys=True))
              for k, v in doc["circuit_breaker"].items()]
-    rows += [("rejected", k, v) for k, v in fleet.rejected.items()]
+    rows += [("rejected", k, v) for k, v in rejected.items()]
     print_table(("KIND", "NAME", "CONFIG"), rows, "nothing published")
     return EXIT_OK
 
@@ -1241,19 +1266,42 @@ def _config_publish(s: _Session) -> int:
     return EXIT_OK
 
 
+def _published_field(fleet: Any, kind: str, name: str) -> str | None:
+    """The field of the fleet config hash ``config unpublish KIND NAME`` names, if any.
+
+    NAME as the shell passed it (its raw bytes: Python keeps those that are not
+    UTF-8 as lone surrogates, as the fleet config does) or as ``config show``
+    prints it (``\\xNN`` for such a byte). ``entry``: NAME is the whole field.
+    """
+    from durabilis.config import printable_entry  # noqa: PLC0415
+
+    wanted = name if kind == "entry" else f"{kind}:{name}"
+    fields = {*fleet.rejected, *(f"retry:{n}" for n in fleet.retry_policies),
+              *(f"breaker:{n}" for n in fleet.breakers)}
+    if wanted in fields:
+        return wanted
+    shown = sorted(f for f in fields if printable_entry(f, None) == wanted)
+    if len(shown) > 1:
+        raise CliError(EXIT_USAGE, f"{printable_entry(wanted)} names {len(shown)} fleet "
+                       "config entries: pass its raw bytes (e.g. bash's $'\\xff')")
+    return shown[0] if shown else None
+
+
 def _config_unpublish(s: _Session) -> int:
+    from durabilis.config import printable_entry  # noqa: PLC0415
+
     sync = _fleet_sync(s)
-    fleet = sync.fleet_config()
-    present = s.args.name in (
-        fleet.retry_policies if s.args.kind == "retry" else fleet.breakers
-    ) or f"{s.args.kind}:{s.args.name}" in fleet.rejected
-    if not present:
-        raise CliError(EXIT_NOT_FOUND, f"{s.args.kind}:{s.args.name} is not published")
-    version = sync.unpublish(s.args.kind, s.args.name)
+    fleet = sync.fleet_config()  # whatever the entries hold: a bad one is in .rejected
+    field = _published_field(fleet, s.args.kind, s.args.name)
+    if field is None:
+        wanted = s.args.name if s.args.kind == "entry" else f"{s.args.kind}:{s.args.name}"
+        raise CliError(EXIT_NOT_FOUND, f"{printable_entry(wanted)} is not published")
+    version = sync.remove_entry(field)
+    shown = printable_entry(field, None)
     if s.json:
-        _print_json({"entry": f"{s.args.kind}:{s.args.name}", "version": version})
+        _print_json({"entry": shown, "version": version})
     else:
-        print(f"unpublished {s.args.kind}:{s.args.name} (fleet config version {version})")
+        print(f"unpublished {printable_entry(shown)} (fleet config version {version})")
     return EXIT_OK
 
 

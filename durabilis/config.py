@@ -37,6 +37,10 @@ the section and the field: :class:`~durabilis.errors.ConfigFileError`.
 breaker configs in Redis (one Lua script: store the JSON text and bump a
 version) and every replica running a ``ConfigSync`` applies them within
 ``interval_seconds`` (plus three round trips), logging ``durability_config_reloaded``.
+What a replica reads there is decoded entry by entry under caps
+(:data:`MAX_ENTRY_BYTES`, :data:`MAX_ENTRY_DEPTH`): one hostile entry is
+rejected (``durability_config_entry_rejected``), the others still apply, and
+the poller never dies.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import importlib
 import json
 import os
@@ -70,6 +75,8 @@ __all__ = [
     "BREAKER",
     "ENVIRONMENT",
     "ENV_PREFIX",
+    "MAX_ENTRY_BYTES",
+    "MAX_ENTRY_DEPTH",
     "RETRY",
     "AsyncConfigSync",
     "ConfigSync",
@@ -84,6 +91,7 @@ __all__ = [
     "parse_config",
     "policy_from_dict",
     "policy_to_dict",
+    "printable_entry",
 ]
 
 _log = get_logger()
@@ -97,6 +105,23 @@ ENVIRONMENT: Final = "environment"
 RETRY: Final = "retry"
 BREAKER: Final = "breaker"
 _KINDS = (RETRY, BREAKER)
+_RESERVED = ("v", "t")  # the fleet config hash's own fields (version, time)
+
+MAX_ENTRY_BYTES: Final = 64 * 1024
+"""The largest fleet config entry (its JSON text, in bytes) a replica decodes.
+
+A bigger value is rejected unparsed (a policy or a breaker takes under 1 KiB);
+publishing one is refused before any I/O."""
+
+MAX_ENTRY_DEPTH: Final = 16
+"""The deepest nesting of JSON arrays and objects a fleet config entry may have.
+
+Checked by a linear scan BEFORE the JSON is parsed, so a hostile value
+(``[[[[...`` 100,000 deep) is rejected instead of exhausting the parser's
+recursion. A policy or a breaker nests 2 deep."""
+
+_REASON_CHARS = 300  # a rejection reason is clipped to this (it may quote the value)
+_NAME_CHARS = 200  # an entry's name in an event is clipped to this
 
 _SECTIONS = (
     "idempotency", "retry", "circuit_breaker", "checkpoint", "dlq", "dependencies", "layer",
@@ -517,7 +542,10 @@ class FleetConfig:
         updated_at: When it last changed (Redis server clock, UTC).
         retry_policies: Published retry policies by operation type.
         breakers: Published breaker configs by name.
-        rejected: Entries that could not be decoded: field -> reason.
+        rejected: Entries that could not be decoded: field -> reason. A field
+            name that is not UTF-8 keeps its bytes as lone surrogates
+            (``surrogateescape``): :func:`printable_entry` shows it,
+            ``remove_entry`` takes it back as is.
     """
 
     version: int
@@ -573,11 +601,33 @@ class _ConfigOps:
         return f"{kind}:{name}"
 
     def publish(self, kind: str, name: str, data: Mapping[str, Any] | None) -> ScriptCall:
-        mode, text = ("del", "") if data is None else ("set", _json_text(data))
+        entry = self.entry(kind, name)
+        if data is None:
+            return self.remove(entry)
+        text = _json_text(data)
+        size = len(text.encode("utf-8"))
+        if size > MAX_ENTRY_BYTES:  # every replica would reject it
+            raise ConfigError(entry, f"is {size} bytes of JSON, over the cap of {MAX_ENTRY_BYTES}")
+        return self._call("set", entry, text)
+
+    def remove(self, entry: str) -> ScriptCall:
+        """Remove one field of the fleet config hash, whatever its name and value hold.
+
+        A name read back with bytes that were not UTF-8 (lone surrogates, as
+        :meth:`decode_entries` keeps them) is sent as those exact bytes.
+        """
+        if not isinstance(entry, str) or not entry or entry in _RESERVED:
+            raise ConfigError(
+                "entry", f"must be a field of the fleet config (not {', '.join(_RESERVED)}),"
+                f" got {entry!r}",
+            )
+        return self._call("del", entry, "")
+
+    def _call(self, mode: str, entry: str, text: str) -> ScriptCall:
         return ScriptCall(
             "config_publish",
             [self.fleet_key, self.log_key],
-            [mode, self.entry(kind, name), text, self.replica_id, self.log_maxlen],
+            [mode, _field_bytes(entry), text, self.replica_id, self.log_maxlen],
         )
 
     def decode_publish(self, reply: Any) -> tuple[bool, int]:
@@ -599,16 +649,35 @@ class _ConfigOps:
     def decode_version(self, reply: Any) -> int:
         return 0 if reply is None else _codec.as_int(reply, key=self.fleet_key, field="v")
 
-    def decode_entries(self, reply: Any) -> tuple[int, int | None, dict[str, str]]:
-        """``(version, updated_ms, {field: json text})`` of an HGETALL reply."""
-        version, at, entries = 0, None, {}
+    def decode_entries(self, reply: Any) -> tuple[int, int | None, dict[str, bytes]]:
+        """``(version, updated_ms, {field: raw value})`` of an HGETALL reply.
+
+        Only the version must be sound (else ``CorruptData``: the hash is not
+        the fleet config). The entries stay raw, each to be decoded on its own
+        (:func:`decode_entry`): one hostile entry cannot spoil the others. A
+        field name that is not UTF-8 keeps its bytes as lone surrogates
+        (``surrogateescape``), so it can still be removed by that name; a
+        timestamp that is not a number is ignored (``updated_at`` None).
+        """
+        version: int = 0
+        at: int | None = None
+        entries: dict[str, bytes] = {}
         for raw_name, raw_value in (reply or {}).items():
-            name = _codec.as_text(raw_name, key=self.fleet_key, field="field")
-            value = _codec.as_text(raw_value, key=self.fleet_key, field=name)
+            name = (
+                bytes(raw_name).decode("utf-8", "surrogateescape")
+                if isinstance(raw_name, (bytes, bytearray)) else str(raw_name)
+            )
+            value = (
+                bytes(raw_value) if isinstance(raw_value, (bytes, bytearray))
+                else _as_bytes(str(raw_value))
+            )
             if name == "v":
-                version = _codec.as_int(value, key=self.fleet_key, field="v")
+                version = _codec.as_int(
+                    _codec.as_text(value, key=self.fleet_key, field="v"),
+                    key=self.fleet_key, field="v",
+                )
             elif name == "t":
-                at = _codec.as_int(value, key=self.fleet_key, field="t")
+                at = _timestamp(value)
             else:
                 entries[name] = value
         return version, at, entries
@@ -621,41 +690,164 @@ class _ConfigOps:
         for name, text in sorted(entries.items()):
             try:
                 decoded = decode_entry(name, text)
-            except ConfigError as exc:
-                rejected[name] = str(exc)
+            except Exception as exc:  # decode_entry raises ConfigError only; whatever else
+                rejected[name] = _reason(exc)
                 continue
             if isinstance(decoded, RetryPolicy):
                 policies[decoded.operation_type] = decoded
             else:
                 breakers[decoded.name] = decoded
-        return FleetConfig(
-            version, None if at is None else _codec.ms_to_datetime(at), policies, breakers,
-            rejected,
-        )
+        updated: datetime | None = None
+        if at is not None:
+            with contextlib.suppress(OverflowError, ValueError, OSError):
+                updated = _codec.ms_to_datetime(at)
+        return FleetConfig(version, updated, policies, breakers, rejected)
 
 
-def decode_entry(name: str, text: str) -> RetryPolicy | CircuitBreakerConfig:
+def _field_bytes(entry: str) -> bytes:
+    """A field name as Redis holds it (lone surrogates back to the bytes they stand for)."""
+    try:
+        return entry.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as exc:
+        raise ConfigError("entry", f"cannot be sent to Redis: {exc.reason}") from exc
+
+
+def _timestamp(value: bytes) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def printable_entry(text: str, limit: int | None = _NAME_CHARS) -> str:
+    """A fleet config entry's name (or any text read from Redis) fit for a log or a terminal.
+
+    Bytes that were not UTF-8 (kept as lone surrogates, see
+    :meth:`ConfigSync.fleet_config`) are shown as ``\\xNN``, other unprintable
+    characters (controls, escape sequences) as ``\\xNN`` / ``\\uNNNN``; the
+    result is clipped to ``limit`` characters (``None``: whole). What ``durabilis
+    config show`` prints, and what ``durabilis config unpublish`` accepts back.
+    """
+    clipped = limit is not None and len(text) > limit
+    out: list[str] = []
+    for ch in text[:limit] if clipped else text:
+        code = ord(ch)
+        if 0xDC80 <= code <= 0xDCFF:  # a byte that was not UTF-8 (surrogateescape)
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif ch.isprintable():
+            out.append(ch)
+        elif code <= 0xFF:
+            out.append(f"\\x{code:02x}")
+        elif code <= 0xFFFF:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    if clipped:
+        out.append(f"... ({len(text)} characters)")
+    return "".join(out)
+
+
+def _clip(text: str, limit: int = _REASON_CHARS) -> str:
+    return printable_entry(text, limit)
+
+
+def _reason(exc: BaseException) -> str:
+    """Why an entry was rejected: the ConfigError's text, or the unexpected error's type too."""
+    text = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+    return _clip(text)
+
+
+def _nesting_depth(text: str, limit: int) -> int:
+    """How deep JSON arrays and objects nest in ``text`` (stops counting past ``limit``).
+
+    A linear scan that skips strings (and their escapes); no recursion, so any
+    input is safe. Unbalanced or invalid text is left to the JSON parser.
+    """
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > limit:
+                    break
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _as_bytes(value: str | bytes) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    return str(value).encode("utf-8", "surrogatepass")  # a lone surrogate fails to decode below
+
+
+def decode_entry(name: str, text: str | bytes) -> RetryPolicy | CircuitBreakerConfig:
     """One fleet config entry (``retry:<type>`` / ``breaker:<name>`` -> JSON text).
 
+    Safe on any value, whoever wrote it into Redis: a value over
+    :data:`MAX_ENTRY_BYTES`, not UTF-8, or nested deeper than
+    :data:`MAX_ENTRY_DEPTH` is refused before it is parsed, and any other
+    failure is a ``ConfigError`` too.
+
     Raises:
-        ConfigError: Not JSON, an unknown kind, or an invalid config (naming the field).
+        ConfigError: (and only that) Too big, not UTF-8, too deep, not JSON
+            (NaN and Infinity included), an unknown kind, the wrong JSON type,
+            or an invalid config (naming the field).
     """
+    try:
+        return _decode_entry(name, text)
+    except ConfigError:
+        raise
+    except Exception as exc:  # e.g. a constructor choking on a foreign type
+        raise ConfigError(printable_entry(name), _reason(exc)) from exc
+
+
+def _decode_entry(name: str, text: str | bytes) -> RetryPolicy | CircuitBreakerConfig:
+    shown = printable_entry(name)
     kind, sep, entry_name = name.partition(":")
     if not sep or kind not in _KINDS or not entry_name:
-        raise ConfigError("field", f"unknown fleet config entry {name!r}")
+        raise ConfigError("field", f"unknown fleet config entry '{shown}'")
+    raw = _as_bytes(text)
+    if len(raw) > MAX_ENTRY_BYTES:
+        raise ConfigError(shown, f"is {len(raw)} bytes, over the cap of {MAX_ENTRY_BYTES}")
     try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(name, f"is not JSON: {exc}") from exc
+        decoded_text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(shown, f"is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    if _nesting_depth(decoded_text, MAX_ENTRY_DEPTH) > MAX_ENTRY_DEPTH:
+        raise ConfigError(
+            shown, f"nests JSON arrays/objects deeper than the cap of {MAX_ENTRY_DEPTH}"
+        )
+    try:
+        data = json.loads(decoded_text, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        raise ConfigError(shown, f"is not JSON: {_clip(str(exc))}") from exc
     decoded: RetryPolicy | CircuitBreakerConfig
     if kind == RETRY:
         decoded = policy_from_dict(data)
         if decoded.operation_type != entry_name:
-            raise ConfigError("operation_type", f"{decoded.operation_type!r} under {name!r}")
+            raise ConfigError(
+                "operation_type", f"{_clip(repr(decoded.operation_type))} under '{shown}'"
+            )
     else:
         decoded = breaker_from_dict(data)
         if decoded.name != entry_name:
-            raise ConfigError("name", f"{decoded.name!r} under {name!r}")
+            raise ConfigError("name", f"{_clip(repr(decoded.name))} under '{shown}'")
     return decoded
 
 
@@ -666,7 +858,8 @@ class _Applier:
     """Applies fleet config entries to one replica's engine and registry (no I/O).
 
     Remembers this replica's own configs, to go back to them when an entry is
-    unpublished, and the JSON text of what it applied, to apply only changes.
+    unpublished, and the JSON text of what it applied, to apply only changes
+    (and a digest of what it rejected, to log a rejection once, not hold it).
     """
 
     def __init__(self, retry: Any, breakers: Any) -> None:
@@ -676,8 +869,8 @@ class _Applier:
         self.own_breakers: dict[str, CircuitBreakerConfig] = (
             {n: breakers.get_config(n) for n in breakers.names()} if breakers else {}
         )
-        self.applied: dict[str, str] = {}
-        self.rejected: dict[str, str] = {}
+        self.applied: dict[str, bytes] = {}
+        self.rejected: dict[str, tuple[bytes, str]] = {}  # name -> (digest of the value, why)
         # Entries this replica published itself, with the version that made
         # them: a snapshot older than that (read by the polling thread while
         # the publish ran) must not put the previous value back.
@@ -701,11 +894,20 @@ class _Applier:
             if text is None:
                 self.applied.pop(entry, None)
             else:
-                self.applied[entry] = text
+                self.applied[entry] = text.encode("utf-8")
             self.rejected.pop(entry, None)
             self.pinned[entry] = max(version, self.pinned.get(entry, 0))
 
-    def apply(self, version: int, entries: Mapping[str, str]) -> Reload:
+    def rejections(self) -> dict[str, str]:
+        with self.lock:
+            return {name: why for name, (_, why) in sorted(self.rejected.items())}
+
+    def apply(self, version: int, entries: Mapping[str, str | bytes]) -> Reload:
+        """Apply a snapshot's entries (raw values: each is decoded on its own).
+
+        Never raises for an entry: whatever goes wrong decoding or installing
+        one (any exception) rejects that entry with a reason; the others apply.
+        """
         with self.lock:
             initial = self.version is None
             policies: list[str] = []
@@ -713,19 +915,27 @@ class _Applier:
             rejected: dict[str, str] = {}
             stale = {name for name, pin in self.pinned.items() if pin > version}
             self.pinned = {name: self.pinned[name] for name in stale}
-            for name, text in sorted(entries.items()):
+            for name, value in sorted(entries.items()):
                 if name in stale:
                     continue
-                if self.applied.get(name) == text or self.rejected.get(name) == text:
+                raw = _as_bytes(value)
+                if self.applied.get(name) == raw:  # back to what is applied: nothing to do
+                    self.rejected.pop(name, None)
                     continue
+                digest = hashlib.blake2b(raw, digest_size=16).digest()
+                known = self.rejected.get(name)
+                if known is not None and known[0] == digest:
+                    continue  # the same bad value: rejected (and logged) already
                 try:
-                    decoded = decode_entry(name, text)
+                    decoded = decode_entry(name, raw)
                     installed = self.install(decoded)
-                except ConfigError as exc:
-                    self.rejected[name] = text
-                    rejected[name] = str(exc)
+                except Exception as exc:  # one entry, whatever it holds, spoils only itself
+                    why = _reason(exc)
+                    self.rejected[name] = (digest, why)
+                    rejected[name] = why
                     continue
-                self.applied[name] = text
+                self.rejected.pop(name, None)
+                self.applied[name] = raw
                 if installed:
                     (policies if isinstance(decoded, RetryPolicy) else breakers).append(
                         name.partition(":")[2]
@@ -744,6 +954,8 @@ class _Applier:
 
     def restore_own(self, entry: str) -> None:
         kind, _, name = entry.partition(":")
+        if kind not in _KINDS:
+            return  # a foreign field: nothing of ours was ever replaced by it
         own: RetryPolicy | CircuitBreakerConfig | None = (
             self.own_policies.get(name) if kind == RETRY else self.own_breakers.get(name)
         )
@@ -784,6 +996,7 @@ class _SyncCore:
         self.applier = _Applier(retry, breakers)
         self.callbacks: list[ReloadCallback] = []
         self.failing = False
+        self.poll_error: str | None = None
 
     def publish_call(self, kind: str, name: str, config: Any) -> tuple[ScriptCall, str | None]:
         """Validate (before any I/O) and build the publish call; also returns the JSON text."""
@@ -801,19 +1014,29 @@ class _SyncCore:
         return call, str(call.args[2])
 
     def published(self, kind: str, name: str, config: Any, text: str | None, reply: Any) -> int:
-        changed, version = self.ops.decode_publish(reply)
         entry = self.ops.entry(kind, name)
         if config is None:
-            self.applier.note_published(entry, None, version)
-            if changed:
-                self.applier.restore_own(entry)
-        else:
-            self.applier.install(config)
-            self.applier.note_published(entry, text, version)
+            return self.removed(entry, reply)
+        changed, version = self.ops.decode_publish(reply)
+        self.applier.install(config)
+        self.applier.note_published(entry, text, version)
         _log.info(
             "durability_config_published",
-            kind=kind, name=name, version=version, removed=config is None, changed=changed,
+            kind=kind, name=name, version=version, removed=False, changed=changed,
             replica_id=self.replica_id,
+        )
+        return version
+
+    def removed(self, entry: str, reply: Any) -> int:
+        changed, version = self.ops.decode_publish(reply)
+        self.applier.note_published(entry, None, version)
+        if changed:
+            self.applier.restore_own(entry)
+        kind, _, name = entry.partition(":")
+        _log.info(
+            "durability_config_published",
+            kind=printable_entry(kind), name=printable_entry(name), version=version,
+            removed=True, changed=changed, replica_id=self.replica_id,
         )
         return version
 
@@ -822,8 +1045,8 @@ class _SyncCore:
         result = self.applier.apply(version, entries)
         for name, reason in result.rejected.items():
             _log.warning(
-                "durability_config_entry_rejected", entry=name, reason=reason, version=version,
-                replica_id=self.replica_id,
+                "durability_config_entry_rejected", entry=printable_entry(name), reason=reason,
+                version=version, replica_id=self.replica_id,
             )
         if not result.changed and not result.initial:
             return None
@@ -852,7 +1075,17 @@ class _SyncCore:
                 replica_id=self.replica_id,
             )
 
+    def poll_failed(self, exc: Exception) -> None:
+        """Not Redis, not an entry (those are handled): a bug. Logged, the poller goes on."""
+        error = _clip(f"{type(exc).__name__}: {exc}")
+        if error != self.poll_error:  # once per distinct failure, not once per poll
+            self.poll_error = error
+            _log.warning(
+                "durability_config_poll_failed", error=error, replica_id=self.replica_id,
+            )
+
     def recovered(self) -> None:
+        self.poll_error = None
         if self.failing:
             self.failing = False
             _log.info("durability_config_sync_recovered", replica_id=self.replica_id)
@@ -916,14 +1149,27 @@ class ConfigSync:
         self._core.callbacks.append(callback)
         return callback
 
+    @property
+    def rejected(self) -> dict[str, str]:
+        """Entries of the fleet config this replica refused to apply: field -> reason.
+
+        Each was logged once (``durability_config_entry_rejected``); the
+        replica keeps its config for it (its own, or the last valid one).
+        """
+        return self._core.applier.rejections()
+
     def refresh(self) -> Reload | None:
         """Check the version now; apply what changed (1 round trip, 2 when it moved).
+
+        An entry that cannot be applied (whatever it holds) is rejected with a
+        reason, the others apply: see :func:`decode_entry`.
 
         Returns:
             What was applied, or ``None`` when the version had not moved.
 
         Raises:
-            StorageUnavailable: Redis down. CorruptData: Foreign data at the key.
+            StorageUnavailable: Redis down. CorruptData: Foreign data at the key
+                (not a hash, or a version ``v`` that is not a number).
         """
         core = self._core
         version = core.ops.decode_version(self.store.command(*core.ops.version_command()))
@@ -936,7 +1182,9 @@ class ConfigSync:
 
         A Redis failure is logged (``durability_config_sync_failed``, once per
         outage), never raised: the replica keeps its configs and catches up
-        when Redis is back.
+        when Redis is back. A rejected entry is logged and skipped
+        (:attr:`rejected`); any other error of a poll is logged
+        (``durability_config_poll_failed``) and the poller goes on.
         """
         if self._thread is not None and self._thread.is_alive():
             return self
@@ -953,12 +1201,15 @@ class ConfigSync:
             self.refresh()
         except DurabilisError as exc:
             self._core.failed(exc)
+        except Exception as exc:  # the poller must outlive anything: the fleet relies on it
+            self._core.poll_failed(exc)
         else:
             self._core.recovered()
 
     def _loop(self) -> None:
         while not self._stop.wait(self._core.interval):
-            self._poll_once()
+            with contextlib.suppress(Exception):  # only the logging of a failure can get here
+                self._poll_once()
 
     def stop(self) -> None:
         """Stop polling (the applied configs stay)."""
@@ -1005,8 +1256,25 @@ class ConfigSync:
         call = self._core.ops.publish(kind, name, None)
         return self._core.published(kind, name, None, None, self.store.run(call))
 
+    def remove_entry(self, entry: str) -> int:
+        """Remove one field of the fleet config, whatever it holds (not ``v`` / ``t``).
+
+        The way out for an entry :attr:`FleetConfig.rejected` lists: ``entry`` is
+        its field name as given there (``retry:<type>``, ``breaker:<name>``, or
+        a foreign field written by hand; a name that is not UTF-8 as read back,
+        with lone surrogates). For ``retry:`` / ``breaker:`` entries it is
+        :meth:`unpublish`.
+
+        Returns:
+            The fleet config version after the change (unchanged when absent).
+        """
+        return self._core.removed(entry, self.store.run(self._core.ops.remove(entry)))
+
     def fleet_config(self) -> FleetConfig:
-        """What is published now (1 round trip; nothing is applied)."""
+        """What is published now (1 round trip; nothing is applied).
+
+        Never fails for an entry: one that cannot be decoded is in ``rejected``.
+        """
         return self._core.ops.decode_snapshot(
             self.store.command(*self._core.ops.snapshot_command())
         )
@@ -1046,6 +1314,11 @@ class AsyncConfigSync:
         """See :attr:`ConfigSync.version`."""
         return self._core.applier.version
 
+    @property
+    def rejected(self) -> dict[str, str]:
+        """See :attr:`ConfigSync.rejected`."""
+        return self._core.applier.rejections()
+
     def on_reload(self, callback: ReloadCallback) -> ReloadCallback:
         """See :meth:`ConfigSync.on_reload`."""
         self._core.callbacks.append(callback)
@@ -1072,13 +1345,16 @@ class AsyncConfigSync:
             await self.refresh()
         except DurabilisError as exc:
             self._core.failed(exc)
+        except Exception as exc:  # see ConfigSync._poll_once (cancellation passes through)
+            self._core.poll_failed(exc)
         else:
             self._core.recovered()
 
     async def _loop(self) -> None:
         while True:
             await asyncio.sleep(self._core.interval)
-            await self._poll_once()
+            with contextlib.suppress(Exception):  # only the logging of a failure can get here
+                await self._poll_once()
 
     async def stop(self) -> None:
         """See :meth:`ConfigSync.stop`."""
@@ -1112,6 +1388,10 @@ class AsyncConfigSync:
         """See :meth:`ConfigSync.unpublish`."""
         call = self._core.ops.publish(kind, name, None)
         return self._core.published(kind, name, None, None, await self.store.run(call))
+
+    async def remove_entry(self, entry: str) -> int:
+        """See :meth:`ConfigSync.remove_entry`."""
+        return self._core.removed(entry, await self.store.run(self._core.ops.remove(entry)))
 
     async def fleet_config(self) -> FleetConfig:
         """See :meth:`ConfigSync.fleet_config`."""
