@@ -465,7 +465,14 @@ class _Session:
             config = self.config()
             store = self.store()
             self._layer = DurabilityLayer(store, config, replica_id=f"cli:{_operator()}")
-            ConfigSync(self._layer).refresh()
+            from durabilis.errors import CorruptData  # noqa: PLC0415
+
+            try:
+                ConfigSync(self._layer).refresh()
+            except CorruptData as exc:  # the fleet config hash itself is unreadable
+                print(f"durabilis: warning: the published fleet config is unreadable "
+                      f"({exc}); using the local config only (repair the hash with "
+                      "redis-cli: docs/production.md)", file=sys.stderr)
         return self._layer
 
     def check_namespace(self) -> None:

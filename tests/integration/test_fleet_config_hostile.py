@@ -394,3 +394,14 @@ def test_many_replicas_polling_hostile_entries_all_keep_running(
             s.stop()
         for layer in layers:
             layer.close()
+
+
+def test_an_unreadable_version_field_does_not_block_the_reading_commands(
+    redis_url: str, namespace: str, raw: Any, capsys: pytest.CaptureFixture[str],
+) -> None:
+    raw.hset(fleet_key(namespace), mapping={"v": "junk", "retry:job": "{}"})
+    base = ["--url", redis_url, "--namespace", namespace]
+    for args in (["dlq", "ls"], ["breaker", "ls"], ["stats"]):
+        code, _, err = run(capsys, *args, *base)
+        assert code == 0, (args, err)
+        assert "published fleet config is unreadable" in err, args
