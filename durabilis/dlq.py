@@ -129,6 +129,9 @@ class DlqConfig:
         cleanup_batch_size: Records removed per script by ``cleanup_expired``.
         purge_per_enqueue: Expired records each ``enqueue`` removes on the way
             (0 turns it off), so the stream stays bounded without a cleanup job.
+        stats_scan_limit: Expired records (awaiting cleanup) ``stats()`` reads
+            at most, so one call does bounded work however large the backlog;
+            beyond it the answer is marked inexact (``DlqStats.exact``).
     """
 
     default_ttl_seconds: float = 86400
@@ -139,6 +142,7 @@ class DlqConfig:
     max_name_bytes: int = 256
     cleanup_batch_size: int = 500
     purge_per_enqueue: int = 2
+    stats_scan_limit: int = 1000
 
     def __post_init__(self) -> None:
         self.validate()
@@ -152,6 +156,7 @@ class DlqConfig:
         _check_number("max_error_bytes", self.max_error_bytes, integer=True, minimum=16)
         _check_number("max_name_bytes", self.max_name_bytes, integer=True, minimum=1)
         _check_number("cleanup_batch_size", self.cleanup_batch_size, integer=True, minimum=1)
+        _check_number("stats_scan_limit", self.stats_scan_limit, integer=True, minimum=1)
         if not (isinstance(self.purge_per_enqueue, int) and not isinstance(
             self.purge_per_enqueue, bool
         )) or self.purge_per_enqueue < 0:
@@ -163,7 +168,8 @@ class DlqConfig:
         for name in ("default_ttl_seconds", "claim_ttl_seconds"):
             if getattr(self, name) > _MAX_TTL_SECONDS:
                 raise ConfigError(name, f"must be at most {_MAX_TTL_SECONDS} (ten years)")
-        for name in ("cleanup_batch_size", "purge_per_enqueue"):  # Lua counts: exact below 1e14
+        # Lua counts: exact below 1e14
+        for name in ("cleanup_batch_size", "purge_per_enqueue", "stats_scan_limit"):
             if getattr(self, name) > 1_000_000:
                 raise ConfigError(name, f"must be at most 1000000, got {getattr(self, name)!r}")
 
@@ -234,8 +240,19 @@ class DlqListing(NamedTuple):
 class DlqStats:
     """Counts of the live (not expired) records.
 
+    One ``stats()`` call reads at most ``DlqConfig.stats_scan_limit`` of the
+    expired records awaiting cleanup (Redis is never blocked in proportion to
+    the backlog). When more than that have expired, ``exact`` is ``False``:
+    ``total`` and ``expired_awaiting_cleanup`` stay exact, but the counts per
+    status and type may still include expired records not read, so each is an
+    upper bound ("at most"; never above ``total``), and the oldest pending
+    record comes from a bounded search: the oldest when every record has the
+    same TTL, else a live pending record that may be younger than the oldest
+    (its age then a lower bound: "at least"). ``cleanup_expired()`` makes the
+    answer exact again.
+
     Attributes:
-        total: Live records.
+        total: Live records (exact, also when ``exact`` is ``False``).
         by_status: Live records per status (every status present, maybe 0).
         by_operation_type: Per operation type, live records per status.
         oldest_pending_at: Enqueue time of the oldest pending record.
@@ -243,7 +260,10 @@ class DlqStats:
         max_pending: The configured threshold.
         over_max_pending: More than ``max_pending`` records are pending.
         expired_awaiting_cleanup: Expired records whose entries
-            ``cleanup_expired`` (or the next enqueues) will remove.
+            ``cleanup_expired`` (or the next enqueues) will remove (exact:
+            counted in O(log n), even when ``exact`` is ``False``).
+        exact: ``False`` when the expired backlog exceeded ``stats_scan_limit``:
+            the counts per status and type are then upper bounds (see above).
     """
 
     total: int
@@ -254,6 +274,7 @@ class DlqStats:
     max_pending: int
     over_max_pending: bool
     expired_awaiting_cleanup: int
+    exact: bool = True
 
     @property
     def pending(self) -> int:
@@ -1310,7 +1331,9 @@ class _DlqOps:
 
     def stats(self) -> ScriptCall:
         return ScriptCall(
-            "dlq_stats", [self.expiry_key, self.pending_key, self.counts_key], []
+            "dlq_stats",
+            [self.expiry_key, self.pending_key, self.counts_key, self.stream_key],
+            [self.config.stats_scan_limit],
         )
 
     def decode_stats(self, reply: Any) -> DlqStats:
@@ -1337,14 +1360,25 @@ class _DlqOps:
                 total += value
             return total
 
-        add(reply[2], 1)
+        counted = add(reply[2], 1)
         backlog = add(reply[3], -1)
+        # The expired records in all (ZCOUNT) and how many were read (bounded).
+        expired = _codec.as_int(reply[5], key=key, field="expired") if len(reply) > 5 else backlog
+        read = _codec.as_int(reply[6], key=key, field="read") if len(reply) > 6 else backlog
+        expired = max(expired, backlog)
+        exact = expired <= read
+        # Not exact: the counts still hold expired records not read (upper bounds),
+        # but the live total is exact (every record is counted once) and caps them.
+        live = max(0, counted - expired)
+        cap = math.inf if exact else live
         by_op = {
-            op: {s: max(0, n) for s, n in row.items()}
+            op: {s: int(min(max(0, n), cap)) for s, n in row.items()}
             for op, row in sorted(table.items())
             if any(n > 0 for n in row.values())
         }
-        by_status = {s: sum(row[s] for row in by_op.values()) for s in DlqStatus}
+        by_status = {
+            s: int(min(sum(row[s] for row in by_op.values()), cap)) for s in DlqStatus
+        }
         oldest_raw = _text(reply[4], self.pending_key, "member")
         oldest_at: datetime | None = None
         age: float | None = None
@@ -1355,14 +1389,15 @@ class _DlqOps:
             age = max(0.0, (now_ms - ms) / 1000.0)
         pending = by_status[DlqStatus.PENDING]
         return DlqStats(
-            total=sum(by_status.values()),
+            total=sum(by_status.values()) if exact else live,
             by_status=by_status,
             by_operation_type=by_op,
             oldest_pending_at=oldest_at,
             oldest_pending_age_seconds=age,
             max_pending=self.config.max_pending,
             over_max_pending=pending > self.config.max_pending,
-            expired_awaiting_cleanup=backlog,
+            expired_awaiting_cleanup=expired,
+            exact=exact,
         )
 
     # cleanup ---------------------------------------------------------------

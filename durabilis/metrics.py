@@ -17,13 +17,26 @@ Two complementary sources:
 
       REGISTRY.register(DurabilisCollector(layer))
 
+  The collector keeps what it read for ``cache_seconds`` (default 10 s):
+  scrapes meanwhile cost Redis nothing.
+
 Metric names start with ``durabilis_``; labels are bounded (operation types,
-breaker names, statuses, event names), never ids or keys.
+breaker names, statuses, event names), never ids or keys. Operation types are
+bounded explicitly: the types named in ``operation_types=`` (and, for the
+collector, those the layer's config names) each get their label; of the
+others, the first ``max_operation_types`` (default 50) seen get theirs, and
+every later one is counted under ``operation_type="other"``. So a scrape
+never holds more than ``len(operation_types) + max_operation_types + 1``
+operation-type values per metric (plus ``""`` for events that carry none),
+however many types the fleet runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, MutableMapping
+import math
+import threading
+import time
+from collections.abc import Iterable, Iterator, MutableMapping
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter
@@ -34,9 +47,12 @@ from durabilis._log import add_tap, remove_tap
 from durabilis.breaker import BreakerState
 from durabilis.config import ConfigSync
 from durabilis.dlq import DlqStatus
-from durabilis.errors import DurabilisError
+from durabilis.errors import ConfigError, DurabilisError
 
-__all__ = ["DurabilisCollector", "DurabilisMetrics"]
+__all__ = ["OTHER_OPERATION_TYPE", "DurabilisCollector", "DurabilisMetrics"]
+
+OTHER_OPERATION_TYPE = "other"
+"""The ``operation_type`` label of every type beyond the bound."""
 
 _BREAKER_VALUE = {BreakerState.CLOSED: 0.0, BreakerState.HALF_OPEN: 1.0, BreakerState.OPEN: 2.0}
 
@@ -53,6 +69,33 @@ def _label(event: MutableMapping[str, Any], name: str) -> str:
     return "" if value is None else str(value)
 
 
+class _OperationLabels:
+    """Which operation types get a label of their own (thread-safe).
+
+    The ``known`` types always do, and the first ``limit`` others asked for
+    (they keep it); every later type maps to :data:`OTHER_OPERATION_TYPE`.
+    ``""`` (an event without an operation type) stays ``""``.
+    """
+
+    def __init__(self, known: Iterable[str], limit: int) -> None:
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise ConfigError("max_operation_types", f"must be an integer >= 0, got {limit!r}")
+        if isinstance(known, str):
+            raise ConfigError("operation_types", "must be a collection of names, not one str")
+        self.known = frozenset(str(k) for k in known) | {""}
+        self.limit = limit
+        self.seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, operation_type: str) -> str:
+        if operation_type in self.known or operation_type in self.seen:
+            return operation_type
+        with self._lock:
+            if operation_type not in self.seen and len(self.seen) < self.limit:
+                self.seen.add(operation_type)
+        return operation_type if operation_type in self.seen else OTHER_OPERATION_TYPE
+
+
 class DurabilisMetrics:
     """This process's counters, fed by durabilis's structlog events.
 
@@ -65,9 +108,19 @@ class DurabilisMetrics:
 
     Args:
         registry: Where to register (the default registry when omitted).
+        operation_types: Operation types that always get their own label.
+        max_operation_types: How many other types get their own label, first
+            seen first; every later one is counted as ``"other"``.
     """
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        operation_types: Iterable[str] = (),
+        max_operation_types: int = 50,
+    ) -> None:
+        self.operation_label = _OperationLabels(operation_types, max_operation_types)
         reg = REGISTRY if registry is None else registry
 
         def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
@@ -120,7 +173,7 @@ class DurabilisMetrics:
     def observe(self, name: str, level: str, event: MutableMapping[str, Any]) -> None:
         """Count one event (what :meth:`processor` does for each durabilis event)."""
         self.events.labels(name, level).inc()
-        op = _label(event, "operation_type")
+        op = self.operation_label(_label(event, "operation_type"))
         if name == "durability_retry_attempt":
             self.retry_attempts.labels(op).inc()
         elif name in _STOP_EVENTS:
@@ -162,39 +215,79 @@ class DurabilisMetrics:
 
 
 class DurabilisCollector(Collector):
-    """Fleet-wide state read from Redis at each scrape.
+    """Fleet-wide state read from Redis, at most once per ``cache_seconds``.
 
     Gauges: ``durabilis_up`` (1 when Redis answered), ``durabilis_dlq_records``
     (status, operation_type), ``durabilis_dlq_oldest_pending_age_seconds``,
+    ``durabilis_dlq_expired_awaiting_cleanup``, ``durabilis_dlq_stats_exact``
+    (0 when the expired backlog exceeded ``DlqConfig.stats_scan_limit``: the DLQ
+    gauges are then upper bounds, see :class:`~durabilis.dlq.DlqStats`),
     ``durabilis_breaker_state`` (dependency; 0 closed, 1 half open, 2 open),
     ``durabilis_breaker_failure_rate`` (dependency), ``durabilis_checkpoints_current``,
     ``durabilis_operations_in_flight``, ``durabilis_config_version``.
     Counter: ``durabilis_operations_total`` (outcome: the layer's fleet-wide totals).
 
-    A scrape costs about six round trips. When Redis does not answer,
-    ``durabilis_up`` is 0 and nothing else is reported (never a failed scrape).
+    A read costs about six round trips, each script bounded. What was read
+    (or that Redis did not answer) is kept for ``cache_seconds``: the scrapes
+    meanwhile, concurrent ones included, are answered from it and cost Redis
+    nothing. When Redis does not answer, ``durabilis_up`` is 0 and nothing
+    else is reported (never a failed scrape).
 
     Args:
         layer: A :class:`~durabilis.DurabilityLayer` (its breakers are the ones reported).
+        operation_types: Operation types that always get their own label, besides
+            those the layer's config names (retry policies, dependencies).
+        max_operation_types: How many other types get their own label (first
+            seen first, the ones with the most records first within one read);
+            the records of every later type are reported as ``"other"``.
+        cache_seconds: How long one read of Redis serves scrapes (0: every
+            scrape reads Redis).
     """
 
-    def __init__(self, layer: Any) -> None:
+    def __init__(
+        self,
+        layer: Any,
+        *,
+        operation_types: Iterable[str] = (),
+        max_operation_types: int = 50,
+        cache_seconds: float = 10.0,
+    ) -> None:
+        if (
+            not isinstance(cache_seconds, (int, float))
+            or isinstance(cache_seconds, bool)
+            or not math.isfinite(cache_seconds)
+            or cache_seconds < 0
+        ):
+            raise ConfigError("cache_seconds", f"must be a number >= 0, got {cache_seconds!r}")
         self.layer = layer
+        self.cache_seconds = float(cache_seconds)
+        self.operation_label = _OperationLabels(
+            [*operation_types, *_configured_operation_types(layer)], max_operation_types
+        )
+        self._lock = threading.Lock()
+        self._cached: list[Any] | None = None
+        self._read_at = 0.0
 
     def describe(self) -> list[Any]:
         return []  # collected lazily: no Redis round trip at registration
 
     def collect(self) -> Iterator[Any]:
+        with self._lock:  # one read at a time; concurrent scrapes share it
+            if self._cached is None or time.monotonic() - self._read_at >= self.cache_seconds:
+                self._cached = self._read()
+                self._read_at = time.monotonic()
+            families = self._cached
+        yield from families
+
+    def _read(self) -> list[Any]:
         up = GaugeMetricFamily("durabilis_up", "1 when the durabilis Redis answered this scrape")
         try:
             families = list(self._families())
         except DurabilisError:
             up.add_metric([], 0.0)
-            yield up
-            return
+            return [up]
         up.add_metric([], 1.0)
-        yield up
-        yield from families
+        return [up, *families]
 
     def _families(self) -> Iterator[Any]:
         layer = self.layer
@@ -202,15 +295,35 @@ class DurabilisCollector(Collector):
         records = GaugeMetricFamily(
             "durabilis_dlq_records", "Live DLQ records", labels=["status", "operation_type"]
         )
-        for op_type, by_status in sorted(stats.by_operation_type.items()):
+        rows: dict[str, dict[DlqStatus, int]] = {}
+        # The types with the most records first: they get the free labels.
+        for op_type, by_status in sorted(
+            stats.by_operation_type.items(), key=lambda item: (-sum(item[1].values()), item[0])
+        ):
+            row = rows.setdefault(self.operation_label(op_type), dict.fromkeys(DlqStatus, 0))
             for status in DlqStatus:
-                records.add_metric([status.value, op_type], float(by_status.get(status, 0)))
+                row[status] += by_status.get(status, 0)
+        for label, row in sorted(rows.items()):
+            for status in DlqStatus:
+                records.add_metric([status.value, label], float(row[status]))
         yield records
         age = GaugeMetricFamily(
             "durabilis_dlq_oldest_pending_age_seconds", "Age of the oldest pending DLQ record"
         )
         age.add_metric([], float(stats.oldest_pending_age_seconds or 0.0))
         yield age
+        expired = GaugeMetricFamily(
+            "durabilis_dlq_expired_awaiting_cleanup",
+            "Expired DLQ records not cleaned up yet (cleanup_expired removes them)",
+        )
+        expired.add_metric([], float(stats.expired_awaiting_cleanup))
+        yield expired
+        exact = GaugeMetricFamily(
+            "durabilis_dlq_stats_exact",
+            "0 when the expired backlog exceeded stats_scan_limit: DLQ gauges are upper bounds",
+        )
+        exact.add_metric([], 1.0 if stats.exact else 0.0)
+        yield exact
 
         state = GaugeMetricFamily(
             "durabilis_breaker_state", "Breaker state: 0 closed, 1 half open, 2 open",
@@ -252,3 +365,12 @@ class DurabilisCollector(Collector):
         )
         version.add_metric([], float(ConfigSync(layer.store).fleet_config().version))
         yield version
+
+
+def _configured_operation_types(layer: Any) -> list[str]:
+    """The operation types the layer's config names (``"*"`` excluded)."""
+    config = getattr(layer, "config", None)
+    names = [str(op) for op in getattr(config, "dependencies", None) or {}]
+    for policy in getattr(config, "retry_policies", None) or ():
+        names.append(str(getattr(policy, "operation_type", "*")))
+    return [n for n in names if n != "*"]

@@ -108,7 +108,7 @@ def test_install_counts_every_event_even_those_the_logger_level_keeps_out(
 def test_the_collector_reads_the_fleet_state_at_scrape_time(store: durabilis.Store) -> None:
     layer = DurabilityLayer(store, config())
     registry = CollectorRegistry()
-    registry.register(DurabilisCollector(layer))
+    registry.register(DurabilisCollector(layer, cache_seconds=0))  # every scrape reads
 
     def value(name: str, **labels: str) -> float | None:
         return registry.get_sample_value(name, labels)
@@ -136,7 +136,7 @@ def test_a_scrape_while_redis_is_down_reports_up_0_instead_of_failing(tmp_path: 
     store = durabilis.connect(server.url, socket_timeout=0.3, socket_connect_timeout=0.3)
     try:
         registry = CollectorRegistry()
-        registry.register(DurabilisCollector(DurabilityLayer(store, config())))
+        registry.register(DurabilisCollector(DurabilityLayer(store, config()), cache_seconds=0))
         assert registry.get_sample_value("durabilis_up") == 1
         server.stop()
         assert registry.get_sample_value("durabilis_up") == 0
