@@ -809,6 +809,7 @@ def _dlq_stats(s: _Session) -> int:
         "max_pending": st.max_pending,
         "over_max_pending": st.over_max_pending,
         "expired_awaiting_cleanup": st.expired_awaiting_cleanup,
+        "exact": st.exact,
     }
     if s.json:
         _print_json(doc)
@@ -822,6 +823,9 @@ def _dlq_stats(s: _Session) -> int:
     flag = " (OVER max_pending)" if st.over_max_pending else ""
     print(f"max_pending {st.max_pending}{flag}; expired awaiting cleanup "
           f"{st.expired_awaiting_cleanup}")
+    if not st.exact:
+        print("counts per status and type are upper bounds: the expired backlog is over "
+              "stats_scan_limit (run `durabilis dlq cleanup`)")
     print_table(
         ("OPERATION_TYPE", "PENDING", "REPLAYED", "ABANDONED"),
         [(op, c.get("pending", 0), c.get("replayed", 0), c.get("abandoned", 0))
