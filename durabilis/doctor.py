@@ -351,6 +351,9 @@ class NamespaceSurvey:
         others: The other durabilis namespaces found, sorted.
         scanned: Keys looked at.
         truncated: The survey stopped at its bound: ``others`` is "at least".
+        certain: Whether ``empty`` is known (the namespace's own keys were looked
+            for through the whole keyspace); ``False`` when that search too was
+            cut short (a very large keyspace).
     """
 
     namespace: str
@@ -358,11 +361,12 @@ class NamespaceSurvey:
     others: tuple[str, ...] = ()
     scanned: int = 0
     truncated: bool = False
+    certain: bool = True
 
     @property
     def wrong(self) -> bool:
         """The namespace is empty while others exist: probably not the one meant."""
-        return self.empty and bool(self.others)
+        return self.empty and bool(self.others) and self.certain
 
     def found_text(self, shown: int = 20) -> str:
         """``"a, b"``, ``"at least a, b"``, cut after ``shown`` names."""
@@ -523,6 +527,41 @@ def _probe_keys(store: Store) -> list[str]:
             keys.breaker_names(), keys.ckpt("live"), keys.config("fleet")]
 
 
+NAMESPACE_SEARCH_SECONDS = 3.0
+"""How long the survey looks for the namespace's own keys once its bound is passed."""
+
+
+def _glob_escape(text: str) -> str:
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
+def _own_key_exists(store: Store, prefix: str, seconds: float) -> bool | None:
+    """Whether a key starts with ``prefix`` (SCAN MATCH, page by page); ``None``:
+    the keyspace was not searched through within ``seconds``."""
+    pattern = _glob_escape(prefix) + "*"
+    deadline = time.monotonic() + seconds
+    if store.is_cluster:  # every primary, one after another
+        for node in store.client.get_primaries():
+            client = store.client.get_redis_connection(node)
+            found = _scan_one(client, pattern, deadline)
+            if found is not False:
+                return found
+        return False
+    return _scan_one(store.client, pattern, deadline)
+
+
+def _scan_one(client: Any, pattern: str, deadline: float) -> bool | None:
+    cursor = 0
+    while True:
+        cursor, keys = client.scan(cursor=cursor, match=pattern, count=1000)
+        if keys:
+            return True
+        if int(cursor) == 0:
+            return False
+        if time.monotonic() > deadline:
+            return None
+
+
 def survey_namespaces(
     store: Store, *, limit: int = NAMESPACE_SCAN_LIMIT, probe: bool = True
 ) -> NamespaceSurvey:
@@ -549,7 +588,13 @@ def survey_namespaces(
     try:
         for raw in store.client.scan_iter(count=1000):
             if scanned >= limit:
-                return NamespaceSurvey(namespace, True, tuple(sorted(others)), scanned, True)
+                # Past the bound: look for the namespace's own keys only (SCAN
+                # MATCH), for a bounded time, before calling it empty.
+                found_own = _own_key_exists(store, prefix, NAMESPACE_SEARCH_SECONDS)
+                if found_own is True:
+                    return NamespaceSurvey(namespace, empty=False, scanned=scanned)
+                return NamespaceSurvey(namespace, True, tuple(sorted(others)), scanned, True,
+                                       certain=found_own is False)
             scanned += 1
             name = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
             if name.startswith(prefix):

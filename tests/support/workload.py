@@ -45,6 +45,7 @@ from durabilis import (
     CircuitBreakerConfig,
     Duplicate,
     IdempotencyConfig,
+    IdempotencyKey,
     OperationError,
     OperationInProgress,
     OutcomeUnrecorded,
@@ -610,13 +611,14 @@ def layer_outcomes(url: str, namespace: str, result: LoadResult,
             records, _ = layer.dlq.list_all()
             dlq_ops = Counter(str((r.metadata or {}).get("idempotency_key")) for r in records)
             for op in result.ops:
+                key = stored_key(op)  # as the layer stores a caller's key
                 if op.endswith(FAILS):
-                    if dlq_ops[op] == 0:
+                    if dlq_ops[key] == 0:
                         problems["dlq_lost"].append(op)
-                    elif dlq_ops[op] > 1 + allowed[op]:
-                        problems["dlq_doubled"].append(f"{op} x{dlq_ops[op]}")
+                    elif dlq_ops[key] > 1 + allowed[op]:
+                        problems["dlq_doubled"].append(f"{op} x{dlq_ops[key]}")
                     continue
-                seen = layer.idempotency.check(op)
+                seen = layer.idempotency.check(key)
                 stored = seen.original_result if seen is not None else None
                 token = stored.get("token") if isinstance(stored, dict) else None
                 tokens = sorted(runs.get(op, []), key=int)
@@ -638,6 +640,11 @@ def layer_outcomes(url: str, namespace: str, result: LoadResult,
         finally:
             layer.close()
     return problems
+
+
+def stored_key(op: str) -> str:
+    """The idempotency key the layer stores for op's caller-supplied key."""
+    return IdempotencyKey.caller(LAYER_AGENT, op, {"op": op}).value
 
 
 LOSS_KINDS = ("lost", "record_lost", "checkpoint_lost", "dlq_lost")
