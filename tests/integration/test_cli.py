@@ -33,44 +33,28 @@ from durabilis.config import config_to_dict, load_config
 from durabilis.layer import DurabilityLayer, OperationContext
 from durabilis.testing import free_port, instant_retries
 from tests.integration import _cli_handlers
+from tests.integration._cli_support import fleet_toml
 from tests.integration._layer_workers import die_inside
 
 ROOT = Path(__file__).resolve().parents[2]
 
-FLEET_TOML = """
-[idempotency]
-in_progress_ttl_seconds = 0.5
-
-[retry]
-include_defaults = false
-
-[retry.job]
-max_attempts = 2
-initial_delay_ms = 1
-max_delay_ms = 2
-jitter = false
-retryable_errors = ["NETWORK_TIMEOUT"]
-
-[retry.other]
-max_attempts = 1
-initial_delay_ms = 1
-max_delay_ms = 1
-
-[circuit_breaker]
-include_defaults = false
-
-[circuit_breaker.svc]
+FLEET_TOML = fleet_toml(
+    lease=0.5,
+    breaker="""
 failure_rate_threshold = 0.99
 min_request_count = 10
 reset_timeout_seconds = 1
 probe_success_required = 1
 window_size = 20
 probe_timeout_seconds = 1
-
-[dependencies]
-include_defaults = false
-job = "svc"
-"""
+""",
+    retry_extra="""
+[retry.other]
+max_attempts = 1
+initial_delay_ms = 1
+max_delay_ms = 1
+""",
+)
 
 Run = Callable[..., tuple[int, str, str]]
 

@@ -48,37 +48,17 @@ from durabilis.events import configure_logging, redaction_enabled
 from durabilis.layer import DurabilityLayer, OperationContext
 from durabilis.testing import RedisServer, instant_retries, isolated_namespace
 from tests.integration import _cli_handlers
+from tests.integration._cli_support import fleet_toml, run_cli
 from tests.integration._layer_workers import die_inside
 
 ROOT = Path(__file__).resolve().parents[2]
 HANDLER = "tests.integration._cli_handlers:"
 
-FLEET_TOML = """
-[idempotency]
-in_progress_ttl_seconds = 0.5
-
-[retry]
-include_defaults = false
-
-[retry.job]
-max_attempts = 2
-initial_delay_ms = 1
-max_delay_ms = 2
-jitter = false
-retryable_errors = ["NETWORK_TIMEOUT"]
-
-[circuit_breaker]
-include_defaults = false
-
-[circuit_breaker.svc]
+FLEET_TOML = fleet_toml(lease=0.5, breaker="""
 failure_rate_threshold = 0.99
 min_request_count = 50
 window_size = 100
-
-[dependencies]
-include_defaults = false
-job = "svc"
-"""
+""")
 
 OTHER_TOML = """
 [circuit_breaker]
@@ -119,11 +99,7 @@ def redaction() -> Iterator[None]:
     configure_logging(redact=before)
 
 
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
+run = run_cli
 
 
 def park(layer: DurabilityLayer, payload: Any) -> str:

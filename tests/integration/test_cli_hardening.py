@@ -8,18 +8,15 @@ import json
 import pytest
 
 import durabilis
-from durabilis.cli import EXIT_OK, main
+from durabilis.cli import EXIT_OK
 from durabilis.dlq import DeadLetterQueue
+from tests.integration._cli_support import run_cli
 
 FORGED = "NETWORK_TIMEOUT: boom\x1b]0;pwned\x07\r\x1b[2Kstatus abandoned\u202e"
 SECRET = "Bearer sk_live_0123456789"
 
 
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
+run = run_cli
 
 
 def test_stored_control_characters_are_printed_escaped(

@@ -9,7 +9,6 @@ import multiprocessing
 import os
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from durabilis.config import load_config
 from durabilis.layer import DurabilityConfig, DurabilityLayer, OperationContext
 from durabilis.testing import instant_retries
 from tests.integration._cli_handlers import LOG_ENV
+from tests.integration._cli_support import fleet_toml
 from tests.integration._dlq_fleet_workers import fleet_config, park_one_key
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,26 +138,12 @@ def test_a_replay_pass_into_an_open_breaker_burns_nothing_and_says_so(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     toml = tmp_path / "fleet.toml"
-    toml.write_text(textwrap.dedent('''
-        [idempotency]
-        in_progress_ttl_seconds = 5
-        [retry]
-        include_defaults = false
-        [retry.job]
-        max_attempts = 2
-        initial_delay_ms = 1
-        max_delay_ms = 2
-        retryable_errors = ["NETWORK_TIMEOUT"]
-        [circuit_breaker]
-        include_defaults = false
-        [circuit_breaker.svc]
-        failure_rate_threshold = 0.99
-        min_request_count = 1000
-        window_size = 1000
-        reset_timeout_seconds = 60
-        [dependencies]
-        job = "svc"
-    '''), encoding="utf-8")
+    toml.write_text(fleet_toml(lease=5, breaker="""
+failure_rate_threshold = 0.99
+min_request_count = 1000
+window_size = 1000
+reset_timeout_seconds = 60
+"""), encoding="utf-8")
     layer = DurabilityLayer(store, load_config(toml, environ={}))
 
     def down(ctx: OperationContext) -> Any:

@@ -21,7 +21,7 @@ from structlog.testing import capture_logs
 
 import durabilis
 from durabilis import CircuitBreakerConfig, ConfigError, RetryPolicy
-from durabilis.cli import EXIT_OK, main
+from durabilis.cli import EXIT_OK
 from durabilis.config import (
     MAX_ENTRY_BYTES,
     MAX_ENTRY_DEPTH,
@@ -31,6 +31,7 @@ from durabilis.config import (
 )
 from durabilis.layer import AsyncDurabilityLayer, DurabilityLayer
 from durabilis.retry import RetryEngine
+from tests.integration._cli_support import run_cli
 
 MCP5 = RetryPolicy("mcp_call", 5, 100, 1000, jitter=False)
 MEM = CircuitBreakerConfig("memory_service", 0.9, 10, 30, 2, 20, 30)
@@ -189,11 +190,7 @@ def test_a_good_entry_overwritten_with_a_bad_one_keeps_the_last_good_config(
     layer.close()
 
 
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
+run = run_cli
 
 
 def test_the_cli_warns_on_stderr_and_goes_on(
