@@ -623,14 +623,8 @@ _REPLAY_PAGE = 100
 
 
 class _ReplayPass:
-    """``dlq replay --all``: every pending record, oldest first, one
-    ``layer.replay`` each (so progress can be shown between records).
-
-    The same walk as ``DurabilityLayer.replay_pending``: the pending index page
-    by page; ``limit`` counts the records whose handler ran; ``max_per_second``
-    spaces handler starts; records claimed elsewhere, finished or expired
-    meanwhile are skipped.
-    """
+    """``dlq replay --all``: ``DurabilityLayer.replay_pending`` with a progress line
+    and the error texts of the records that failed or lost their claim."""
 
     def __init__(self, layer: Any, handler: Callable[..., Any], progress: Progress,
                  wait: float | None = None) -> None:
@@ -638,82 +632,49 @@ class _ReplayPass:
         self.handler = handler
         self.progress = progress
         self.wait = wait
-        self.replayed = self.skipped = 0
+        self.total = self.done = 0
         self.failed: dict[str, str | None] = {}
         self.lost: dict[str, str | None] = {}
-        self.deferred: dict[str, str | None] = {}
-        self.open: dict[str, None] = {}  # dependencies found with an open breaker
+        self.counts = _Counts()
 
-    @property
-    def ran(self) -> int:
-        return self.replayed + len(self.failed) + len(self.lost)
-
-    def summary(self) -> Any:
-        from durabilis.dlq import ReplaySummary  # noqa: PLC0415
-
-        return ReplaySummary(
-            replayed=self.replayed, failed=len(self.failed), skipped=self.skipped,
-            lost=len(self.lost), failed_ids=tuple(self.failed), lost_ids=tuple(self.lost),
-            deferred=len(self.deferred), deferred_ids=tuple(self.deferred),
-            breakers_open=tuple(self.open),
-        )
-
-    def _add(self, result: Any, record: Any) -> bool:
-        """Count one result; ``True`` when its handler ran."""
+    def _seen(self, result: Any) -> None:
         from durabilis.dlq import ReplayOutcome  # noqa: PLC0415
 
-        if result.outcome is ReplayOutcome.DEFERRED:
-            self.deferred[result.dlq_id] = result.error
-            dependency = (record.metadata or {}).get("dependency")
-            if dependency and str(result.error or "").startswith("CircuitOpen"):
-                self.open[dependency] = None  # its other records wait for the next pass
-            return False
-        if result.outcome is ReplayOutcome.REPLAYED:
-            self.replayed += 1
-        elif result.outcome is ReplayOutcome.FAILED:
+        self.done += 1
+        outcome = result.outcome
+        if outcome is ReplayOutcome.FAILED:
             self.failed[result.dlq_id] = result.error
-        elif result.outcome is ReplayOutcome.CLAIM_LOST:
+        elif outcome is ReplayOutcome.CLAIM_LOST:
             self.lost[result.dlq_id] = result.error
-        else:
-            self.skipped += 1
-            return False
-        return True
+        self.counts.add(outcome)
+        self.progress.update(replay_progress_text(self.done, self.total, self.counts))
 
     def run(self, operation_type: str | None, limit: int | None,
-            max_per_second: float | None) -> int:
-        """Replay; returns how many records were pending when it began."""
-        dlq = self.layer.dlq
-        total = int(dlq.pending_count(operation_type))
+            max_per_second: float | None) -> Any:
+        """Replay; returns the pass's ``ReplaySummary``."""
+        self.total = int(self.layer.dlq.pending_count(operation_type))
         if limit is not None:
-            total = min(total, limit)
-        interval = 1.0 / max_per_second if max_per_second else 0.0
-        next_start = -math.inf
-        after: Any = None
-        done = 0
-        while limit is None or self.ran < limit:
-            page = dlq.list_pending(operation_type, limit=_REPLAY_PAGE, after=after)
-            for record in page:
-                if limit is not None and self.ran >= limit:
-                    break
-                wait = next_start - time.monotonic()
-                if wait > 0:
-                    time.sleep(wait)
-                started = time.monotonic()
-                if (record.metadata or {}).get("dependency") in self.open:
-                    self.deferred[record.dlq_id] = "CircuitOpen: its breaker is open"
-                elif self._add(self.layer.replay(record.dlq_id, self.handler, wait=self.wait),
-                               record):
-                    next_start = started + interval
-                done += 1
-                self.progress.update(replay_progress_text(done, total, self.summary()))
-            if len(page) < _REPLAY_PAGE:
-                break
-            after = page[-1]
-        return total
+            self.total = min(self.total, limit)
+        return self.layer.replay_pending(
+            self.handler, operation_type, limit, max_per_second, wait=self.wait,
+            on_result=self._seen,
+        )
 
     def errors(self) -> dict[str, str | None]:
         """Failed and lost records' error texts, as printed (type kept, text redacted)."""
         return {i: describe_error_text(e) for i, e in {**self.failed, **self.lost}.items()}
+
+
+class _Counts:
+    """What the progress line shows of a pass under way."""
+
+    def __init__(self) -> None:
+        self.replayed = self.failed = self.lost = self.skipped = self.deferred = 0
+
+    def add(self, outcome: Any) -> None:
+        name = {"replayed": "replayed", "failed": "failed", "claim_lost": "lost",
+                "deferred": "deferred"}.get(outcome.value, "skipped")
+        setattr(self, name, getattr(self, name) + 1)
 
 
 def _dlq_replay(s: _Session) -> int:
@@ -734,10 +695,9 @@ def _dlq_replay(s: _Session) -> int:
         return _replay_one(s, layer, handler)
     with Progress(enabled=not a.quiet) as progress:
         replay = _ReplayPass(layer, handler, progress, a.wait)
-        total = replay.run(a.operation_type, a.limit, a.max_per_second)
-    if total == 0 and replay.ran == 0 and replay.skipped == 0:
+        summary = replay.run(a.operation_type, a.limit, a.max_per_second)
+    if replay.total == 0 and replay.done == 0:
         s.check_namespace()
-    summary = replay.summary()
     _print_replay_summary(s, replay, summary)
     if summary.failed or summary.lost:
         return EXIT_NOT_FOUND

@@ -1217,8 +1217,10 @@ class _DlqOps:
         limit: int | None,
         max_per_second: float | None,
         handle: Handle,
+        on_result: Callable[[ReplayResult], object] | None = None,
     ) -> _Plan[ReplaySummary]:
-        """Walk the pending index once, oldest first, replaying each record."""
+        """Walk the pending index once, oldest first, replaying each record
+        (``on_result`` is called with each record's result: progress)."""
         if operation_type is not None:
             self.name("operation_type", operation_type)
         if limit is not None and (
@@ -1244,6 +1246,8 @@ class _DlqOps:
                 result = yield from self.replay_steps(member.dlq_id, handle, tally.open)
                 if tally.add(result):
                     pacer.started(started)
+                if on_result is not None:
+                    on_result(result)
             if len(page) < _PAGE:
                 break
             after = page[-1].raw

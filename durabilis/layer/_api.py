@@ -234,13 +234,16 @@ class DurabilityLayer:
         max_per_second: float | None = None,
         *,
         wait: float | None = None,
+        on_result: Callable[[ReplayResult], object] | None = None,
     ) -> ReplaySummary:
         """Replay pending DLQ records through the layer (see :meth:`replay`); the
         pass replays no record of a dependency found with an open breaker
-        (``summary.breakers_open``)."""
+        (``summary.breakers_open``). ``on_result`` is called with each record's
+        :class:`ReplayResult` as the pass goes (progress)."""
         return drive(
             self.dlq._ops.replay_pending_steps(
-                operation_type, limit, max_per_second, self._core.replay_plan(fn, wait)
+                operation_type, limit, max_per_second, self._core.replay_plan(fn, wait),
+                on_result,
             ),
             self.store, leases=self._leases,
         )
@@ -408,11 +411,13 @@ class AsyncDurabilityLayer:
         max_per_second: float | None = None,
         *,
         wait: float | None = None,
+        on_result: Callable[[ReplayResult], object] | None = None,
     ) -> ReplaySummary:
         """See :meth:`DurabilityLayer.replay_pending`."""
         return await adrive(
             self.dlq._ops.replay_pending_steps(
-                operation_type, limit, max_per_second, self._core.replay_plan(fn, wait)
+                operation_type, limit, max_per_second, self._core.replay_plan(fn, wait),
+                on_result,
             ),
             self.store, leases=self._leases,
         )
