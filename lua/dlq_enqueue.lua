@@ -127,15 +127,23 @@ local function iso_utc(ms)
 end
 -- iso_utc:end
 
+-- The payload fingerprint of a caller's key (metadata "fingerprint"): parkings
+-- merge only into a record of the same payload (a key reused with another
+-- payload is another operation and gets its own record).
+local fpr = ""
+for i = 12, #ARGV - 1, 2 do
+  if ARGV[i] == "meta:fingerprint" then fpr = ARGV[i + 1] end
+end
+
 -- Which record this parking goes to (checks only: nothing is written yet).
 local target, TH, merge_into = id, H, false
 if mkey ~= "" then
   local cur = redis.call("HGET", BK, mkey)
   if cur and cur ~= cand then return {"miss", cur} end
   if redis.call("EXISTS", HC) == 1 then
-    local f = redis.call("HMGET", HC, "st", "exp", "sid")
+    local f = redis.call("HMGET", HC, "st", "exp", "sid", "fp")
     local hexp = tonumber(f[2])
-    if cur == cand and f[1] == "pending" and hexp and hexp > now then
+    if cur == cand and f[1] == "pending" and hexp and hexp > now and (f[4] or "") == fpr then
       if redis.call("HEXISTS", HC, "pid:" .. id) == 1 then return {"exists", f[3], cand} end
       merge_into = true
     end
@@ -176,6 +184,7 @@ redis.call("HSET", TH, "st", "pending", "op", op, "sid", sid, "ts", now, "exp", 
   "pk", 1, "pid:" .. ARGV[1], 1)
 if mkey ~= "" then
   redis.call("HSET", TH, "ik", mkey)
+  if fpr ~= "" then redis.call("HSET", TH, "fp", fpr) end
   redis.call("HSET", BK, mkey, id)
 end
 redis.call("PEXPIREAT", TH, exp)

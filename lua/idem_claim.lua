@@ -91,6 +91,9 @@ local f = redis.call("HMGET", key, "s", "tok", "ts", "le", "fp", "ph", "r", "w",
 local state, tok, ts, le, fp = f[1], f[2], int(f[3]), int(f[4]), f[5]
 if state == "x" then
   if not int(tok) then return {"corrupt", "released record without a valid token"} end
+  -- Released, but still bound to its payload for the window: another payload
+  -- under the same key is a different operation, refused like a live one.
+  if (fp or "") ~= ARGV[4] then return {"mismatch"} end
   return claim(0, tok)
 end
 if (state ~= "p" and state ~= "d") or not tok or not ts then

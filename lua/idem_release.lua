@@ -26,7 +26,9 @@ if f[1] == "p" and ((token ~= "" and f[2] == token) or (nonce ~= "" and f[3] == 
   local fields = redis.call("HKEYS", key)
   local drop = {}
   for _, name in ipairs(fields) do
-    if name ~= "s" and name ~= "tok" then drop[#drop + 1] = name end
+    -- The tombstone keeps the token (tokens only increase) and the payload
+    -- fingerprint (the key stays bound to its payload for the window).
+    if name ~= "s" and name ~= "tok" and name ~= "fp" then drop[#drop + 1] = name end
   end
   if #drop > 0 then redis.call("HDEL", key, unpack(drop)) end
   redis.call("HSET", key, "s", "x")

@@ -271,6 +271,9 @@ class _LayerCore:
                 "dependency": dep,
                 "task_id": task_id,
                 "phase": phase,
+                # A caller key's own fingerprint: recovery parks the operation with
+                # it, so a replay claims the key exactly as the caller did.
+                "fingerprint": key.fingerprint,
             },
             "payload",
         ))
@@ -1059,7 +1062,8 @@ class _LayerCore:
         agent = str(env.get("agent_id") or "unknown")
         op = str(env.get("operation_type") or "unknown")
         meta = self._metadata(
-            key, *(str(env[f]) if env.get(f) else None for f in ("dependency", "task_id", "phase"))
+            key, *(str(env[f]) if env.get(f) else None
+                   for f in ("dependency", "task_id", "phase", "fingerprint"))
         )
         try:
             prepared: Prepared = self._dlq.prepare(

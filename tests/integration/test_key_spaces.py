@@ -3,6 +3,7 @@ bound to their payload: no caller can reach another's result through a key."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -112,3 +113,49 @@ def test_content_keys_are_keyed_by_the_namespace_secret(
         layer.close()
     with pytest.raises(durabilis.ConfigError):
         IdempotencyConfig(key_secret="short")
+
+
+BODY = b'{"page": 7, "text": "hi"}'  # the HTTP body a client's key is bound to
+
+
+def _bound_key() -> IdempotencyKey:
+    return IdempotencyKey.from_raw("req-1", payload=BODY)
+
+
+def test_an_orphan_of_a_bound_caller_key_replays_under_the_keys_own_fingerprint(
+    store: durabilis.Store,
+) -> None:
+    from durabilis._steps import Run
+    from tests.integration.test_layer_promise import step_plan
+
+    layer = DurabilityLayer(store, fast_config(lease=0.2))
+    payload = {"page": 7, "text": "hi"}
+    req = layer._core.request("a1", "job", payload, dependency=None,
+                              idempotency_key=_bound_key(), task_id=None, phase=None,
+                              wait=None, park_on_open=False, deadline_seconds=None)
+    step_plan(layer._core.execute_plan(req, Counter()), store,
+              until=lambda step: type(step) is Run)  # the worker dies inside fn
+    time.sleep(0.3)
+    [dlq_id] = layer.recover_orphans()
+    assert layer.dlq.get(dlq_id).metadata["fingerprint"] == _bound_key().fingerprint  # type: ignore[union-attr]
+    op = Counter(result="done")
+    assert layer.execute("a1", "job", payload, op, idempotency_key=_bound_key()) == "done"
+    assert layer.replay(dlq_id, Counter()).replayed  # the stored result: not stuck
+    assert layer.execute("a1", "job", payload, op, idempotency_key=_bound_key()) == "done"
+    assert len(op.calls) == 1
+    layer.close()
+
+
+def test_a_released_key_stays_bound_to_its_payload(store: durabilis.Store) -> None:
+    layer = DurabilityLayer(store, fast_config())
+
+    def down(ctx: OperationContext) -> Any:
+        raise OperationError("NETWORK_TIMEOUT", "down")
+
+    with instant_retries(), pytest.raises(durabilis.RetryExhausted):
+        layer.execute("a1", "job", {"to": "alice"}, down, idempotency_key="pay-9")
+    op = Counter()
+    with pytest.raises(KeyReuseMismatch):  # parked (claim released): still alice's key
+        layer.execute("a1", "job", {"to": "bob"}, op, idempotency_key="pay-9")
+    assert op.calls == [] and layer.dlq.pending_count() == 1
+    layer.close()
