@@ -73,6 +73,16 @@ StopReason = Literal["NON_RETRYABLE", "EXHAUSTED", "DEADLINE_EXCEEDED", "RETRY_B
 
 NON_RETRYABLE: StopReason = "NON_RETRYABLE"
 EXHAUSTED: StopReason = "EXHAUSTED"
+
+
+class NotRetried(Exception):
+    """Internal marker: a failure no policy retries or parks (stop at once).
+
+    Raised by operations the library itself builds (the HTTP middleware wraps
+    an application's exception in it: an HTTP handler runs once per delivery),
+    so that a user's policy with an empty ``retryable_errors`` (retry every
+    code) or no policy at all (park on failure) never re-runs or parks it.
+    """
 DEADLINE_EXCEEDED: StopReason = "DEADLINE_EXCEEDED"
 RETRY_BUDGET_EXHAUSTED: StopReason = "RETRY_BUDGET_EXHAUSTED"
 
@@ -657,6 +667,8 @@ def decide(
         A :class:`RetryDecision`. Budgets are not asked here (that is I/O).
     """
     code = error_code(exc)
+    if isinstance(exc, NotRetried):
+        return RetryDecision(False, 0.0, attempt, 1, code, NON_RETRYABLE)
     if policy is None:
         return RetryDecision(False, 0.0, attempt, 1, code, EXHAUSTED)
     max_attempts = policy.max_attempts

@@ -1,0 +1,697 @@
+"""HTTP idempotency for ASGI gateways: the ``Idempotency-Key`` header over the layer.
+
+:class:`DurableIdempotencyMiddleware` wraps any ASGI application (Starlette,
+FastAPI, Litestar, Quart...; no framework is imported) so that a request
+carrying an ``Idempotency-Key`` runs ONCE across the whole fleet, following the
+IETF httpapi draft "The Idempotency-Key HTTP Header Field":
+
+- the first request runs the application; its complete response (status, the
+  headers you allow, body) is recorded by :class:`~durabilis.AsyncDurabilityLayer`
+  before it is sent;
+- a duplicate with the same key and the same request (method, path, query, the
+  fingerprinted headers, body) gets the stored response again, marked
+  ``Idempotent-Replayed: true``;
+- a duplicate while the first still runs gets ``409`` (or waits up to
+  ``wait_seconds`` for its response); the same key with another request gets
+  ``422``; a missing key where one is required, or a malformed one, gets
+  ``400``; errors are ``application/problem+json`` (RFC 9457).
+
+:class:`OrphanRecovery` runs ``recover_orphans`` periodically (one replica per
+period, through a short lease in Redis) and reports health. ``docs/http.md``
+has the whole contract.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
+from typing import Any
+
+from durabilis._log import get_logger
+from durabilis._retry_core import NotRetried
+from durabilis._scripts import ScriptCall
+from durabilis.errors import (
+    ConfigError,
+    DurabilisError,
+    InvalidKey,
+    InvalidPayload,
+    KeyReuseMismatch,
+    OperationInProgress,
+    PayloadTooLarge,
+    ResultNotStored,
+)
+from durabilis.idempotency import IdempotencyKey
+from durabilis.layer import AsyncDurabilityLayer, OperationContext
+
+__all__ = [
+    "DEFAULT_RESPONSE_HEADERS",
+    "DurableIdempotencyMiddleware",
+    "OrphanRecovery",
+]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+DEFAULT_RESPONSE_HEADERS: tuple[str, ...] = (
+    "content-type", "content-language", "content-encoding", "content-location",
+    "location", "etag", "last-modified", "link", "cache-control", "vary",
+)
+"""Response headers stored and replayed by default. Never ``set-cookie``: a
+replay must not hand one client's session to another who guessed the key."""
+
+_PROBLEM = "urn:durabilis:problem:"
+# Extensions that let an application hand the server a file instead of bytes:
+# the middleware must see every byte it records, so it hides them.
+_HIDDEN_EXTENSIONS = ("http.response.pathsend", "http.response.zerocopysend",
+                      "http.response.trailers")
+_log = get_logger()
+
+
+class _AppFailed(NotRetried):
+    """The application raised (``error``), or answered 5xx (``error is None``):
+    nothing is recorded, the claim is released, the client may try again."""
+
+    def __init__(self, error: BaseException | None, status: int = 0) -> None:
+        super().__init__("the application did not complete a recordable response")
+        self.error = error
+        # The code the retry log shows: the exception's type, or the status.
+        self.code = type(error).__name__ if error is not None else f"HTTP_{status}"
+
+
+class DurableIdempotencyMiddleware:
+    """Run each request carrying an ``Idempotency-Key`` once, fleet-wide.
+
+    Args:
+        app: The ASGI application.
+        layer: The layer that claims, records and recovers (its idempotency
+            config gives the dedup window and the lease).
+        methods: The methods it applies to (the draft names POST and PATCH).
+        paths: Path prefixes it applies to; ``None``: every path.
+        require_key: Answer ``400`` to a request of those methods/paths
+            without the header (otherwise it passes through unguarded).
+        header: The header's name.
+        tenant: Whose key space a key lives in: a name, or a function of the
+            ASGI scope (e.g. the API account from a header your auth layer
+            checked). Two tenants' equal keys never meet.
+        operation_type: The layer's operation type (retry policy, counters).
+        wait_seconds: A duplicate that arrives while the first request runs
+            waits up to this long for its response; ``0``: ``409`` at once.
+        max_key_length: Longest accepted key, in characters (printable ASCII).
+        max_request_bytes: Largest request body; a larger ``Content-Length``
+            is refused (``413``) before anything is read or run.
+        max_response_bytes: Largest response body stored. A larger one is
+            still sent to its client (streamed through once over the limit) and
+            recorded as *completed, response not stored*: a duplicate gets
+            ``410`` naming the original status, never a second run.
+        response_headers: Response header names stored and replayed.
+        fingerprint_headers: Request header names that are part of the request
+            fingerprint (and kept with the claim for recovery and replay).
+        record_server_errors: Record ``5xx`` responses too. By default a
+            ``5xx`` is sent but not recorded: the claim is released and a retry
+            with the same key runs again (the application said it failed).
+        replayed_header: The header that marks a replayed response.
+        recover_every_seconds: Run an :class:`OrphanRecovery` in the
+            application's lifespan (started at startup or on the first
+            request, stopped at shutdown); ``None``: do not.
+
+    Raises:
+        ConfigError: A setting out of range (field named).
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        layer: AsyncDurabilityLayer,
+        *,
+        methods: Iterable[str] = ("POST", "PATCH"),
+        paths: Sequence[str] | None = None,
+        require_key: bool = False,
+        header: str = "Idempotency-Key",
+        tenant: str | Callable[[Scope], str] = "http",
+        operation_type: str = "http_request",
+        wait_seconds: float = 0.0,
+        max_key_length: int = 255,
+        max_request_bytes: int = 1024 * 1024,
+        max_response_bytes: int = 1024 * 1024,
+        response_headers: Iterable[str] = DEFAULT_RESPONSE_HEADERS,
+        fingerprint_headers: Iterable[str] = ("content-type",),
+        record_server_errors: bool = False,
+        replayed_header: str = "Idempotent-Replayed",
+        recover_every_seconds: float | None = None,
+    ) -> None:
+        if not isinstance(layer, AsyncDurabilityLayer):
+            raise ConfigError("layer", "DurableIdempotencyMiddleware needs an AsyncDurabilityLayer")
+        self.app = app
+        self.layer = layer
+        self.methods = frozenset(_token("methods", m).upper() for m in methods)
+        if not self.methods:
+            raise ConfigError("methods", "name at least one method")
+        self.paths = tuple(paths) if paths is not None else None
+        if self.paths is not None and not all(isinstance(p, str) and p.startswith("/")
+                                              for p in self.paths):
+            raise ConfigError("paths", "path prefixes start with '/'")
+        self.require_key = bool(require_key)
+        self._header = _token("header", header).lower().encode("latin-1")
+        if not (callable(tenant) or (isinstance(tenant, str) and tenant)):
+            raise ConfigError("tenant", "a non-empty name or a function of the scope")
+        self.tenant = tenant
+        self.operation_type = _token("operation_type", operation_type)
+        self.wait_seconds = _number("wait_seconds", wait_seconds, 0.0, 3600.0)
+        self.max_key_length = int(_number("max_key_length", max_key_length, 1, 4096))
+        idem = layer.config.idempotency
+        self.max_request_bytes = int(_number(
+            "max_request_bytes", max_request_bytes, 0, idem.max_value_bytes))
+        self.max_response_bytes = int(_number(
+            "max_response_bytes", max_response_bytes, 0, idem.max_value_bytes))
+        self._stored = frozenset(
+            _token("response_headers", h).lower().encode("latin-1") for h in response_headers
+        )
+        self._fingerprinted = frozenset(
+            _token("fingerprint_headers", h).lower().encode("latin-1")
+            for h in fingerprint_headers
+        )
+        self.record_server_errors = bool(record_server_errors)
+        self._replayed = _token("replayed_header", replayed_header).lower().encode("latin-1")
+        self.recovery: OrphanRecovery | None = None
+        if recover_every_seconds is not None:
+            self.recovery = OrphanRecovery(layer, every_seconds=recover_every_seconds)
+
+    # -- ASGI --
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "lifespan" and self.recovery is not None:
+            await self.app(scope, self._lifespan_receive(receive), send)
+            return
+        if kind != "http" or not self._applies(scope):
+            await self.app(scope, receive, send)
+            return
+        if self.recovery is not None:
+            self.recovery.start()
+        values = [v for k, v in scope.get("headers", ()) if k.lower() == self._header]
+        if not values:
+            if self.require_key:
+                await _problem(send, 400, "idempotency-key-missing", "Idempotency-Key missing",
+                               "this request needs an Idempotency-Key header")
+                return
+            await self.app(scope, receive, send)
+            return
+        if len(values) > 1:
+            await _problem(send, 400, "idempotency-key-invalid", "Idempotency-Key invalid",
+                           "more than one Idempotency-Key header")
+            return
+        raw, why = _parse_key(values[0], self.max_key_length)
+        if raw is None:
+            await _problem(send, 400, "idempotency-key-invalid", "Idempotency-Key invalid", why)
+            return
+        declared = _content_length(scope)
+        if declared == -1:
+            await _problem(send, 400, "bad-content-length", "Bad Content-Length",
+                           "the Content-Length header is not a number")
+            return
+        if declared is not None and declared > self.max_request_bytes:
+            await _too_large(send, declared, self.max_request_bytes)
+            return
+        body = await _read_body(receive, self.max_request_bytes)
+        if body is None:  # the client went away before its body arrived: nothing ran
+            return
+        if isinstance(body, int):
+            await _too_large(send, body, self.max_request_bytes)
+            return
+        await self._run(scope, raw, body, receive, send)
+
+    async def _run(
+        self, scope: Scope, raw: str, body: bytes, receive: Receive, send: Send
+    ) -> None:
+        payload = self._payload(scope, raw, body)
+        exchange = _Exchange(self, scope, body, receive, send)
+        run: Callable[[OperationContext], Awaitable[Any]] = exchange.run
+        try:
+            tenant = self.tenant(scope) if callable(self.tenant) else self.tenant
+            key = IdempotencyKey(raw, _fingerprint(payload))
+            result: Any = await self.layer.execute(
+                tenant, self.operation_type, payload, run,
+                idempotency_key=key, wait=self.wait_seconds or None,
+            )
+        except _AppFailed as failed:
+            if failed.error is None or exchange.complete:
+                await exchange.flush()
+            if failed.error is not None:
+                raise failed.error from None
+            return
+        except DurabilisError as refused:
+            if exchange.ran:
+                # It ran (ResultNotStored, OutcomeUnrecorded, LeaseLost...): its
+                # client gets its own response; what is missing is the record.
+                if not isinstance(refused, ResultNotStored):
+                    _log.warning("durability_http_unrecorded", error=type(refused).__name__,
+                                 operation_type=self.operation_type)
+                await exchange.flush()
+                return
+            await self._refuse(send, refused)
+            return
+        if exchange.ran:
+            await exchange.flush()
+        else:
+            await self._replay(send, result)
+
+    async def _refuse(self, send: Send, refused: DurabilisError) -> None:
+        """The answer to a request that did not run here."""
+        if isinstance(refused, KeyReuseMismatch):
+            await _problem(send, 422, "idempotency-key-reused", "Idempotency-Key reused",
+                           "this key was already used with a different request")
+        elif isinstance(refused, OperationInProgress):
+            await _problem(send, 409, "request-in-progress", "Request in progress",
+                           "a request with this key is being processed; retry later",
+                           headers=[(b"retry-after", b"1")])
+        elif isinstance(refused, (InvalidKey, InvalidPayload)):
+            await _problem(send, 400, "idempotency-key-invalid", "Idempotency-Key invalid",
+                           str(refused))
+        elif isinstance(refused, PayloadTooLarge):
+            await _too_large(send, refused.size, refused.limit)
+        elif isinstance(refused, ResultNotStored):
+            await _problem(send, 410, "response-not-stored", "Response not stored",
+                           f"a request with this key completed; its response was not stored "
+                           f"({refused.reason})", replayed=self._replayed)
+        else:  # StorageUnavailable, LayerClosed...: nothing ran (fail closed)
+            await _problem(send, 503, "idempotency-unavailable", "Service Unavailable",
+                           f"the idempotency store cannot take this request now "
+                           f"({type(refused).__name__})", headers=[(b"retry-after", b"1")])
+
+    async def _replay(self, send: Send, result: Any) -> None:
+        if not (isinstance(result, dict) and isinstance(result.get("s"), int)):
+            await _problem(send, 500, "stored-result-invalid", "Stored result invalid",
+                           "the result stored under this key is not an HTTP response")
+            return
+        body = result.get("b")
+        if body is None:
+            await _problem(send, 410, "response-not-stored", "Response not stored",
+                           f"a request with this key completed with status {result['s']}; its "
+                           f"response ({result.get('n', 0)} bytes) was too large to store",
+                           replayed=self._replayed)
+            return
+        headers = [(bytes(k), bytes(v)) for k, v in result.get("h", ())]
+        headers.append((b"content-length", str(len(body)).encode()))
+        headers.append((self._replayed, b"true"))
+        await send({"type": "http.response.start", "status": result["s"], "headers": headers})
+        await send({"type": "http.response.body", "body": bytes(body)})
+
+    # -- recovery of parked requests --
+
+    async def replay_stored(self, ctx: OperationContext) -> dict[str, Any]:
+        """Run a parked request again, without a client, from what its claim kept.
+
+        The ``fn`` for ``layer.replay(dlq_id, mw.replay_stored)`` and
+        ``layer.replay_pending(mw.replay_stored, operation_type="http_request")``:
+        it rebuilds the request (method, path, query, the fingerprinted headers,
+        body, the ``Idempotency-Key``) and records the application's response, so
+        the client's next retry gets it as a replay. A request that had in fact
+        completed is answered from its record and not run again.
+
+        Raises:
+            InvalidPayload: The parked operation is not a request of this middleware.
+        """
+        p = ctx.payload
+        if not (isinstance(p, dict) and {"m", "p", "q", "h", "b", "k"} <= p.keys()):
+            raise InvalidPayload("the parked operation is not an HTTP request of this middleware")
+        headers = [(bytes(k), bytes(v)) for k, v in p["h"]]
+        headers.append((self._header, str(p["k"]).encode("latin-1")))
+        scope: Scope = {
+            "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": "1.1", "method": p["m"], "scheme": "http", "path": p["p"],
+            "raw_path": str(p["p"]).encode("utf-8"), "query_string": bytes(p["q"]),
+            "root_path": p.get("r", ""), "headers": headers, "client": None, "server": None,
+            "extensions": {}, "state": {},
+        }
+        exchange = _Exchange(self, scope, bytes(p["b"]), None, None)
+        return await exchange.run(ctx)
+
+    # -- helpers --
+
+    def _applies(self, scope: Scope) -> bool:
+        if scope.get("method", "").upper() not in self.methods:
+            return False
+        if self.paths is None:
+            return True
+        path = scope.get("path", "")
+        return any(path.startswith(prefix) for prefix in self.paths)
+
+    def _payload(self, scope: Scope, raw: str, body: bytes) -> dict[str, Any]:
+        return {
+            "m": scope["method"].upper(),
+            "p": scope.get("path", ""),
+            "r": scope.get("root_path", ""),
+            "q": bytes(scope.get("query_string", b"")),
+            "h": [[k.lower(), v] for k, v in scope.get("headers", ())
+                  if k.lower() in self._fingerprinted],
+            "b": body,
+            "k": raw,
+        }
+
+    def _lifespan_receive(self, receive: Receive) -> Receive:
+        recovery = self.recovery
+        assert recovery is not None
+
+        async def wrapped() -> Message:
+            message = await receive()
+            if message.get("type") == "lifespan.startup":
+                recovery.start()
+            elif message.get("type") == "lifespan.shutdown":
+                await recovery.stop()
+            return message
+
+        return wrapped
+
+
+class _Exchange:
+    """One run of the application for one request: its response is buffered
+    (up to the limit) until the layer has recorded it, then flushed."""
+
+    def __init__(
+        self, mw: DurableIdempotencyMiddleware, scope: Scope, body: bytes,
+        receive: Receive | None, send: Send | None,
+    ) -> None:
+        self.mw = mw
+        self.scope = scope
+        self.body = body
+        self.receive = receive
+        self.send = send
+        self.ran = False
+        self.complete = False
+        self.streamed = False  # over the limit with a client: sent through as it came
+        self.status = 0
+        self.start: Message | None = None
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self._body_given = False
+
+    async def run(self, ctx: OperationContext) -> dict[str, Any]:
+        """The layer's ``fn``: run the application once, return what to record."""
+        self.ran = True
+        self.complete = self.streamed = False
+        self.start, self.chunks, self.size, self._body_given = None, [], 0, False
+        scope = dict(self.scope)
+        extensions = dict(scope.get("extensions") or {})
+        for name in _HIDDEN_EXTENSIONS:
+            extensions.pop(name, None)
+        scope["extensions"] = extensions
+        try:
+            await self.mw.app(scope, self._app_receive, self._app_send)
+        except Exception as exc:
+            raise _AppFailed(exc) from exc
+        if not self.complete:
+            raise _AppFailed(RuntimeError("the application returned without a complete response"))
+        if self.status >= 500 and not self.mw.record_server_errors:
+            raise _AppFailed(None, self.status)
+        if self.size > self.mw.max_response_bytes:
+            return {"s": self.status, "h": [], "b": None, "n": self.size}
+        assert self.start is not None
+        headers = [[k, v] for k, v in self.start.get("headers", ())
+                   if bytes(k).lower() in self.mw._stored]
+        return {"s": self.status, "h": headers, "b": b"".join(self.chunks)}
+
+    async def _app_receive(self) -> Message:
+        if not self._body_given:
+            self._body_given = True
+            return {"type": "http.request", "body": self.body, "more_body": False}
+        if self.receive is None:  # a replay has no client: nothing more will come
+            await asyncio.Event().wait()
+        assert self.receive is not None
+        return await self.receive()
+
+    async def _app_send(self, message: Message) -> None:
+        kind = message.get("type")
+        if self.streamed:
+            assert self.send is not None
+            if kind == "http.response.body" and not message.get("more_body", False):
+                self.complete = True
+            self.size += len(message.get("body", b"")) if kind == "http.response.body" else 0
+            await self.send(message)
+            return
+        if kind == "http.response.start":
+            if self.start is not None:
+                raise RuntimeError("the application started its response twice")
+            self.start = message
+            self.status = int(message["status"])
+            return
+        if kind != "http.response.body":
+            return  # nothing else is part of a recorded response
+        if self.start is None:
+            raise RuntimeError("the application sent a body before starting its response")
+        chunk = bytes(message.get("body", b""))
+        self.size += len(chunk)
+        more = bool(message.get("more_body", False))
+        if not more:
+            self.complete = True
+        if self.size <= self.mw.max_response_bytes:
+            self.chunks.append(chunk)
+            return
+        if self.send is None:  # a replay: no one to stream to; count, keep nothing
+            self.chunks = []
+            return
+        if not more:  # complete: sent whole once the layer has its outcome
+            self.chunks.append(chunk)
+            return
+        # Over the limit with more to come: it will not be stored, so its
+        # client gets it as it comes (a long stream is not held in memory).
+        self.streamed = True
+        await self.send(self.start)
+        self.chunks.append(chunk)
+        await self.send({"type": "http.response.body", "body": b"".join(self.chunks),
+                         "more_body": True})
+        self.chunks = []
+
+    async def flush(self) -> None:
+        """Send the application's own response (all its headers) to its client."""
+        if self.streamed or self.send is None or self.start is None:
+            return
+        await self.send(self.start)
+        await self.send({"type": "http.response.body", "body": b"".join(self.chunks)})
+        self.chunks = []
+
+
+class OrphanRecovery:
+    """Run ``layer.recover_orphans`` periodically, one replica per period.
+
+    Every replica may run one; each period, the first to take the lease
+    (``<ns>:layer:{layer}:lease:recover_orphans``, as long as the period)
+    recovers and the others skip. A request whose worker died (SIGKILL, OOM)
+    is parked in the DLQ as ``WORKER_LOST`` and its key released, so the
+    client's retry runs it again instead of waiting out the lease;
+    :meth:`DurableIdempotencyMiddleware.replay_stored` can replay the parked
+    record without the client.
+
+    Args:
+        layer: The layer whose orphans to recover.
+        every_seconds: The period (and the lease).
+        limit: Most orphans recovered per period.
+        holder: The name kept in the lease (default: host and pid).
+    """
+
+    def __init__(
+        self,
+        layer: AsyncDurabilityLayer,
+        *,
+        every_seconds: float = 10.0,
+        limit: int = 1000,
+        holder: str | None = None,
+    ) -> None:
+        self.layer = layer
+        self.every_seconds = _number("every_seconds", every_seconds, 0.05, 86400.0)
+        self.limit = int(_number("limit", limit, 1, 1_000_000))
+        self.holder = holder or f"{socket.gethostname()}:{os.getpid()}"
+        self.runs = 0
+        self.skipped = 0
+        self.recovered = 0
+        self.last_run_at: float | None = None
+        self.last_error: str | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._lease = layer.store.keys.layer("lease", "recover_orphans")
+
+    async def run_once(self) -> list[str] | None:
+        """Take this period's lease and recover; ``None`` when another replica has it.
+
+        Returns:
+            The DLQ ids of the orphans parked (possibly none).
+
+        Raises:
+            StorageUnavailable: Redis is down.
+        """
+        ms = max(1, int(self.every_seconds * 1000))
+        taken = await self.layer.store.run(
+            ScriptCall("layer_lease", [self._lease], [self.holder, ms])
+        )
+        if not int(taken or 0):
+            self.skipped += 1
+            return None
+        parked = await self.layer.recover_orphans(self.limit)
+        self.runs += 1
+        self.recovered += len(parked)
+        self.last_run_at = time.time()
+        return parked
+
+    def start(self) -> None:
+        """Start the periodic task on the running loop (no-op when running)."""
+        if self._task is not None and not self._task.done():
+            return
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        """Stop the periodic task and wait for it."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        # The task's own CancelledError is returned, not raised; a cancellation
+        # of the caller itself still propagates.
+        await asyncio.gather(task, return_exceptions=True)
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.run_once()
+                self.last_error = None
+            except DurabilisError as exc:  # Redis down: try again next period
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                _log.warning("durability_recovery_failed", error=type(exc).__name__)
+            await asyncio.sleep(self.every_seconds)
+
+    async def health(self) -> dict[str, Any]:
+        """What a health endpoint shows: this replica's recovery and the fleet's totals.
+
+        ``ok`` is false when the last recovery failed or Redis cannot be read.
+        """
+        report: dict[str, Any] = {
+            "ok": self.last_error is None,
+            "recovery": {
+                "running": self._task is not None and not self._task.done(),
+                "every_seconds": self.every_seconds, "runs": self.runs,
+                "skipped": self.skipped, "recovered": self.recovered,
+                "last_run_at": self.last_run_at, "last_error": self.last_error,
+            },
+        }
+        try:
+            report["layer"] = dataclasses.asdict(await self.layer.stats())
+        except DurabilisError as exc:
+            report["ok"] = False
+            report["layer"] = None
+            report["error"] = type(exc).__name__
+        return report
+
+
+def _token(field: str, value: object) -> str:
+    if not isinstance(value, str) or not value or not value.isascii() or any(
+        c in value for c in ' \t\r\n:"(),/;<=>?@[\\]{}'
+    ):
+        raise ConfigError(field, f"expected an HTTP token, got {value!r}")
+    return value
+
+
+def _number(field: str, value: object, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise ConfigError(field, f"expected a number in [{low}, {high}], got {value!r}")
+    return float(value)
+
+
+def _parse_key(value: bytes, limit: int) -> tuple[str | None, str]:
+    """The key of a header value: an sf-string (``"..."``, as the draft
+    writes it) or, as most clients send it, the bare text."""
+    try:
+        text = value.decode("ascii").strip(" \t")
+    except UnicodeDecodeError:
+        return None, "the key must be printable ASCII"
+    if len(text) >= 2 and text[0] == '"' and text[-1] == '"':
+        inner, out, i = text[1:-1], [], 0
+        while i < len(inner):
+            c = inner[i]
+            if c == "\\":
+                if i + 1 >= len(inner) or inner[i + 1] not in '"\\':
+                    return None, "bad escape in the quoted key"
+                c, i = inner[i + 1], i + 1
+            elif c == '"':
+                return None, "unescaped quote in the quoted key"
+            out.append(c)
+            i += 1
+        text = "".join(out)
+    if not text:
+        return None, "the key is empty"
+    if any(not (0x20 <= ord(c) <= 0x7E) for c in text):
+        return None, "the key must be printable ASCII"
+    if len(text) > limit:
+        return None, f"the key is {len(text)} characters, over the limit of {limit}"
+    return text, ""
+
+
+def _content_length(scope: Scope) -> int | None:
+    """The declared body length; ``None`` when absent, ``-1`` when malformed."""
+    for k, v in scope.get("headers", ()):
+        if k.lower() == b"content-length":
+            try:
+                n = int(v)
+            except ValueError:
+                return -1
+            return n if n >= 0 else -1
+    return None
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | int | None:
+    """The whole body, or its size so far once over ``limit``, or ``None`` on disconnect."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message.get("type") == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return size
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _fingerprint(payload: dict[str, Any]) -> str:
+    """SHA-256 over the request's parts, each length-prefixed (no two requests
+    share an encoding); ``h``-prefixed so it never equals a payload fingerprint."""
+    digest = hashlib.sha256()
+    parts: list[bytes] = [payload["m"].encode(), payload["p"].encode("utf-8", "surrogatepass"),
+                          payload["q"]]
+    for k, v in payload["h"]:
+        parts += [k, v]
+    parts.append(payload["b"])
+    for part in parts:
+        digest.update(len(part).to_bytes(8, "big"))
+        digest.update(part)
+    return "h" + digest.hexdigest()[1:]
+
+
+async def _problem(
+    send: Send, status: int, slug: str, title: str, detail: str, *,
+    headers: Sequence[tuple[bytes, bytes]] = (), replayed: bytes | None = None,
+) -> None:
+    """An ``application/problem+json`` answer (RFC 9457)."""
+    body = json.dumps(
+        {"type": _PROBLEM + slug, "title": title, "status": status, "detail": detail}
+    ).encode()
+    out = [(b"content-type", b"application/problem+json"),
+           (b"content-length", str(len(body)).encode()), *headers]
+    if replayed is not None:
+        out.append((replayed, b"true"))
+    await send({"type": "http.response.start", "status": status, "headers": out})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _too_large(send: Send, size: int, limit: int) -> None:
+    await _problem(send, 413, "request-too-large", "Content Too Large",
+                   f"the request body is {size} bytes, over the limit of {limit} for a "
+                   f"request with an Idempotency-Key")

@@ -1,0 +1,381 @@
+"""DurableIdempotencyMiddleware in one process: the Idempotency-Key contract.
+
+Driven through httpx's ASGI transport (and raw ASGI calls where the transport
+cannot show a detail: streamed request bodies, the lifespan), against the
+session's real Redis. The cross-process claims (uvicorn workers, SIGKILL) are
+in test_http_uvicorn.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+import pytest
+
+import durabilis
+from durabilis import ConfigError
+from durabilis.http import DurableIdempotencyMiddleware, OrphanRecovery
+from durabilis.layer import AsyncDurabilityLayer, DurabilityConfig
+from tests.integration._http_app import build
+
+Body = Callable[[httpx.AsyncClient, DurableIdempotencyMiddleware, Any], Awaitable[None]]
+
+
+def drive(redis_url: str, namespace: str, body: Body, **options: Any) -> None:
+    async def main() -> None:
+        mw, raw = build(redis_url, namespace, **options)
+        transport = httpx.ASGITransport(app=mw)
+        try:
+            async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+                await body(client, mw, raw)
+        finally:
+            await mw.layer.close()
+            await mw.layer.store.close()
+            await raw.aclose()
+
+    asyncio.run(main())
+
+
+async def effects(raw: Any, namespace: str) -> dict[str, int]:
+    got = await raw.hgetall(f"{namespace}:test:effects")
+    return {k.decode(): int(v) for k, v in got.items()}
+
+
+def key(k: str) -> dict[str, str]:
+    return {"Idempotency-Key": k}
+
+
+def problem(response: httpx.Response, status: int, slug: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    doc: dict[str, Any] = response.json()
+    assert doc["type"] == f"urn:durabilis:problem:{slug}"
+    assert doc["status"] == status
+    return doc
+
+
+def test_duplicate_replays_the_stored_response_byte_for_byte(
+    redis_url: str, namespace: str
+) -> None:
+    async def body(c: httpx.AsyncClient, mw: DurableIdempotencyMiddleware, raw: Any) -> None:
+        first = await c.post("/orders", json={"item": 7}, headers=key("k-1"))
+        assert first.status_code == 201
+        assert "idempotent-replayed" not in first.headers
+        assert first.headers["set-cookie"].startswith("s=")  # its own client gets all
+        # The draft writes the key as an sf-string: the quoted form is the same key.
+        for again in (key("k-1"), {"Idempotency-Key": '"k-1"'}):
+            dup = await c.post("/orders", json={"item": 7}, headers=again)
+            assert dup.status_code == 201
+            assert dup.content == first.content
+            assert dup.headers["idempotent-replayed"] == "true"
+            assert dup.headers["location"] == first.headers["location"]
+            assert dup.headers["content-type"] == "application/json"
+            # Never another client's session cookie.
+            assert "set-cookie" not in dup.headers
+        assert await effects(raw, namespace) == {"k-1": 1}
+        # Another key runs; no key at all passes through unguarded.
+        assert (await c.post("/orders", json={"item": 7}, headers=key("k-2"))).status_code == 201
+        await c.post("/orders", json={"item": 7})
+        await c.post("/orders", json={"item": 7})
+        assert await effects(raw, namespace) == {"k-1": 1, "k-2": 1, "-": 2}
+
+    drive(redis_url, namespace, body)
+
+
+def test_same_key_with_another_request_is_422_and_runs_nothing(
+    redis_url: str, namespace: str
+) -> None:
+    async def body(c: httpx.AsyncClient, mw: DurableIdempotencyMiddleware, raw: Any) -> None:
+        assert (await c.post("/orders", json={"a": 1}, headers=key("m"))).status_code == 201
+        variants = [
+            c.post("/orders", json={"a": 2}, headers=key("m")),  # another body
+            c.post("/orders?x=1", json={"a": 1}, headers=key("m")),  # another query
+            c.put("/orders", json={"a": 1}, headers=key("m")),  # another method
+            c.post("/orders", content=b'{"a":1}',  # another content type
+                   headers={**key("m"), "content-type": "text/plain"}),
+        ]
+        mw.methods = frozenset({"POST", "PUT"})
+        for sent in variants:
+            problem(await sent, 422, "idempotency-key-reused")
+        assert await effects(raw, namespace) == {"m": 1}
+
+    drive(redis_url, namespace, body)
+
+
+def test_concurrent_duplicate_gets_409_or_waits(redis_url: str, namespace: str) -> None:
+    async def body(c: httpx.AsyncClient, mw: DurableIdempotencyMiddleware, raw: Any) -> None:
+        first = asyncio.ensure_future(c.post("/slow", json={}, headers=key("s")))
+        while not await raw.exists(f"{namespace}:test:slowpid"):
+            await asyncio.sleep(0.01)
+        busy = await c.post("/slow", json={}, headers=key("s"))
+        problem(busy, 409, "request-in-progress")
+        assert busy.headers["retry-after"] == "1"
+        # With wait_seconds, a duplicate waits for the first one's response.
+        mw.wait_seconds = 5.0
+        waiting = asyncio.ensure_future(c.post("/slow", json={}, headers=key("s")))
+        await asyncio.sleep(0.2)
+        await raw.set(f"{namespace}:test:go", 1)
+        done, waited = await first, await waiting
+        assert done.status_code == waited.status_code == 201
+        assert waited.content == done.content
+        assert waited.headers["idempotent-replayed"] == "true"
+        assert await effects(raw, namespace) == {"s": 1}
+
+    drive(redis_url, namespace, body)
+
+
+def test_bad_or_missing_keys_are_400_and_nothing_runs(redis_url: str, namespace: str) -> None:
+    async def body(c: httpx.AsyncClient, mw: DurableIdempotencyMiddleware, raw: Any) -> None:
+        problem(await c.post("/orders", json={}, headers=key("x" * 256)),
+                400, "idempotency-key-invalid")
+        problem(await c.post("/orders", json={}, headers={"Idempotency-Key": '"a\\b"'}),
+                400, "idempotency-key-invalid")
+        problem(await c.post("/orders", json={}, headers={"Idempotency-Key": '""'}),
+                400, "idempotency-key-invalid")
+        problem(await c.post("/orders", json={}, headers=[("Idempotency-Key", "a"),
+                                                          ("Idempotency-Key", "b")]),
+                400, "idempotency-key-invalid")
+        accented = {"Idempotency-Key": "caf\u00e9".encode()}
+        problem(await c.post("/orders", json={}, headers=accented),
+                400, "idempotency-key-invalid")
+        assert (await c.post("/orders", json={}, headers=key("x" * 200))).status_code == 201
+        mw.require_key = True
+        problem(await c.post("/orders", json={}), 400, "idempotency-key-missing")
+        assert (await c.get("/healthz")).status_code == 200  # GET is not guarded
+        assert await effects(raw, namespace) == {"x" * 200: 1}
+
+    drive(redis_url, namespace, body)
+
+
+def test_request_body_limit_before_reading_and_while_streaming(
+    redis_url: str, namespace: str
+) -> None:
+    async def body(c: httpx.AsyncClient, mw: DurableIdempotencyMiddleware, raw: Any) -> None:
+        doc = problem(await c.post("/orders", content=b"x" * 1001, headers=key("big")),
+                      413, "request-too-large")
+        assert "1001 bytes" in doc["detail"]
+
+        # No Content-Length (chunked): counted while read, refused past the limit.
+        async def chunks() -> Any:
+            for _ in range(5):
+                yield b"y" * 300
+
+        problem(await c.post("/orders", content=chunks(), headers=key("chunked")),
+                413, "request-too-large")
+        assert await effects(raw, namespace) == {}
+        # At the limit it runs, and the body reaches the handler whole.
+        ok = await c.post("/orders", content=b"z" * 1000, headers=key("edge"))
+        assert ok.status_code == 201 and ok.json()["len"] == 1000
+
+    drive(redis_url, namespace, body, max_request_bytes=1000)
+
+
+def test_streamed_request_body_reaches_the_app_unchanged(redis_url: str, namespace: str) -> None:
+    seen: list[bytes] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        got = b""
+        while True:
+            message = await receive()
+            got += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        seen.append(got)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok:%d" % len(got)})
+
+    async def main() -> None:
+        store = durabilis.connect_async(redis_url, namespace=namespace)
+        layer = AsyncDurabilityLayer(store, DurabilityConfig())
+        mw = DurableIdempotencyMiddleware(app, layer)
+        parts = [b"alpha-", b"", b"beta-" * 1000, b"gamma"]
+        try:
+            for _ in range(2):
+                messages = [{"type": "http.request", "body": p, "more_body": i < len(parts) - 1}
+                            for i, p in enumerate(parts)]
+                sent: list[dict[str, Any]] = []
+
+                async def receive(messages: list[Any] = messages) -> dict[str, Any]:
+                    return messages.pop(0)  # type: ignore[no-any-return]
+
+                async def send(message: dict[str, Any], sent: list[Any] = sent) -> None:
+                    sent.append(message)
+
+                scope = {"type": "http", "method": "POST", "path": "/p", "query_string": b"",
+                         "headers": [(b"idempotency-key", b"stream-1")]}
+                await mw(scope, receive, send)
+                assert sent[1]["body"] == b"ok:%d" % len(b"".join(parts))
+        finally:
+            await layer.close()
+            await store.close()
+
+    asyncio.run(main())
+    assert seen == [b"".join([b"alpha-", b"beta-" * 1000, b"gamma"])]  # once, unchanged
+
+
+def test_response_too_large_to_store_is_sent_once_and_never_rerun(
+    redis_url: str, namespace: str
+) -> None:
+    async def body(c: httpx.AsyncClient, mw: DurableIdempotencyMiddleware, raw: Any) -> None:
+        for parts in (1, 20):  # one chunk (buffered), a stream (passed through)
+            k = f"big-{parts}"
+            first = await c.post(f"/big?size=4000&parts={parts}", headers=key(k))
+            assert first.status_code == 200 and first.content == b"x" * 4000
+            dup = await c.post(f"/big?size=4000&parts={parts}", headers=key(k))
+            doc = problem(dup, 410, "response-not-stored")
+            assert "status 200" in doc["detail"] and "4000 bytes" in doc["detail"]
+            assert dup.headers["idempotent-replayed"] == "true"
+        small = await c.post("/big?size=1000&parts=4", headers=key("small"))
+        again = await c.post("/big?size=1000&parts=4", headers=key("small"))
+        assert again.content == small.content == b"x" * 1000
+        assert await effects(raw, namespace) == {"big-1": 1, "big-20": 1, "small": 1}
+
+    drive(redis_url, namespace, body, max_response_bytes=1000)
+
+
+def test_server_errors_are_not_recorded_unless_asked(redis_url: str, namespace: str) -> None:
+    async def body(c: httpx.AsyncClient, mw: DurableIdempotencyMiddleware, raw: Any) -> None:
+        assert (await c.post("/flaky", json={}, headers=key("f"))).status_code == 503
+        second = await c.post("/flaky", json={}, headers=key("f"))  # runs again
+        assert second.status_code == 201 and second.json() == {"n": 2}
+        third = await c.post("/flaky", json={}, headers=key("f"))
+        assert third.content == second.content and third.headers["idempotent-replayed"]
+        # An exception: the server's 500, nothing recorded, the claim released.
+        with pytest.raises(RuntimeError, match="the handler failed"):
+            await c.post("/boom", json={}, headers=key("b"))
+        with pytest.raises(RuntimeError):
+            await c.post("/boom", json={}, headers=key("b"))
+        assert (await mw.layer.stats()).in_flight == 0
+        assert (await mw.layer.dlq.stats()).pending == 0  # an HTTP handler is never parked
+        mw.record_server_errors = True
+        assert (await c.post("/flaky", json={}, headers=key("g"))).status_code == 503
+        replayed = await c.post("/flaky", json={}, headers=key("g"))
+        assert replayed.status_code == 503 and replayed.headers["idempotent-replayed"]
+        assert await effects(raw, namespace) == {"f": 2, "b": 2, "g": 1}
+
+    drive(redis_url, namespace, body)
+
+
+def test_tenants_paths_and_methods_scope_the_guard(redis_url: str, namespace: str) -> None:
+    async def body(c: httpx.AsyncClient, mw: DurableIdempotencyMiddleware, raw: Any) -> None:
+        a = await c.post("/orders", json={}, headers={**key("t"), "x-tenant": "acme"})
+        b = await c.post("/orders", json={}, headers={**key("t"), "x-tenant": "globex"})
+        assert a.status_code == b.status_code == 201 and a.content != b.content
+        again = await c.post("/orders", json={}, headers={**key("t"), "x-tenant": "acme"})
+        assert again.content == a.content
+        # Outside the guarded paths a key means nothing to the middleware.
+        await c.post("/flaky", json={}, headers=key("p"))
+        await c.post("/flaky", json={}, headers=key("p"))
+        assert await effects(raw, namespace) == {"t": 2, "p": 2}
+
+    def tenant(scope: Any) -> str:
+        return dict(scope["headers"]).get(b"x-tenant", b"anon").decode()
+
+    drive(redis_url, namespace, body, tenant=tenant, paths=["/orders"])
+
+
+def test_redis_down_is_503_and_the_app_does_not_run(namespace: str) -> None:
+    async def main() -> None:
+        ran: list[int] = []
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:  # pragma: no cover
+            ran.append(1)
+
+        store = durabilis.connect_async("redis://127.0.0.1:1/0", namespace=namespace,
+                                        socket_timeout=0.5)
+        layer = AsyncDurabilityLayer(store, DurabilityConfig())
+        mw = DurableIdempotencyMiddleware(app, layer)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=mw),
+                                     base_url="http://gw") as c:
+            r = await c.post("/x", json={}, headers=key("down"))
+        problem(r, 503, "idempotency-unavailable")
+        assert r.headers["retry-after"] == "1" and ran == []
+        await store.close()
+
+    asyncio.run(main())
+
+
+def test_bad_settings_are_config_errors(redis_url: str, namespace: str) -> None:
+    async def main() -> None:
+        store = durabilis.connect_async(redis_url, namespace=namespace)
+        layer = AsyncDurabilityLayer(store)
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:  # pragma: no cover
+            pass
+
+        bad: list[dict[str, Any]] = [
+            {"methods": []}, {"methods": ["PO ST"]}, {"paths": ["orders"]},
+            {"header": "Idem:Key"}, {"tenant": ""}, {"wait_seconds": -1},
+            {"max_key_length": 0}, {"max_request_bytes": 10 ** 9},
+            {"max_response_bytes": True}, {"recover_every_seconds": 0},
+        ]
+        for options in bad:
+            with pytest.raises(ConfigError):
+                DurableIdempotencyMiddleware(app, layer, **options)
+        with pytest.raises(ConfigError):
+            DurableIdempotencyMiddleware(app, durabilis.DurabilityLayer(  # type: ignore[arg-type]
+                durabilis.connect(redis_url, namespace=namespace)))
+        await layer.close()
+        await store.close()
+
+    asyncio.run(main())
+
+
+def test_orphan_recovery_one_replica_per_period_and_health(
+    redis_url: str, namespace: str
+) -> None:
+    async def main() -> None:
+        layers = [AsyncDurabilityLayer(durabilis.connect_async(redis_url, namespace=namespace))
+                  for _ in range(3)]
+        recoveries = [OrphanRecovery(x, every_seconds=0.5, holder=f"r{i}")
+                      for i, x in enumerate(layers)]
+        try:
+            first = [await r.run_once() for r in recoveries]
+            assert sum(f is not None for f in first) == 1  # one per period
+            assert sum(r.skipped for r in recoveries) == 2
+            await asyncio.sleep(0.6)  # the lease ends with the period
+            assert await recoveries[2].run_once() == []
+            health = await recoveries[2].health()
+            assert health["ok"] is True
+            assert health["recovery"]["runs"] == 1 and health["recovery"]["running"] is False
+            assert health["layer"]["in_flight"] == 0
+        finally:
+            for x in layers:
+                await x.close()
+                await x.store.close()
+
+    asyncio.run(main())
+
+
+def test_lifespan_starts_and_stops_recovery(redis_url: str, namespace: str) -> None:
+    async def main() -> None:
+        mw, raw = build(redis_url, namespace, recover_every=0.1)
+        assert mw.recovery is not None
+        inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        outbox: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            outbox.append(message)
+
+        server = asyncio.ensure_future(mw({"type": "lifespan", "asgi": {"version": "3.0"},
+                                           "state": {}}, inbox.get, send))
+        await inbox.put({"type": "lifespan.startup"})
+        while not outbox:
+            await asyncio.sleep(0.01)
+        assert outbox[-1]["type"] == "lifespan.startup.complete"
+        await asyncio.sleep(0.35)
+        health = await mw.recovery.health()
+        assert health["recovery"]["running"] is True
+        assert health["recovery"]["runs"] + health["recovery"]["skipped"] >= 2
+        await inbox.put({"type": "lifespan.shutdown"})
+        await server
+        assert outbox[-1]["type"] == "lifespan.shutdown.complete"
+        assert (await mw.recovery.health())["recovery"]["running"] is False
+        await mw.layer.close()
+        await mw.layer.store.close()
+        await raw.aclose()
+
+    asyncio.run(main())
