@@ -14,7 +14,6 @@ import os
 import uuid
 from typing import Any
 
-import redis.asyncio as aioredis
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -30,12 +29,12 @@ def build(
     url: str, namespace: str, *, lease: float = 30.0, recover_every: float | None = None,
     **options: Any,
 ) -> tuple[DurableIdempotencyMiddleware, Any]:
-    """The middleware-wrapped app and the raw Redis client its handlers count with."""
+    """The middleware-wrapped app and the Redis client its handlers count with
+    (the layer's store's client: closed with ``mw.layer.store``)."""
     store = durabilis.connect_async(url, namespace=namespace)
     layer = AsyncDurabilityLayer(store, DurabilityConfig(
         idempotency=IdempotencyConfig(in_progress_ttl_seconds=lease)))
-    raw = (aioredis.RedisCluster.from_url(url) if store.is_cluster
-           else aioredis.Redis.from_url(url))
+    raw = store.client  # redis-py's own client (plain or Cluster): the effects' counter
     effects = f"{namespace}:test:effects"
 
     def key_of(request: Request) -> str:

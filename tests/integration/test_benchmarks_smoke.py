@@ -24,6 +24,15 @@ def _figure(f: Any) -> None:
     assert f["min"] > 0 and len(f["runs"]) >= 1, f
 
 
+def _check_http(http: Any, table: str) -> None:
+    """The middleware against the bare app, measured in the same rounds."""
+    for kind in ("redis PING (asyncio, 1 connection)", "bare app (ASGI, in-process)",
+                 "guarded app, new key", "guarded app, completed duplicate"):
+        _figure(http[kind])
+    assert http["overhead"]["new key / bare app (requests/s)"] > 0
+    assert "HTTP: DurableIdempotencyMiddleware" in table
+
+
 def _installed(*modules: str) -> bool:
     return all(importlib.util.find_spec(m) is not None for m in modules)
 
@@ -68,6 +77,8 @@ def test_the_suite_runs_in_smoke_mode_and_writes_every_section(tmp_path: Path) -
     for kind in ("idempotency record", "durable call record", "breaker", "checkpoint",
                  "DLQ record"):
         assert results["cost"]["memory"][kind]["bytes"] > 0, kind
+
+    _check_http(results["http"], table)
 
     targets = {t["name"]: t for t in results["targets"]}
     assert len(targets) == 4

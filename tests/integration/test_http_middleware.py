@@ -34,7 +34,6 @@ def drive(redis_url: str, namespace: str, body: Body, **options: Any) -> None:
         finally:
             await mw.layer.close()
             await mw.layer.store.close()
-            await raw.aclose()
 
     asyncio.run(main())
 
@@ -352,7 +351,7 @@ def test_orphan_recovery_one_replica_per_period_and_health(
 
 def test_lifespan_starts_and_stops_recovery(redis_url: str, namespace: str) -> None:
     async def main() -> None:
-        mw, raw = build(redis_url, namespace, recover_every=0.1)
+        mw, _ = build(redis_url, namespace, recover_every=0.1)
         assert mw.recovery is not None
         inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         outbox: list[dict[str, Any]] = []
@@ -376,6 +375,5 @@ def test_lifespan_starts_and_stops_recovery(redis_url: str, namespace: str) -> N
         assert (await mw.recovery.health())["recovery"]["running"] is False
         await mw.layer.close()
         await mw.layer.store.close()
-        await raw.aclose()
 
     asyncio.run(main())

@@ -187,7 +187,7 @@ def test_worker_sigkilled_mid_request_is_recovered_and_applied_once(
 
             # 2. No client: a replay of the parked request runs it from its claim.
             async def replay() -> int:
-                mw, araw = build(redis_url, namespace)
+                mw, _ = build(redis_url, namespace)
                 try:
                     summary = await mw.layer.replay_pending(
                         mw.replay_stored, operation_type="http_request")
@@ -195,7 +195,6 @@ def test_worker_sigkilled_mid_request_is_recovered_and_applied_once(
                 finally:
                     await mw.layer.close()
                     await mw.layer.store.close()
-                    await araw.aclose()
 
             assert asyncio.run(replay()) == 2  # one replayed, one answered by its record
             late = retry("victim-replayed")
