@@ -81,7 +81,8 @@ class _AppFailed(NotRetried):
     nothing is recorded, the claim is released, the client may try again."""
 
     def __init__(self, error: BaseException | None, status: int = 0) -> None:
-        super().__init__("the application did not complete a recordable response")
+        super().__init__(f"{type(error).__name__}: {error}" if error is not None
+                         else f"the application answered {status}")
         self.error = error
         # The code the retry log shows: the exception's type, or the status.
         self.code = type(error).__name__ if error is not None else f"HTTP_{status}"
@@ -106,6 +107,8 @@ class DurableIdempotencyMiddleware:
         wait_seconds: A duplicate that arrives while the first request runs
             waits up to this long for its response; ``0``: ``409`` at once.
         max_key_length: Longest accepted key, in characters (printable ASCII).
+            ``None``: 255, or less when the layer's ``max_key_length`` leaves
+            less room beside the tenant (the layer stores ``%raw:<tenant>:<key>``).
         max_request_bytes: Largest request body; a larger ``Content-Length``
             is refused (``413``) before anything is read or run.
         max_response_bytes: Largest response body stored. A larger one is
@@ -139,7 +142,7 @@ class DurableIdempotencyMiddleware:
         tenant: str | Callable[[Scope], str] = "http",
         operation_type: str = "http_request",
         wait_seconds: float = 0.0,
-        max_key_length: int = 255,
+        max_key_length: int | None = None,
         max_request_bytes: int = 1024 * 1024,
         max_response_bytes: int = 1024 * 1024,
         response_headers: Iterable[str] = DEFAULT_RESPONSE_HEADERS,
@@ -166,8 +169,17 @@ class DurableIdempotencyMiddleware:
         self.tenant = tenant
         self.operation_type = _token("operation_type", operation_type)
         self.wait_seconds = _number("wait_seconds", wait_seconds, 0.0, 3600.0)
-        self.max_key_length = int(_number("max_key_length", max_key_length, 1, 4096))
         idem = layer.config.idempotency
+        # The room a fixed tenant leaves in the layer's stored key (bytes = chars: ASCII).
+        room = (idem.max_key_length - len(str(IdempotencyKey.caller(tenant, "k", None))) + 1
+                if isinstance(tenant, str) else 4096)
+        if max_key_length is None:
+            max_key_length = max(1, min(255, room))
+        self.max_key_length = int(_number("max_key_length", max_key_length, 1, 4096))
+        if self.max_key_length > room:
+            raise ConfigError("max_key_length", f"tenant {tenant!r} leaves room for keys of "
+                              f"{room} characters (IdempotencyConfig.max_key_length="
+                              f"{idem.max_key_length})")
         self.max_request_bytes = int(_number(
             "max_request_bytes", max_request_bytes, 0, idem.max_value_bytes))
         self.max_response_bytes = int(_number(
@@ -315,7 +327,10 @@ class DurableIdempotencyMiddleware:
         it rebuilds the request (method, path, query, the fingerprinted headers,
         body, the ``Idempotency-Key``) and records the application's response, so
         the client's next retry gets it as a replay. A request that had in fact
-        completed is answered from its record and not run again.
+        completed is answered from its record and not run again. Only a
+        response below 400 is recorded: the replay carries no credentials, so a
+        refusal fails the replay (the record stays pending) instead of becoming
+        the key's answer.
 
         Raises:
             InvalidPayload: The parked operation is not a request of this middleware.
@@ -333,7 +348,15 @@ class DurableIdempotencyMiddleware:
             "extensions": {}, "state": {},
         }
         exchange = _Exchange(self, scope, bytes(p["b"]), None, None)
-        return await exchange.run(ctx)
+        record = await exchange.run(ctx)
+        if record["s"] >= 400:
+            # Without its client's other headers (credentials are never kept), a
+            # refusal may be an artefact of the replay: not recorded, so the
+            # client's own retry still runs it; the DLQ record stays pending.
+            raise _AppFailed(RuntimeError(
+                f"the replayed request was answered {record['s']}; not recorded (a "
+                f"replay carries only the fingerprinted headers)"), record["s"])
+        return record
 
     # -- helpers --
 

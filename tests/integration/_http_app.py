@@ -58,6 +58,12 @@ def build(
         n = await raw.hincrby(effects, key_of(request), 1)
         return JSONResponse({"n": n, "pid": os.getpid()}, status_code=201)
 
+    async def auth(request: Request) -> Response:
+        # Needs credentials (never kept with the claim), then runs like /slow.
+        if "authorization" not in request.headers:
+            return JSONResponse({"error": "who are you?"}, status_code=401)
+        return await slow(request)
+
     async def flaky(request: Request) -> Response:
         # 503 on its first run for a key, 201 after: the first answer is not recorded.
         n = await raw.hincrby(effects, key_of(request), 1)
@@ -88,6 +94,7 @@ def build(
     app = Starlette(routes=[
         Route("/orders", orders, methods=["POST", "PUT"]),
         Route("/slow", slow, methods=["POST"]),
+        Route("/auth", auth, methods=["POST"]),
         Route("/flaky", flaky, methods=["POST"]),
         Route("/boom", boom, methods=["POST"]),
         Route("/big", big, methods=["POST"]),

@@ -140,11 +140,15 @@ def test_bad_or_missing_keys_are_400_and_nothing_runs(redis_url: str, namespace:
         accented = {"Idempotency-Key": "caf\u00e9".encode()}
         problem(await c.post("/orders", json={}, headers=accented),
                 400, "idempotency-key-invalid")
-        assert (await c.post("/orders", json={}, headers=key("x" * 200))).status_code == 201
+        # The default limit is what the layer's stored key leaves beside the tenant.
+        assert mw.max_key_length == 246
+        problem(await c.post("/orders", json={}, headers=key("x" * 247)),
+                400, "idempotency-key-invalid")
+        assert (await c.post("/orders", json={}, headers=key("x" * 246))).status_code == 201
         mw.require_key = True
         problem(await c.post("/orders", json={}), 400, "idempotency-key-missing")
         assert (await c.get("/healthz")).status_code == 200  # GET is not guarded
-        assert await effects(raw, namespace) == {"x" * 200: 1}
+        assert await effects(raw, namespace) == {"x" * 246: 1}
 
     drive(redis_url, namespace, body)
 
@@ -310,6 +314,7 @@ def test_bad_settings_are_config_errors(redis_url: str, namespace: str) -> None:
             {"header": "Idem:Key"}, {"tenant": ""}, {"wait_seconds": -1},
             {"max_key_length": 0}, {"max_request_bytes": 10 ** 9},
             {"max_response_bytes": True}, {"recover_every_seconds": 0},
+            {"max_key_length": 250},  # no room for it beside the tenant in the layer's key
         ]
         for options in bad:
             with pytest.raises(ConfigError):
@@ -377,3 +382,59 @@ def test_lifespan_starts_and_stops_recovery(redis_url: str, namespace: str) -> N
         await mw.layer.store.close()
 
     asyncio.run(main())
+
+
+_DIES_MID_REQUEST = """
+import asyncio, sys, httpx
+from tests.integration._http_app import build
+async def main():
+    mw, _ = build(sys.argv[1], sys.argv[2], lease=0.5)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=mw), base_url="http://gw") as c:
+        await c.post("/auth", json={"v": 1},
+                     headers={"Idempotency-Key": "lost", "Authorization": "Bearer secret"})
+asyncio.run(main())
+"""
+
+
+def test_replay_without_credentials_is_not_recorded(redis_url: str, namespace: str) -> None:
+    """A process dies mid-request; its parked request, replayed without the
+    client's credentials, is refused by the app: that refusal is not recorded
+    (the DLQ record stays pending) and the client's own retry runs it once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, "-c", _DIES_MID_REQUEST, redis_url, namespace],
+                            cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+
+    async def body(c: httpx.AsyncClient, mw: DurableIdempotencyMiddleware, raw: Any) -> None:
+        try:
+            for _ in range(500):
+                if await raw.exists(f"{namespace}:test:slowpid"):
+                    break
+                await asyncio.sleep(0.02)
+            os.kill(proc.pid, signal.SIGKILL)
+        finally:
+            proc.wait(10)
+        await raw.set(f"{namespace}:test:go", 1)
+        for _ in range(100):  # its lease (0.5 s) ends; recovery parks it
+            if await mw.layer.recover_orphans():
+                break
+            await asyncio.sleep(0.05)
+        summary = await mw.layer.replay_pending(mw.replay_stored, operation_type="http_request")
+        assert summary.failed == 1 and summary.replayed == 0
+        (record,) = await mw.layer.dlq.list_pending()
+        assert "answered 401" in (record.last_error or "")
+        assert await effects(raw, namespace) == {}
+        retry = await c.post("/auth", json={"v": 1},
+                             headers={**key("lost"), "Authorization": "Bearer secret"})
+        assert retry.status_code == 201 and "idempotent-replayed" not in retry.headers
+        again = await c.post("/auth", json={"v": 1},
+                             headers={**key("lost"), "Authorization": "Bearer secret"})
+        assert again.content == retry.content and again.headers["idempotent-replayed"]
+        assert await effects(raw, namespace) == {"lost": 1}
+
+    drive(redis_url, namespace, body, lease=0.5)
