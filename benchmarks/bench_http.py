@@ -11,7 +11,9 @@ record; the request's body fingerprinted and kept with the claim, the response
 buffered and stored); the guarded app answering a completed duplicate (two
 round trips today: the claim that finds the record, then the fleet's
 ``duplicates`` counter; the stored response replayed). The floor, measured in the same rounds: an
-asyncio PING round trip on one connection. Requests are sent one at a time
+asyncio PING round trip on one connection; and ``layer.execute`` alone with a
+payload of the same size, so that what the middleware itself adds (parsing,
+fingerprint, buffering, replay) is the difference. Requests are sent one at a time
 (latency, not throughput); the rounds interleave the kinds.
 """
 
@@ -36,6 +38,7 @@ BARE = "bare app (ASGI, in-process)"
 NEW = "guarded app, new key"
 DUP = "guarded app, completed duplicate"
 PING = "redis PING (asyncio, 1 connection)"
+LAYER = "layer.execute alone, new key"
 BODY = json.dumps({"account": "acct-42", "amount": 1999, "currency": "EUR",
                    "memo": "x" * 200}).encode()
 
@@ -103,8 +106,13 @@ async def _measure(url: str, rounds: int, seconds: float) -> dict[str, Any]:
     dup_key = "the-duplicate"
     try:
         assert await _call(guarded, dup_key) == 201  # the duplicate's record
+        async def noop(_ctx: Any) -> dict[str, Any]:
+            return {"payment": "p-1", "amount": 1999}
+
         kinds: dict[str, Callable[[], Awaitable[Any]]] = {
             PING: ping.ping,
+            LAYER: lambda: layer.execute("http", "http_request", {"b": BODY}, noop,
+                                         idempotency_key=next(fresh)),
             BARE: lambda: _call(bare, None),
             NEW: lambda: _call(guarded, next(fresh)),
             DUP: lambda: _call(guarded, dup_key),
@@ -120,7 +128,7 @@ async def _measure(url: str, rounds: int, seconds: float) -> dict[str, Any]:
         await store.close()
         await ping.aclose()
     out: dict[str, Any] = {k: figures(v, unit="requests/s") for k, v in runs.items()}
-    out[PING]["unit"] = "calls/s"
+    out[PING]["unit"] = out[LAYER]["unit"] = "calls/s"
     us = {k: 1e6 / out[k]["median"] for k in runs}
     out["overhead"] = {
         "new key, us per request": round(us[NEW] - us[BARE], 1),
@@ -128,6 +136,8 @@ async def _measure(url: str, rounds: int, seconds: float) -> dict[str, Any]:
         "PING round trip, us": round(us[PING], 1),
         "new key / bare app (requests/s)": round(out[NEW]["median"] / out[BARE]["median"], 3),
         "duplicate / bare app (requests/s)": round(out[DUP]["median"] / out[BARE]["median"], 3),
+        "middleware's own share, us (new key - bare - layer)": round(
+            us[NEW] - us[BARE] - us[LAYER], 1),
         "new-key overhead / its 2 round trips (PING)": round(
             (us[NEW] - us[BARE]) / (2 * us[PING]), 2),
         "duplicate overhead / its 2 round trips (PING)": round(
@@ -150,11 +160,11 @@ def report(section: dict[str, Any]) -> list[str]:
     if "overhead" not in section:
         return [f"  skipped: {section.get('skipped')}"]
     lines = []
-    for name in (PING, BARE, NEW, DUP):
+    for name in (PING, LAYER, BARE, NEW, DUP):
         f = section[name]
         lines.append(f"  {name:<40} {f['median']:>10,.0f} {f['unit']:<11} "
                      f"({f['min']:,.0f}-{f['max']:,.0f})")
-    lines += [f"  {k:<52} {v}" for k, v in section["overhead"].items()]
+    lines += [f"  {k:<54} {v:>8}" for k, v in section["overhead"].items()]
     return lines
 
 

@@ -242,6 +242,9 @@ def test_response_too_large_to_store_is_sent_once_and_never_rerun(
 def test_server_errors_are_not_recorded_unless_asked(redis_url: str, namespace: str) -> None:
     async def body(c: httpx.AsyncClient, mw: DurableIdempotencyMiddleware, raw: Any) -> None:
         assert (await c.post("/flaky", json={}, headers=key("f"))).status_code == 503
+        # Released, but still bound to its request: another body is refused.
+        problem(await c.post("/flaky", json={"other": 1}, headers=key("f")),
+                422, "idempotency-key-reused")
         second = await c.post("/flaky", json={}, headers=key("f"))  # runs again
         assert second.status_code == 201 and second.json() == {"n": 2}
         third = await c.post("/flaky", json={}, headers=key("f"))
