@@ -500,14 +500,25 @@ class _Claimed:
 
 _T = TypeVar("_T")
 _Plan = Generator[Any, Any, _T]
-Handle = Callable[[DlqRecord], "_Plan[BaseException | None]"]
-"""How a replay runs a record: a plan returning ``None`` (done) or the failure."""
+Handle = Callable[[DlqRecord, str], "_Plan[BaseException | object | None]"]
+"""How a replay runs a record (with the replay's claim token): a plan returning
+``None`` (done), :data:`FINISHED` (done, and the record already finished in the
+handler's own step) or the failure."""
+
+FINISHED = object()
+"""A handler's answer: it succeeded and finished the record itself, fenced by
+the claim token, in the same atomic step as its outcome (the layer's replays)."""
+
+ANSWERED = object()
+"""A handler's answer: the operation had completed (its outcome is recorded),
+so nothing ran; a record another finished meanwhile (a later delivery of the
+operation settles it) is replayed, not a lost claim."""
 
 
 def handler_plan(handler: Callable[[DlqRecord], Any]) -> Handle:
     """The replay plan of a plain handler: run it (it fails by raising)."""
 
-    def handle(record: DlqRecord) -> _Plan[BaseException | None]:
+    def handle(record: DlqRecord, _token: str) -> _Plan[BaseException | None]:
         ok, value = yield Run(handler, record)
         return None if ok else value
 
@@ -1072,8 +1083,12 @@ class _DlqOps:
             raise CorruptData(key, f"unknown status {text!r}") from exc
 
     def finish(
-        self, dlq_id: str, target: DlqStatus, token: str = "", by: str | None = None
+        self, dlq_id: str, target: DlqStatus, token: str = "", by: str | None = None,
+        merge_key: str | None = None,
     ) -> ScriptCall:
+        """The finish call of a record; with ``merge_key``, only if it is that
+        key's current record (else a ``"miss"`` reply names the current one,
+        see :meth:`settle_miss`, or ``"none"`` when the key has none)."""
         if target is DlqStatus.PENDING:
             raise ValueError("a record can only be finished as replayed or abandoned")
         return ScriptCall(
@@ -1087,8 +1102,14 @@ class _DlqOps:
                 self.bykey_key,
                 self.log_key,
             ],
-            [dlq_id, target.value, token, by or ""],
+            [dlq_id, target.value, token, by or "", merge_key or ""],
         )
+
+    def settle_miss(self, reply: Any) -> str | None:
+        """The id a ``"miss"`` reply of :meth:`finish` names, else ``None``."""
+        if _tag(reply, self.bykey_key) != "miss":
+            return None
+        return _text(reply[1], self.bykey_key, "dlq_id")
 
     def decode_finish(self, dlq_id: str, target: DlqStatus, reply: Any) -> bool:
         """``True`` when the record moved to ``target`` (logs the event)."""
@@ -1102,7 +1123,7 @@ class _DlqOps:
             )
             _log.info(event, dlq_id=dlq_id)
             return True
-        if tag in ("none", "final", "lost"):
+        if tag in ("none", "final", "lost", "miss"):
             return False
         raise _corrupt(reply, key)
 
@@ -1135,11 +1156,13 @@ class _DlqOps:
         record = claimed.record
         key = self.record_key(dlq_id)
         dependency = (record.metadata or {}).get("dependency")
-        error: BaseException | None
+        error: BaseException | object | None
         if open_breakers is not None and dependency is not None and dependency in open_breakers:
             error = CircuitOpen(dependency, 0.0)
         else:
-            error = yield from handle(record)
+            error = yield from handle(record, claimed.token)
+        if error is FINISHED:
+            return self._replayed(record, claimed)
         if isinstance(error, (OperationInProgress, CircuitOpen)):
             if isinstance(error, CircuitOpen) and open_breakers is not None:
                 open_breakers[error.dependency] = None
@@ -1155,49 +1178,60 @@ class _DlqOps:
                 replay_attempts=record.replay_attempts, status=DlqStatus.PENDING,
             )
         if isinstance(error, BaseException):
-            call = self.fail(dlq_id, claimed.token, error)
-            reply = yield call
-            tag = _tag(reply, key)
-            if tag == "ok":
-                attempts = _codec.as_int(reply[1], key=key, field="ra")
-                _log.warning(
-                    "durability_dlq_replay_failed",
-                    dlq_id=dlq_id,
-                    operation_type=record.operation_type,
-                    replay_attempts=attempts,
-                    error=redact_error(str(call.args[1])),
-                )
-                return ReplayResult(
-                    dlq_id,
-                    ReplayOutcome.FAILED,
-                    error=str(call.args[1]),
-                    replay_attempts=attempts,
-                    status=DlqStatus.PENDING,
-                )
-            if tag not in ("none", "final", "lost"):
-                raise _corrupt(reply, key)
-            return self._lost(record, error=error_text(error))
+            return (yield from self._replay_failed(record, claimed, error))
         reply = yield self.finish(dlq_id, DlqStatus.REPLAYED, claimed.token, self.owner)
         tag = _tag(reply, key)
-        if tag == "ok":
-            _log.info(
-                "durability_dlq_replayed",
-                dlq_id=dlq_id,
-                operation_type=record.operation_type,
-                agent_id=record.agent_id,
-                replayed_by=self.owner,
-                replay_attempts=record.replay_attempts,
-                claim_taken_over=claimed.taken_over,
-            )
-            return ReplayResult(
-                dlq_id,
-                ReplayOutcome.REPLAYED,
-                replay_attempts=record.replay_attempts,
-                status=DlqStatus.REPLAYED,
-            )
+        if tag == "ok" or (error is ANSWERED and tag == "final"
+                           and _text(reply[1], key, "st") == DlqStatus.REPLAYED.value):
+            return self._replayed(record, claimed)
         if tag not in ("none", "final", "lost"):
             raise _corrupt(reply, key)
         return self._lost(record)
+
+    def _replay_failed(
+        self, record: DlqRecord, claimed: _Claimed, error: BaseException
+    ) -> _Plan[ReplayResult]:
+        """The handler raised: the record stays pending, one more attempt noted."""
+        dlq_id, key = record.dlq_id, self.record_key(record.dlq_id)
+        call = self.fail(dlq_id, claimed.token, error)
+        reply = yield call
+        tag = _tag(reply, key)
+        if tag == "ok":
+            attempts = _codec.as_int(reply[1], key=key, field="ra")
+            _log.warning(
+                "durability_dlq_replay_failed",
+                dlq_id=dlq_id,
+                operation_type=record.operation_type,
+                replay_attempts=attempts,
+                error=redact_error(str(call.args[1])),
+            )
+            return ReplayResult(
+                dlq_id,
+                ReplayOutcome.FAILED,
+                error=str(call.args[1]),
+                replay_attempts=attempts,
+                status=DlqStatus.PENDING,
+            )
+        if tag not in ("none", "final", "lost"):
+            raise _corrupt(reply, key)
+        return self._lost(record, error=error_text(error))
+
+    def _replayed(self, record: DlqRecord, claimed: _Claimed) -> ReplayResult:
+        _log.info(
+            "durability_dlq_replayed",
+            dlq_id=record.dlq_id,
+            operation_type=record.operation_type,
+            agent_id=record.agent_id,
+            replayed_by=self.owner,
+            replay_attempts=record.replay_attempts,
+            claim_taken_over=claimed.taken_over,
+        )
+        return ReplayResult(
+            record.dlq_id,
+            ReplayOutcome.REPLAYED,
+            replay_attempts=record.replay_attempts,
+            status=DlqStatus.REPLAYED,
+        )
 
     def _lost(self, record: DlqRecord, error: str | None = None) -> ReplayResult:
         # The claim expired and another replayer took the record over (or an

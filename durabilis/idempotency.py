@@ -418,18 +418,26 @@ class _IdemOps:
 
     def release(
         self, key: IdempotencyKey, token: str | None, nonce: str = "", *,
-        keep_taken: bool = False,
+        keep_taken: bool = False, hold_ms: int = 0,
     ) -> ScriptCall:
         """The ``idem_release`` call: by the claim's token, or by its nonce.
 
         ``keep_taken``: a claim taken over from a dead owner is not released
         (reply 2): its operation may have run, the caller parks it.
+        ``hold_ms``: keep the tombstone at least this long (a parked operation).
         """
         if token or not nonce:
             _check_token(token)
         return ScriptCall(
             "idem_release", [self.keys.idem(key.value)],
-            [token or "", nonce, "1" if keep_taken else ""],
+            [token or "", nonce, "1" if keep_taken else "", hold_ms or ""],
+        )
+
+    def tombstone(self, key: IdempotencyKey, hold_ms: int) -> ScriptCall:
+        """The ``idem_tombstone`` call: mark a key whose operation was parked
+        without a claim, for ``hold_ms`` (a later delivery then settles it)."""
+        return ScriptCall(
+            "idem_tombstone", [self.keys.idem(key.value)], [key.fingerprint or "", hold_ms]
         )
 
     def renew(self, key: IdempotencyKey, token: str, lease_ms: int) -> ScriptCall:

@@ -17,16 +17,20 @@ ARGV[1]  dlq_id
 ARGV[2]  target                     "replayed" | "abandoned"
 ARGV[3]  token                      claim token, "" = none (operator action)
 ARGV[4]  by                         who finished it, "" = unknown
+ARGV[5]  merge key                  "" = none; else finish only if the by-key hash
+                                    names this record for that key (an operation
+                                    that completed settles its own parked record)
 
 Returns one of
   {"ok", finished_ms}
   {"none"}                          no live record (unknown id or expired)
   {"final", status}                 already final: nothing changed
   {"lost"}                          the token does not hold the claim
+  {"miss", dlq_id}                  with a merge key: the key's record is another
   {"corrupt", key, detail}
 ]]
 local E, P, PO, C, H, BK, LOG = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
-local id, target, token, by = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local id, target, token, by, mk = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5] or ""
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
@@ -37,6 +41,11 @@ for i = 1, #checks, 2 do
   if kind ~= "none" and kind ~= checks[i + 1] then
     return {"corrupt", checks[i], "a " .. kind .. " where the DLQ keeps a " .. checks[i + 1]}
   end
+end
+if mk ~= "" then
+  local current = redis.call("HGET", BK, mk)
+  if not current then return {"none"} end
+  if current ~= id then return {"miss", current} end
 end
 if redis.call("EXISTS", H) == 0 then return {"none"} end
 
@@ -58,6 +67,7 @@ local function bump(field, by_n)
   if redis.call("HINCRBY", C, field, by_n) <= 0 then redis.call("HDEL", C, field) end
 end
 
+ready()  -- a fused step (an operation's success settling its record): checks done
 local code = "r"
 if target == "replayed" then
   redis.call("HSET", H, "st", "replayed", "rat", now)

@@ -12,6 +12,10 @@ ARGV[2]  nonce                      the claim's nonce, "" = unknown
 ARGV[3]  keep_taken                 "1": do not release a claim taken over from a
                                     dead owner (its operation may have run): the
                                     caller parks it instead
+ARGV[4]  hold_ms                    "" = none; else keep the tombstone at least this
+                                    long (a parked operation: as long as its DLQ
+                                    record, so that a later delivery still learns
+                                    there was an earlier claim and settles the record)
 
 Returns 1 when released, 0 when neither holds an in-progress claim, 2 when
 kept because it was taken over (with keep_taken).
@@ -32,6 +36,11 @@ if f[1] == "p" and ((token ~= "" and f[2] == token) or (nonce ~= "" and f[3] == 
   end
   if #drop > 0 then redis.call("HDEL", key, unpack(drop)) end
   redis.call("HSET", key, "s", "x")
+  local hold = tonumber(ARGV[4] or "")
+  if hold and hold > 0 then
+    local pttl = redis.call("PTTL", key)
+    if pttl >= 0 and pttl < hold then redis.call("PEXPIRE", key, hold) end
+  end
   return 1
 end
 return 0

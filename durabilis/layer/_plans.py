@@ -22,6 +22,7 @@ The rules that make the core promise hold (``docs/layer.md``):
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
 import secrets
@@ -42,7 +43,7 @@ from durabilis.breaker import (
     Permit,
 )
 from durabilis.checkpoint import _part
-from durabilis.dlq import DlqRecord, DlqStatus, Prepared
+from durabilis.dlq import ANSWERED, FINISHED, DlqRecord, DlqStatus, Prepared, record_id_for
 from durabilis.errors import (
     CircuitOpen,
     ConfigError,
@@ -84,6 +85,7 @@ _log = get_logger()
 _STOPPED: tuple[type[BaseException], ...] = (DurabilisError, *INTERRUPTS)
 """A step failed, or the plan was interrupted: nothing more will run."""
 _CLAIM_AGAIN = object()
+_SETTLED_BY = "a later delivery"  # who finished a parked record its operation completed
 _GIVE_UP = object()
 _REASON_ROOM = 96  # bytes kept in the DLQ payload cap for metadata added when parking
 _RECORD_BACKOFF = (0.05, 1.0)  # first and longest pause between tries of a record step
@@ -98,6 +100,14 @@ def dlq_id_for(key: str, nonce: str) -> str:
     """The DLQ id of one claim's failure: the worker and a recoverer parking the
     same claim write one record; two claims (or no idempotency) never share one."""
     return hashlib.sha256(f"{key}\x00{nonce}".encode()).hexdigest()[:32]
+
+
+def _had_previous(claim_reply: Any) -> bool:
+    """Whether a new claim's reply names a previous token (a tombstone or a dead owner)."""
+    try:
+        return bool(claim_reply[5])
+    except (TypeError, IndexError, KeyError):
+        return False
 
 
 def _tag(reply: Any) -> str:
@@ -164,6 +174,20 @@ class _Request:
     replay: bool
     envelope: bytes  # what the claim keeps for recovery (msgpack)
     park: Prepared  # the DLQ record of a failure, checked and encoded
+    # A replay's DLQ claim: its success step finishes the record, fenced by it.
+    replay_claim: _ReplayClaim | None = None
+
+
+class _ReplayClaim:
+    """The DLQ record a replay runs, and whether its success step finished it."""
+
+    __slots__ = ("dlq_id", "finished", "ran", "token")
+
+    def __init__(self, dlq_id: str, token: str) -> None:
+        self.dlq_id = dlq_id
+        self.token = token
+        self.ran = False  # fn ran and succeeded in this replay (else: answered by the record)
+        self.finished = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +198,9 @@ class _Claim:
     member: str  # its in-flight index entry, "" when not listed
     token: str | None  # None: no claim (idempotency disabled, or not claimed)
     taken_over: bool = False
+    # The key had an earlier claim (released, or its owner died): that
+    # operation may be parked in the DLQ; this run's success settles it.
+    settle: bool = False
 
 
 class _LayerCore:
@@ -471,6 +498,7 @@ class _LayerCore:
         cl = _Claim(
             nonce, member if listed else "", token,
             taken_over=bool(claim is not None and claim.taken_over),
+            settle=dedup and token is not None and _had_previous(replies[at["claim"]]),
         )
         permit: Permit | None = None
         if dep is not None:
@@ -543,7 +571,7 @@ class _LayerCore:
                 metadata={"reason": WORKER_LOST, "claim": nonce},
                 merge_key=self._merge_key(req.key.value),
             ),
-            self._idem.release(req.key, None, nonce),
+            self._idem.release(req.key, None, nonce, hold_ms=self._dlq.ttl_ms(None)),
             self._note("rem", [member] if member else [], recovered=1, parked=1),
         ]
 
@@ -810,17 +838,21 @@ class _LayerCore:
             calls["report"] = self._breakers.ops.after_call(
                 req.dependency, True, permit, took_ms
             )
+        if (settle := self._settle_call(req, cl)) is not None:
+            calls["settle"] = settle
         calls["note"] = self._note(
             "rem", [cl.member] if cl.member else [], started=1, succeeded=1
         )
         # Standalone: one atomic step; the record goes first, its first write
         # frees memory, so maxmemory never refuses it. Cluster: the checkpoint
         # first (a checkpoint without its record is saved again by a re-run; a
-        # record without its checkpoint would never get one).
-        order = ("record", "save", "report", "note") if self.fuses else (
-            "save", "record", "report", "note"
+        # record without its checkpoint would never get one); the DLQ record
+        # settled only after the outcome is recorded.
+        order = ("record", "save", "settle", "report", "note") if self.fuses else (
+            "save", "record", "settle", "report", "note"
         )
         lost = False
+        misses: list[str] = []
 
         def on_reply(name: str, reply: Any) -> Any:
             nonlocal lost
@@ -850,6 +882,8 @@ class _LayerCore:
                 return out if isinstance(out, ScriptCall) else None
             if name == "report" and req.dependency is not None:
                 self._fire(self._breakers.ops.decode_after(req.dependency, reply)[1])
+            if name == "settle":
+                return self._settle_again(req, reply, misses)
             return None
 
         gates: dict[str, Callable[[Any], bool]] = {"record": _record_refused}
@@ -883,6 +917,43 @@ class _LayerCore:
             raise ResultNotStored(req.key.value, not_stored, result)
         return result
 
+    def _settle_call(self, req: _Request, cl: _Claim) -> ScriptCall | None:
+        """Finishing the key's parked DLQ record, when an earlier delivery may
+        have been parked: the success of a later one settles it, so that no
+        replay runs it again (after the dedup window, when the record that
+        would answer it is gone). A replay finishes its own record."""
+        if req.replay_claim is not None:  # a replay: its own record, by its claim
+            req.replay_claim.ran = True
+            mine: ScriptCall = self._dlq.finish(
+                req.replay_claim.dlq_id, DlqStatus.REPLAYED, req.replay_claim.token,
+                self._dlq.owner,
+            )
+            return mine
+        mkey = self._merge_key(req.key.value)
+        if not (cl.settle and mkey and not req.replay):
+            return None
+        call: ScriptCall = self._dlq.finish(
+            record_id_for(mkey), DlqStatus.REPLAYED, by=_SETTLED_BY, merge_key=mkey
+        )
+        return call
+
+    def _settle_again(self, req: _Request, reply: Any, misses: list[str]) -> ScriptCall | None:
+        """The settle call to send again when the key's record has another id."""
+        other = self._dlq.settle_miss(reply)
+        if other is not None and len(misses) < _LATE_TRIES:
+            misses.append(other)
+            call: ScriptCall = self._dlq.finish(
+                other, DlqStatus.REPLAYED, by=_SETTLED_BY, merge_key=req.key.value
+            )
+            return call
+        if _tag(reply) == "ok":
+            if req.replay_claim is not None:
+                req.replay_claim.finished = True
+            else:
+                _log.info("durability_dlq_settled", idempotency_key=req.key.value,
+                          operation_type=req.operation_type)
+        return None
+
     def _park(
         self,
         req: _Request,
@@ -906,7 +977,14 @@ class _LayerCore:
                 merge_key=self._merge_key(req.key.value),
             )
         if cl.token or cl.member:
-            calls["release"] = self._idem.release(req.key, cl.token, cl.nonce)
+            calls["release"] = self._idem.release(
+                req.key, cl.token, cl.nonce,
+                hold_ms=self._dlq.ttl_ms(None),  # the record is pending (a replay's too)
+            )
+        elif self.config.idempotency.enabled and not req.replay:
+            # Parked before any claim (open breaker): nothing at the key says it
+            # was delivered; a tombstone does, so a later success settles it.
+            calls["release"] = self._idem.tombstone(req.key, self._dlq.ttl_ms(None))
         calls["note"] = self._note(
             "rem", [cl.member] if cl.member else [], parked=0 if req.replay else 1, **counts
         )
@@ -1022,7 +1100,7 @@ class _LayerCore:
                 metadata={"reason": WORKER_LOST, "claim": nonce},
                 merge_key=self._merge_key(key),
             ),
-            self._idem.release(IdempotencyKey(key), token),
+            self._idem.release(IdempotencyKey(key), token, hold_ms=self._dlq.ttl_ms(None)),
             self._note("rem", [member], recovered=1, parked=1),
         ]
         # The release is gated: if the claim is no longer the one reclaimed (its
@@ -1121,22 +1199,32 @@ class _LayerCore:
 
     def replay_plan(
         self, fn: Callable[[OperationContext], Any], wait: float | None = None
-    ) -> Callable[[DlqRecord], Plan[BaseException | None]]:
+    ) -> Callable[[DlqRecord, str], Plan[BaseException | object | None]]:
         """The DLQ replay handler (a plan): the record's operation through the layer."""
         seconds = self._replay_wait(wait)
 
-        def handle(record: DlqRecord) -> Plan[BaseException | None]:
+        def handle(record: DlqRecord, token: str) -> Plan[BaseException | object | None]:
             missing = (record.metadata or {}).get("payload_error")
             if missing:  # parked by recovery without its payload: nothing to replay
                 return InvalidPayload(
                     f"parked without its payload ({missing}): handle it by hand, then "
                     "abandon or mark it replayed"
                 )
+            claim = _ReplayClaim(record.dlq_id, token)
+            req = dataclasses.replace(self.replay_request(record, seconds), replay_claim=claim)
             try:
-                yield from self.execute_plan(self.replay_request(record, seconds), fn)
+                yield from self.execute_plan(req, fn)
+            except ResultNotStored:
+                # It ran and completed (now or before): recorded as "completed,
+                # result not stored". That is the replay's success: a record left
+                # pending would run it again once the dedup window is over.
+                return None
             except Exception as exc:  # the replay failed: the DLQ notes it
                 return exc
-            return None
+            # Finished with the outcome, in one step (else the DLQ finishes it now).
+            if claim.finished:
+                return FINISHED
+            return None if claim.ran else ANSWERED
 
         return handle
 
@@ -1169,5 +1257,5 @@ def _settle(
         return
     pending.pop(name, None)
     if out is _GIVE_UP:  # the claim is not ours any more: write nothing of it
-        for other in (*gates, "note"):
+        for other in (*gates, "settle", "note"):
             pending.pop(other, None)

@@ -214,11 +214,14 @@ def test_a_replay_of_an_operation_that_completed_meanwhile_does_not_run_it_again
     assert layer.execute("agent-1", "job", {"page": 8}, lambda ctx: "done by a retry") == (
         "done by a retry"
     )
+    # That success settled the parked record: an operator sees it replayed...
+    shown = js(cli("dlq", "show", dlq_id, "--json"))
+    assert shown["status"] == "replayed" and shown["replayed_by"] == "a later delivery"
     _cli_handlers.CALLS.clear()
     result = js(cli("dlq", "replay", dlq_id, "--handler",
-                    "tests.integration._cli_handlers:record", "--json"))
-    assert result["outcome"] == "replayed"
-    assert _cli_handlers.CALLS == []  # the stored result answered: the key was the original
+                    "tests.integration._cli_handlers:record", "--json"), EXIT_NOT_FOUND)
+    assert result["outcome"] == "not_pending"  # ...and a replay runs nothing
+    assert _cli_handlers.CALLS == []
 
 
 def test_dlq_replay_all_reports_failures_with_exit_1_and_successes_with_0(

@@ -98,8 +98,10 @@ def test_replay_of_an_operation_that_completed_meanwhile_does_not_run_it(
     with pytest.raises(RetryExhausted) as info:
         layer.execute("a1", "job", "x", failing)
     layer.execute("a1", "job", "x", Counter(result="by a retry"))  # completes it
+    record = layer.dlq.get(str(info.value.dlq_id))  # and settles its parked record
+    assert record is not None and record.replayed_by == "a later delivery"
     replayer = Counter(result="should not run")
-    assert layer.replay(str(info.value.dlq_id), replayer).outcome is ReplayOutcome.REPLAYED
+    assert layer.replay(str(info.value.dlq_id), replayer).outcome is ReplayOutcome.NOT_PENDING
     assert replayer.calls == []
 
 

@@ -610,3 +610,88 @@ def test_an_interrupt_during_the_record_step_lets_the_record_land_first(
         signal.signal(signal.SIGALRM, previous)
         admin.close()
         store.close()
+
+
+# --- 7. a parked operation that a later delivery completes ------------------------------------
+
+
+def test_a_later_delivery_that_completes_settles_the_parked_record(
+    store: durabilis.Store,
+) -> None:
+    """Parked (retries exhausted), then delivered again and completed: its DLQ
+    record is finished with that outcome, so a replay after the dedup window
+    (when the result that would answer it is gone) cannot run it a second time."""
+    layer = layer_on(store, dependencies={}, idempotency=IdempotencyConfig(dedup_window_seconds=1))
+    with pytest.raises(RetryExhausted) as parked:
+        layer.execute("a1", "job", {"n": 1}, Counter(["NETWORK_TIMEOUT"] * 3))
+    assert [r.dlq_id for r in layer.dlq.list_pending()] == [parked.value.dlq_id]
+    done = Counter()
+    assert layer.execute("a1", "job", {"n": 1}, done) == "done"
+    assert layer.dlq.list_pending() == []
+    record = layer.dlq.get(parked.value.dlq_id)
+    assert record is not None and record.status.value == "replayed"
+    assert record.replayed_by == "a later delivery"
+    time.sleep(1.2)  # the dedup window ends: the result is gone
+    again = Counter()
+    summary = layer.replay_pending(again)
+    assert summary.replayed == 0 and again.calls == []
+    assert len(done.calls) == 1
+
+
+def test_a_later_delivery_settles_an_orphan_parked_by_recovery(store: durabilis.Store) -> None:
+    layer = layer_on(store, lease=0.2, dependencies={})
+    req = layer._core.request("a1", "job", "p", dependency=None, idempotency_key=None,
+                              task_id=None, phase=None, wait=None, park_on_open=False,
+                              deadline_seconds=None)
+    step_plan(layer._core.execute_plan(req, Counter()), store, until=lambda s: type(s) is Run)
+    time.sleep(0.3)  # the owner died: its lease ends
+    [dlq_id] = layer.recover_orphans()
+    assert layer.execute("a1", "job", "p", Counter()) == "done"
+    record = layer.dlq.get(dlq_id)
+    assert record is not None and record.status.value == "replayed"
+    assert layer.dlq.list_pending() == []
+
+
+def test_the_settle_finds_the_keys_record_under_another_id(store: durabilis.Store) -> None:
+    """The key's first record was abandoned (its id, derived from the key, is
+    taken); a new parking gets another id; the success settles that one."""
+    layer = layer_on(store, dependencies={})
+    with pytest.raises(RetryExhausted) as first:
+        layer.execute("a1", "job", "q", Counter(["NETWORK_TIMEOUT"] * 3))
+    assert layer.dlq.abandon(first.value.dlq_id)
+    with pytest.raises(RetryExhausted) as second:
+        layer.execute("a1", "job", "q", Counter(["NETWORK_TIMEOUT"] * 3))
+    assert second.value.dlq_id != first.value.dlq_id
+    assert layer.execute("a1", "job", "q", Counter()) == "done"
+    record = layer.dlq.get(second.value.dlq_id)
+    assert record is not None and record.status.value == "replayed"
+    old = layer.dlq.get(first.value.dlq_id)
+    assert old is not None and old.status.value == "abandoned"  # a final record stays so
+
+
+def test_a_replay_finishes_its_own_record_not_as_a_later_delivery(
+    store: durabilis.Store,
+) -> None:
+    layer = layer_on(store, dependencies={})
+    with pytest.raises(RetryExhausted) as parked:
+        layer.execute("a1", "job", "r", Counter(["NETWORK_TIMEOUT"] * 3))
+    result = layer.replay(parked.value.dlq_id, Counter())
+    assert result.outcome.value == "replayed"
+    record = layer.dlq.get(parked.value.dlq_id)
+    assert record is not None and record.replayed_by != "a later delivery"
+
+
+def test_a_delivery_after_the_dedup_window_still_settles_the_parked_record(
+    store: durabilis.Store, raw: Any
+) -> None:
+    """A parked operation's tombstone lives as long as its DLQ record, so a
+    delivery after the window still learns there was an earlier claim."""
+    layer = layer_on(store, dependencies={}, idempotency=IdempotencyConfig(dedup_window_seconds=1))
+    with pytest.raises(RetryExhausted) as parked:
+        layer.execute("a1", "job", {"n": 2}, Counter(["NETWORK_TIMEOUT"] * 3))
+    key = store.keys.idem(IdempotencyKey.new("a1", "job", {"n": 2}).value)
+    assert raw.pttl(key) > 3_600_000  # held with the record (a day), not the window
+    time.sleep(1.2)
+    assert layer.execute("a1", "job", {"n": 2}, Counter()) == "done"
+    record = layer.dlq.get(parked.value.dlq_id)
+    assert record is not None and record.replayed_by == "a later delivery"

@@ -779,7 +779,7 @@ class Simulation:
             return out
         parked = self._dlq_records()
         return out + self._check_answers(parked) + self._check_refusals(parked) + (
-            self._check_effects(parked)
+            self._check_effects(parked) + self._check_settled(parked)
         )
 
     def _check_answers(self, parked: dict[str, list[dict[bytes, bytes]]]) -> list[str]:
@@ -854,6 +854,23 @@ class Simulation:
                       if ex.token]
             if any(b < a for a, b in itertools.pairwise(tokens)):
                 out.append(f"{key}: fencing tokens went backwards {tokens}")
+        return out
+
+    def _check_settled(self, parked: dict[str, list[dict[bytes, bytes]]]) -> list[str]:
+        """A completed operation leaves no pending DLQ record behind (a replay
+        after the dedup window would run it again). Fused runs only: on Cluster
+        the settle is its own round trip after the record, and a worker that
+        dies between the two leaves the record pending (docs/layer.md)."""
+        if not self.knobs.fused:
+            return []
+        out: list[str] = []
+        for key, entries in parked.items():
+            if not key or self.raw.hget(self.store.keys.idem(key), "s") != b"d":
+                continue
+            for dlq_id in {f.get(b"dlq_id", b"").decode() for f in entries}:
+                status = self.raw.hget(self.store.keys.dlq("rec", dlq_id), "st")
+                if status == b"pending":
+                    out.append(f"{key}: completed, yet its DLQ record {dlq_id} is pending")
         return out
 
     def _check_nothing_stuck(self) -> list[str]:
