@@ -97,8 +97,12 @@ def test_layer_through_redis_killed_and_restarted_loses_no_record_checkpoint_or_
     res = run_load(private_redis.url, namespace, layer_ops("killed"), kill_and_restart,
                    worker=run_layer_ops, effects_url=redis_url, hot="killed-hot",
                    socket_timeout=SOCKET_TIMEOUT, lease_s=4.0, work_s=0.003, deadline_s=25)
-    assert res.unavailable, "the kill was not felt: " + res.summary()
-    assert max(e - s for s, e in res.unavailable) <= SOCKET_TIMEOUT + SLACK, res.summary()
+    # The kill hit work in progress. Callers may see no StorageUnavailable at
+    # all: a worker inside its (shielded) record step sends it again until
+    # Redis is back, which is the promise; a new claim during the kill fails closed.
+    assert res.spanned_the_fault, "the load ended before the kill did: " + res.summary()
+    longest = max((e - s for s, e in res.unavailable), default=0.0)
+    assert longest <= SOCKET_TIMEOUT + SLACK, res.summary()  # no hang
     # Every result, checkpoint and DLQ id a caller was given before the kill is
     # still there after the restart (layer_outcomes checks each pillar).
     assert res.completed and res.parked
