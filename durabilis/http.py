@@ -68,7 +68,18 @@ DEFAULT_RESPONSE_HEADERS: tuple[str, ...] = (
 """Response headers stored and replayed by default. Never ``set-cookie``: a
 replay must not hand one client's session to another who guessed the key."""
 
+DEFAULT_RELEASE_STATUSES: tuple[int, ...] = (408, 425, 429)
+"""Statuses that mean "try again later": sent, not recorded, the key released."""
+
 _PROBLEM = "urn:durabilis:problem:"
+_REQUEST_ROOM = 16 * 1024  # the stored request beside its body (method, path, headers...)
+_RESPONSE_ROOM = 4 * 1024  # the stored response beside its body (status, headers)
+# Set by the replay itself, or never to be replayed from a record.
+_NEVER_STORED = frozenset({
+    b"content-length", b"transfer-encoding", b"connection", b"keep-alive", b"upgrade",
+    b"te", b"trailer", b"proxy-authenticate", b"proxy-connection",
+})
+_NO_BODY_STATUSES = frozenset({204, 304})
 # Extensions that let an application hand the server a file instead of bytes:
 # the middleware must see every byte it records, so it hides them.
 _HIDDEN_EXTENSIONS = ("http.response.pathsend", "http.response.zerocopysend",
@@ -110,17 +121,24 @@ class DurableIdempotencyMiddleware:
             ``None``: 255, or less when the layer's ``max_key_length`` leaves
             less room beside the tenant (the layer stores ``%raw:<tenant>:<key>``).
         max_request_bytes: Largest request body; a larger ``Content-Length``
-            is refused (``413``) before anything is read or run.
-        max_response_bytes: Largest response body stored. A larger one is
-            still sent to its client (streamed through once over the limit) and
-            recorded as *completed, response not stored*: a duplicate gets
-            ``410`` naming the original status, never a second run.
+            is refused (``413``) before anything is read or run. ``None``: 1 MiB,
+            less 16 KiB kept for the rest of the stored request (the layer's
+            ``max_value_bytes`` and the DLQ's ``max_payload_bytes`` bound it).
+        max_response_bytes: Largest response body stored (1 MiB less 4 KiB by
+            default). A larger one is still sent to its client (streamed
+            through once over the limit) and recorded as *completed, response
+            not stored*: a duplicate gets ``410`` naming the original status.
         response_headers: Response header names stored and replayed.
         fingerprint_headers: Request header names that are part of the request
             fingerprint (and kept with the claim for recovery and replay).
         record_server_errors: Record ``5xx`` responses too. By default a
             ``5xx`` is sent but not recorded: the claim is released and a retry
             with the same key runs again (the application said it failed).
+        release_statuses: Other statuses sent but not recorded, for the same
+            reason: "try again later" answers (408, 425, 429 by default).
+        stream_types: Response media types passed through as they come (never
+            held back; recorded as *completed, response not stored*): server-
+            sent events by default.
         replayed_header: The header that marks a replayed response.
         recover_every_seconds: Run an :class:`OrphanRecovery` in the
             application's lifespan (started at startup or on the first
@@ -143,11 +161,13 @@ class DurableIdempotencyMiddleware:
         operation_type: str = "http_request",
         wait_seconds: float = 0.0,
         max_key_length: int | None = None,
-        max_request_bytes: int = 1024 * 1024,
-        max_response_bytes: int = 1024 * 1024,
+        max_request_bytes: int | None = None,
+        max_response_bytes: int = 1024 * 1024 - 4096,
         response_headers: Iterable[str] = DEFAULT_RESPONSE_HEADERS,
         fingerprint_headers: Iterable[str] = ("content-type",),
         record_server_errors: bool = False,
+        release_statuses: Iterable[int] = DEFAULT_RELEASE_STATUSES,
+        stream_types: Iterable[str] = ("text/event-stream",),
         replayed_header: str = "Idempotent-Replayed",
         recover_every_seconds: float | None = None,
     ) -> None:
@@ -170,9 +190,11 @@ class DurableIdempotencyMiddleware:
         self.operation_type = _token("operation_type", operation_type)
         self.wait_seconds = _number("wait_seconds", wait_seconds, 0.0, 3600.0)
         idem = layer.config.idempotency
-        # The room a fixed tenant leaves in the layer's stored key (bytes = chars: ASCII).
-        room = (idem.max_key_length - len(str(IdempotencyKey.caller(tenant, "k", None))) + 1
-                if isinstance(tenant, str) else 4096)
+        # The room a fixed tenant leaves in the layer's stored key (keys are ASCII:
+        # a character is a byte; the tenant counts in UTF-8 bytes, escaped).
+        room = (idem.max_key_length + 1
+                - len(str(IdempotencyKey.caller(tenant, "k", None)).encode())
+                if isinstance(tenant, str) else 255)
         if max_key_length is None:
             max_key_length = max(1, min(255, room))
         self.max_key_length = int(_number("max_key_length", max_key_length, 1, 4096))
@@ -180,12 +202,24 @@ class DurableIdempotencyMiddleware:
             raise ConfigError("max_key_length", f"tenant {tenant!r} leaves room for keys of "
                               f"{room} characters (IdempotencyConfig.max_key_length="
                               f"{idem.max_key_length})")
-        self.max_request_bytes = int(_number(
-            "max_request_bytes", max_request_bytes, 0, idem.max_value_bytes))
+        # The stored request (method, path, query, headers, key) must fit beside
+        # the body in what the claim and the DLQ keep.
+        cap = min(idem.max_value_bytes, layer.config.dlq.max_payload_bytes) - _REQUEST_ROOM
+        if max_request_bytes is None:
+            max_request_bytes = max(0, min(1024 * 1024, cap))
+        self.max_request_bytes = int(_number("max_request_bytes", max_request_bytes, 0, cap))
         self.max_response_bytes = int(_number(
-            "max_response_bytes", max_response_bytes, 0, idem.max_value_bytes))
+            "max_response_bytes", max_response_bytes, 0, idem.max_value_bytes - _RESPONSE_ROOM))
         self._stored = frozenset(
             _token("response_headers", h).lower().encode("latin-1") for h in response_headers
+        )
+        if framing := sorted(h.decode() for h in self._stored & _NEVER_STORED):
+            raise ConfigError("response_headers", f"{framing} are framing or hop-by-hop "
+                              "headers: the replay sets its own")
+        self.release_statuses = frozenset(int(_number("release_statuses", c, 100, 599))
+                                          for c in release_statuses)
+        self._stream_types = frozenset(
+            _media_type("stream_types", t) for t in stream_types
         )
         self._fingerprinted = frozenset(
             _token("fingerprint_headers", h).lower().encode("latin-1")
@@ -255,10 +289,11 @@ class DurableIdempotencyMiddleware:
                 idempotency_key=key, wait=self.wait_seconds or None,
             )
         except _AppFailed as failed:
-            if failed.error is None or exchange.complete:
-                await exchange.flush()
+            if failed.error is None or (exchange.complete and not exchange.streamed):
+                await exchange.flush()  # its answer, not recorded: the key is released
             if failed.error is not None:
                 raise failed.error from None
+            await exchange.finish_app()
             return
         except DurabilisError as refused:
             if exchange.ran:
@@ -268,11 +303,17 @@ class DurableIdempotencyMiddleware:
                     _log.warning("durability_http_unrecorded", error=type(refused).__name__,
                                  operation_type=self.operation_type)
                 await exchange.flush()
+                await exchange.finish_app()
                 return
             await self._refuse(send, refused)
             return
+        except BaseException:
+            if exchange.app_task is not None:
+                exchange.app_task.cancel()
+            raise
         if exchange.ran:
             await exchange.flush()
+            await exchange.finish_app()
         else:
             await self._replay(send, result)
 
@@ -286,10 +327,14 @@ class DurableIdempotencyMiddleware:
                            "a request with this key is being processed; retry later",
                            headers=[(b"retry-after", b"1")])
         elif isinstance(refused, (InvalidKey, InvalidPayload)):
+            # Not the layer's text: it would show how keys are stored.
             await _problem(send, 400, "idempotency-key-invalid", "Idempotency-Key invalid",
-                           str(refused))
+                           "the key does not fit this key space (too long or not valid text)")
         elif isinstance(refused, PayloadTooLarge):
-            await _too_large(send, refused.size, refused.limit)
+            await _problem(send, 413, "request-too-large", "Content Too Large",
+                           f"the request as stored for recovery (body, path, query, "
+                           f"fingerprinted headers) is {refused.size} bytes, over the limit "
+                           f"of {refused.limit}")
         elif isinstance(refused, ResultNotStored):
             await _problem(send, 410, "response-not-stored", "Response not stored",
                            f"a request with this key completed; its response was not stored "
@@ -312,7 +357,8 @@ class DurableIdempotencyMiddleware:
                            replayed=self._replayed)
             return
         headers = [(bytes(k), bytes(v)) for k, v in result.get("h", ())]
-        headers.append((b"content-length", str(len(body)).encode()))
+        if result["s"] not in _NO_BODY_STATUSES:
+            headers.append((b"content-length", str(len(body)).encode()))
         headers.append((self._replayed, b"true"))
         await send({"type": "http.response.start", "status": result["s"], "headers": headers})
         await send({"type": "http.response.body", "body": bytes(body)})
@@ -343,12 +389,15 @@ class DurableIdempotencyMiddleware:
         scope: Scope = {
             "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
             "http_version": "1.1", "method": p["m"], "scheme": "http", "path": p["p"],
-            "raw_path": str(p["p"]).encode("utf-8"), "query_string": bytes(p["q"]),
+            "raw_path": bytes(p.get("rp") or str(p["p"]).encode("utf-8")),
+            "query_string": bytes(p["q"]),
             "root_path": p.get("r", ""), "headers": headers, "client": None, "server": None,
             "extensions": {}, "state": {},
         }
         exchange = _Exchange(self, scope, bytes(p["b"]), None, None)
         record = await exchange.run(ctx)
+        if exchange.app_task is not None:  # its background work goes on, errors logged
+            exchange.app_task.add_done_callback(_log_app_end)
         if record["s"] >= 400:
             # Without its client's other headers (credentials are never kept), a
             # refusal may be an artefact of the replay: not recorded, so the
@@ -361,17 +410,22 @@ class DurableIdempotencyMiddleware:
     # -- helpers --
 
     def _applies(self, scope: Scope) -> bool:
-        if scope.get("method", "").upper() not in self.methods:
+        if scope.get("method", "") not in self.methods:
             return False
         if self.paths is None:
             return True
         path = scope.get("path", "")
-        return any(path.startswith(prefix) for prefix in self.paths)
+        # Whole segments: "/pay" guards "/pay" and "/pay/x", not "/payments".
+        return any(path == prefix or path.startswith(prefix.rstrip("/") + "/")
+                   for prefix in self.paths)
 
     def _payload(self, scope: Scope, raw: str, body: bytes) -> dict[str, Any]:
+        path = scope.get("path", "")
         return {
-            "m": scope["method"].upper(),
-            "p": scope.get("path", ""),
+            "m": scope["method"],
+            "p": path,
+            # As sent: "/x/%FF" and "/x/%FE" decode alike, they are not one request.
+            "rp": bytes(scope.get("raw_path") or path.encode("utf-8", "surrogateescape")),
             "r": scope.get("root_path", ""),
             "q": bytes(scope.get("query_string", b"")),
             "h": [[k.lower(), v] for k, v in scope.get("headers", ())
@@ -396,8 +450,10 @@ class DurableIdempotencyMiddleware:
 
 
 class _Exchange:
-    """One run of the application for one request: its response is buffered
-    (up to the limit) until the layer has recorded it, then flushed."""
+    """One run of the application for one request. The application runs in a
+    task of its own: its response is buffered (up to the limit) until the layer
+    has recorded it, then flushed; what the application does after its response
+    is complete (background tasks) neither delays nor undoes the record."""
 
     def __init__(
         self, mw: DurableIdempotencyMiddleware, scope: Scope, body: bytes,
@@ -410,61 +466,87 @@ class _Exchange:
         self.send = send
         self.ran = False
         self.complete = False
-        self.streamed = False  # over the limit with a client: sent through as it came
+        self.streamed = False  # sent to its client as it came (not stored)
         self.status = 0
         self.start: Message | None = None
         self.chunks: list[bytes] = []
         self.size = 0
+        self.declared: int | None = None
         self._body_given = False
+        self._done = asyncio.Event()
+        self.app_task: asyncio.Task[None] | None = None
 
     async def run(self, ctx: OperationContext) -> dict[str, Any]:
-        """The layer's ``fn``: run the application once, return what to record."""
+        """The layer's ``fn``: run the application until its response is
+        complete; return what to record."""
         self.ran = True
-        self.complete = self.streamed = False
-        self.start, self.chunks, self.size, self._body_given = None, [], 0, False
         scope = dict(self.scope)
         extensions = dict(scope.get("extensions") or {})
         for name in _HIDDEN_EXTENSIONS:
             extensions.pop(name, None)
         scope["extensions"] = extensions
+        # The task copies this context: current_operation() works in the handler.
+        task = asyncio.ensure_future(self.mw.app(scope, self._app_receive, self._app_send))
+        self.app_task = task
+        task.add_done_callback(lambda _t: self._done.set())
         try:
-            await self.mw.app(scope, self._app_receive, self._app_send)
-        except Exception as exc:
-            raise _AppFailed(exc) from exc
-        if not self.complete:
-            raise _AppFailed(RuntimeError("the application returned without a complete response"))
-        if self.status >= 500 and not self.mw.record_server_errors:
+            await self._done.wait()
+        except BaseException:
+            task.cancel()  # interrupted before the response was complete
+            raise
+        if not self.complete:  # the application ended (raised or returned) first
+            error = None if task.cancelled() else task.exception()
+            raise _AppFailed(error or RuntimeError(
+                "the application returned without a complete response"))
+        return self._outcome()
+
+    def _outcome(self) -> dict[str, Any]:
+        """The record of a complete response, or :class:`_AppFailed` to release the key."""
+        if self.declared is not None and self.size != self.declared and (
+                self.status not in _NO_BODY_STATUSES):
+            raise _AppFailed(RuntimeError(
+                f"the response body is {self.size} bytes, its Content-Length says "
+                f"{self.declared}"))
+        if (self.status >= 500 and not self.mw.record_server_errors) or (
+                self.status in self.mw.release_statuses):
             raise _AppFailed(None, self.status)
-        if self.size > self.mw.max_response_bytes:
+        if self.streamed or self.size > self.mw.max_response_bytes:
             return {"s": self.status, "h": [], "b": None, "n": self.size}
         assert self.start is not None
-        headers = [[k, v] for k, v in self.start.get("headers", ())
+        headers = [[k, v] for k, v in self.start["headers"]
                    if bytes(k).lower() in self.mw._stored]
         return {"s": self.status, "h": headers, "b": b"".join(self.chunks)}
+
+    async def finish_app(self) -> None:
+        """Wait for the application to end (its background work); its error,
+        once its response is recorded and sent, goes to the server as usual."""
+        task = self.app_task
+        if task is not None:
+            await task
 
     async def _app_receive(self) -> Message:
         if not self._body_given:
             self._body_given = True
             return {"type": "http.request", "body": self.body, "more_body": False}
-        if self.receive is None:  # a replay has no client: nothing more will come
-            await asyncio.Event().wait()
-        assert self.receive is not None
+        if self.receive is None:  # a replay has no client: it "leaves" once answered
+            await self._done.wait()
+            return {"type": "http.disconnect"}
         return await self.receive()
 
     async def _app_send(self, message: Message) -> None:
         kind = message.get("type")
-        if self.streamed:
-            assert self.send is not None
-            if kind == "http.response.body" and not message.get("more_body", False):
-                self.complete = True
-            self.size += len(message.get("body", b"")) if kind == "http.response.body" else 0
-            await self.send(message)
-            return
+        if self.complete:
+            raise RuntimeError(f"the application sent {kind!r} after its response was complete")
         if kind == "http.response.start":
             if self.start is not None:
                 raise RuntimeError("the application started its response twice")
-            self.start = message
+            headers = [(bytes(k), bytes(v)) for k, v in message.get("headers", ())]
+            self.start = {**message, "headers": headers}
             self.status = int(message["status"])
+            self.declared = _declared_length(headers)
+            if self.send is not None and _media_type_of(headers) in self.mw._stream_types:
+                self.streamed = True  # a stream: never held back, never stored
+                await self.send(self.start)
             return
         if kind != "http.response.body":
             return  # nothing else is part of a recorded response
@@ -473,25 +555,27 @@ class _Exchange:
         chunk = bytes(message.get("body", b""))
         self.size += len(chunk)
         more = bool(message.get("more_body", False))
+        if self.streamed:
+            assert self.send is not None
+            await self.send({"type": "http.response.body", "body": chunk, "more_body": more})
+        elif self.size <= self.mw.max_response_bytes:
+            self.chunks.append(chunk)
+        elif self.send is None:  # a replay: no one to stream to; count, keep nothing
+            self.chunks = []
+        elif not more:  # complete: sent whole once the layer has its outcome
+            self.chunks.append(chunk)
+        else:
+            # Over the limit with more to come: it will not be stored, so its
+            # client gets it as it comes (a long stream is not held in memory).
+            self.streamed = True
+            await self.send(self.start)
+            self.chunks.append(chunk)
+            await self.send({"type": "http.response.body", "body": b"".join(self.chunks),
+                             "more_body": True})
+            self.chunks = []
         if not more:
             self.complete = True
-        if self.size <= self.mw.max_response_bytes:
-            self.chunks.append(chunk)
-            return
-        if self.send is None:  # a replay: no one to stream to; count, keep nothing
-            self.chunks = []
-            return
-        if not more:  # complete: sent whole once the layer has its outcome
-            self.chunks.append(chunk)
-            return
-        # Over the limit with more to come: it will not be stored, so its
-        # client gets it as it comes (a long stream is not held in memory).
-        self.streamed = True
-        await self.send(self.start)
-        self.chunks.append(chunk)
-        await self.send({"type": "http.response.body", "body": b"".join(self.chunks),
-                         "more_body": True})
-        self.chunks = []
+            self._done.set()
 
     async def flush(self) -> None:
         """Send the application's own response (all its headers) to its client."""
@@ -538,6 +622,7 @@ class OrphanRecovery:
         self.last_run_at: float | None = None
         self.last_error: str | None = None
         self._task: asyncio.Task[None] | None = None
+        self._stopped = False
         self._lease = layer.store.keys.layer("lease", "recover_orphans")
 
     async def run_once(self) -> list[str] | None:
@@ -563,13 +648,15 @@ class OrphanRecovery:
         return parked
 
     def start(self) -> None:
-        """Start the periodic task on the running loop (no-op when running)."""
-        if self._task is not None and not self._task.done():
+        """Start the periodic task on the running loop (no-op when running, or
+        once :meth:`stop` was called: a request after shutdown does not restart it)."""
+        if self._stopped or (self._task is not None and not self._task.done()):
             return
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def stop(self) -> None:
         """Stop the periodic task and wait for it."""
+        self._stopped = True
         task, self._task = self._task, None
         if task is None:
             return
@@ -583,7 +670,7 @@ class OrphanRecovery:
             try:
                 await self.run_once()
                 self.last_error = None
-            except DurabilisError as exc:  # Redis down: try again next period
+            except Exception as exc:  # Redis down (or a bug): try again next period
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 _log.warning("durability_recovery_failed", error=type(exc).__name__)
             await asyncio.sleep(self.every_seconds)
@@ -645,6 +732,8 @@ def _parse_key(value: bytes, limit: int) -> tuple[str | None, str]:
             out.append(c)
             i += 1
         text = "".join(out)
+    elif "," in text:
+        return None, "more than one key (a list): send one Idempotency-Key"
     if not text:
         return None, "the key is empty"
     if any(not (0x20 <= ord(c) <= 0x7E) for c in text):
@@ -655,15 +744,37 @@ def _parse_key(value: bytes, limit: int) -> tuple[str | None, str]:
 
 
 def _content_length(scope: Scope) -> int | None:
-    """The declared body length; ``None`` when absent, ``-1`` when malformed."""
-    for k, v in scope.get("headers", ()):
-        if k.lower() == b"content-length":
-            try:
-                n = int(v)
-            except ValueError:
-                return -1
-            return n if n >= 0 else -1
-    return None
+    """The declared request body length; ``None`` when absent, ``-1`` when
+    malformed (not digits, or several headers that disagree)."""
+    return _declared_length(scope.get("headers", ()))
+
+
+def _declared_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
+    values = {bytes(v).strip() for k, v in headers if bytes(k).lower() == b"content-length"}
+    if not values:
+        return None
+    if len(values) > 1 or not all(v.isdigit() for v in values):
+        return -1
+    return int(values.pop())
+
+
+def _media_type_of(headers: Iterable[tuple[bytes, bytes]]) -> str:
+    for k, v in headers:
+        if k.lower() == b"content-type":
+            return bytes(v).split(b";", 1)[0].strip().lower().decode("latin-1")
+    return ""
+
+
+def _media_type(field: str, value: object) -> str:
+    if not isinstance(value, str) or value.count("/") != 1 or not value.isascii():
+        raise ConfigError(field, f"expected a media type like 'text/event-stream', got {value!r}")
+    return value.strip().lower()
+
+
+def _log_app_end(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        _log.error("durability_http_app_failed_after_response",
+                   error=type(task.exception()).__name__)
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes | int | None:
@@ -687,8 +798,7 @@ def _fingerprint(payload: dict[str, Any]) -> str:
     """SHA-256 over the request's parts, each length-prefixed (no two requests
     share an encoding); ``h``-prefixed so it never equals a payload fingerprint."""
     digest = hashlib.sha256()
-    parts: list[bytes] = [payload["m"].encode(), payload["p"].encode("utf-8", "surrogatepass"),
-                          payload["q"]]
+    parts: list[bytes] = [payload["m"].encode(), payload["rp"], payload["q"]]
     for k, v in payload["h"]:
         parts += [k, v]
     parts.append(payload["b"])

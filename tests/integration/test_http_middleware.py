@@ -441,3 +441,196 @@ def test_replay_without_credentials_is_not_recorded(redis_url: str, namespace: s
         assert await effects(raw, namespace) == {"lost": 1}
 
     drive(redis_url, namespace, body, lease=0.5)
+
+
+# --- what an adversarial review found (each failed before its fix) ----------------------------
+
+
+def run_raw(redis_url: str, namespace: str, app: Any, body: Any, **options: Any) -> None:
+    """``body(client, mw)`` against a raw ASGI ``app`` behind the middleware."""
+
+    async def main() -> None:
+        store = durabilis.connect_async(redis_url, namespace=namespace)
+        layer = AsyncDurabilityLayer(store, DurabilityConfig())
+        mw = DurableIdempotencyMiddleware(app, layer, **options)
+        try:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=mw),
+                                         base_url="http://gw") as client:
+                await body(client, mw)
+        finally:
+            await layer.close()
+            await store.close()
+
+    asyncio.run(main())
+
+
+def test_background_work_after_the_response_neither_delays_nor_undoes_the_record(
+    redis_url: str, namespace: str
+) -> None:
+    charged: list[int] = []
+    sent_at: list[float] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        charged.append(1)
+        body = b'{"charged":%d}' % len(charged)
+        await send({"type": "http.response.start", "status": 201,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": body})
+        await asyncio.sleep(0.5)  # a background task (Starlette runs them here)
+        raise RuntimeError("the background task failed")
+
+    async def body(c: httpx.AsyncClient, mw: DurableIdempotencyMiddleware) -> None:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        with pytest.raises(RuntimeError, match="background task"):
+            await c.post("/pay", json={}, headers=key("bg"))  # the server logs it
+        sent_at.append(loop.time() - began)
+        again = await c.post("/pay", json={}, headers=key("bg"))
+        assert again.status_code == 201 and again.content == b'{"charged":1}'
+        assert again.headers["idempotent-replayed"] == "true"
+        assert charged == [1]  # recorded before the background work: never run twice
+
+    run_raw(redis_url, namespace, app, body)
+
+
+def test_try_again_later_answers_are_not_recorded(redis_url: str, namespace: str) -> None:
+    answers = iter([429, 201])
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": next(answers), "headers": []})
+        await send({"type": "http.response.body", "body": b"x"})
+
+    async def body(c: httpx.AsyncClient, mw: DurableIdempotencyMiddleware) -> None:
+        assert (await c.post("/p", json={}, headers=key("rl"))).status_code == 429
+        retry = await c.post("/p", json={}, headers=key("rl"))
+        assert retry.status_code == 201 and "idempotent-replayed" not in retry.headers
+
+    run_raw(redis_url, namespace, app, body)
+
+
+def test_a_malformed_response_is_not_recorded(redis_url: str, namespace: str) -> None:
+    calls: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        calls.append(scope["path"])
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", b"2")]})
+        if scope["path"] == "/extra":  # a body message after the response was complete
+            await send({"type": "http.response.body", "body": b"ok"})
+            await send({"type": "http.response.body", "body": b"SECRET-AFTER-END"})
+        else:  # a body longer than its Content-Length
+            await send({"type": "http.response.body", "body": b"okay"})
+
+    async def body(c: httpx.AsyncClient, mw: DurableIdempotencyMiddleware) -> None:
+        # The response was complete at "ok": that is what is recorded; the stray
+        # message after it is the application's error (the server logs it).
+        with pytest.raises(RuntimeError, match="after its response was complete"):
+            await c.post("/extra", json={}, headers=key("extra"))
+        replay = await c.post("/extra", json={}, headers=key("extra"))
+        assert replay.content == b"ok" and replay.headers["content-length"] == "2"
+        # A body longer than its Content-Length is not recorded: a retry runs again.
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match="Content-Length"):
+                await c.post("/long", json={}, headers=key("long"))
+        assert calls == ["/extra", "/long", "/long"]
+
+    run_raw(redis_url, namespace, app, body)
+
+
+def test_response_headers_given_as_an_iterator_reach_the_first_client(
+    redis_url: str, namespace: str
+) -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 201,
+                    "headers": iter([(b"location", b"/x/1")])})
+        await send({"type": "http.response.body", "body": b"made"})
+
+    async def body(c: httpx.AsyncClient, mw: DurableIdempotencyMiddleware) -> None:
+        first = await c.post("/p", json={}, headers=key("it"))
+        again = await c.post("/p", json={}, headers=key("it"))
+        assert first.headers["location"] == again.headers["location"] == "/x/1"
+
+    run_raw(redis_url, namespace, app, body)
+
+
+def test_event_streams_pass_through_as_they_come(redis_url: str, namespace: str) -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        for i in range(3):
+            await send({"type": "http.response.body", "body": b"data: %d\n\n" % i,
+                        "more_body": True})
+            await asyncio.sleep(0.2)
+        await send({"type": "http.response.body", "body": b""})
+
+    async def body(c: httpx.AsyncClient, mw: DurableIdempotencyMiddleware) -> None:
+        got: list[tuple[float, bytes]] = []
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        scope = {"type": "http", "method": "POST", "path": "/sse", "query_string": b"",
+                 "headers": [(b"idempotency-key", b"sse")]}
+        messages = [{"type": "http.request", "body": b"", "more_body": False}]
+
+        async def receive() -> dict[str, Any]:
+            if messages:
+                return messages.pop(0)
+            await asyncio.Event().wait()
+            return {}
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body" and message.get("body"):
+                got.append((loop.time() - began, message["body"]))
+
+        await mw(scope, receive, send)
+        assert [b for _, b in got] == [b"data: 0\n\n", b"data: 1\n\n", b"data: 2\n\n"]
+        assert got[0][0] < 0.15  # the first event was not held back for the others
+        dup = await c.post("/sse", headers=key("sse"))
+        problem(dup, 410, "response-not-stored")  # a stream is not stored, never re-run
+
+    run_raw(redis_url, namespace, app, body)
+
+
+def test_request_details_that_matter_are_told_apart(redis_url: str, namespace: str) -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": scope["raw_path"]})
+
+    async def body(c: httpx.AsyncClient, mw: DurableIdempotencyMiddleware) -> None:
+        # Raw paths that decode alike are two requests: the second is a reuse.
+        assert (await c.post("/x/%FF", headers=key("raw"))).status_code == 200
+        problem(await c.post("/x/%FE", headers=key("raw")), 422, "idempotency-key-reused")
+        # A folded header ("a, b") is two keys, not one.
+        problem(await c.post("/pay", headers={"Idempotency-Key": "a, b"}),
+                400, "idempotency-key-invalid")
+        # Path prefixes guard whole segments.
+        first = await c.post("/payments-admin", headers=key("seg"))
+        second = await c.post("/payments-admin", headers=key("seg"))
+        assert "idempotent-replayed" not in second.headers and first.status_code == 200
+        guarded = [await c.post("/pay/1", headers=key("seg2")) for _ in range(2)]
+        assert guarded[1].headers["idempotent-replayed"] == "true"
+        # A request body at the limit fits whatever the rest of the request holds.
+        big = await c.post("/pay/big?q=" + "v" * 2000, content=b"b" * mw.max_request_bytes,
+                           headers=key("limit"))
+        assert big.status_code == 200
+
+    run_raw(redis_url, namespace, app, body, paths=["/pay", "/x"])
+
+
+def test_framing_headers_cannot_be_stored(redis_url: str, namespace: str) -> None:
+    async def main() -> None:
+        store = durabilis.connect_async(redis_url, namespace=namespace)
+        layer = AsyncDurabilityLayer(store)
+        for bad in (["content-length"], ["Transfer-Encoding"], ["connection"]):
+            with pytest.raises(ConfigError, match="response_headers"):
+                DurableIdempotencyMiddleware(lambda *a: None, layer,  # type: ignore[arg-type]
+                                             response_headers=bad)
+        await layer.close()
+        await store.close()
+
+    asyncio.run(main())
