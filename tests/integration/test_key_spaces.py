@@ -140,7 +140,12 @@ def test_an_orphan_of_a_bound_caller_key_replays_under_the_keys_own_fingerprint(
     assert layer.dlq.get(dlq_id).metadata["fingerprint"] == _bound_key().fingerprint  # type: ignore[union-attr]
     op = Counter(result="done")
     assert layer.execute("a1", "job", payload, op, idempotency_key=_bound_key()) == "done"
-    assert layer.replay(dlq_id, Counter()).replayed  # the stored result: not stuck
+    # That delivery settled the parked record: nothing left to replay, not stuck.
+    settled = layer.dlq.get(dlq_id)
+    assert settled is not None and settled.replayed_by == "a later delivery"
+    replayer = Counter()
+    assert layer.replay(dlq_id, replayer).outcome.value == "not_pending"
+    assert replayer.calls == []
     assert layer.execute("a1", "job", payload, op, idempotency_key=_bound_key()) == "done"
     assert len(op.calls) == 1
     layer.close()
