@@ -289,12 +289,15 @@ class DurableIdempotencyMiddleware:
                 idempotency_key=key, wait=self.wait_seconds or None,
             )
         except _AppFailed as failed:
-            if failed.error is None or (exchange.complete and not exchange.streamed):
-                await exchange.flush()  # its answer, not recorded: the key is released
-            if failed.error is not None:
-                raise failed.error from None
-            await exchange.finish_app()
-            return
+            if failed.error is None:  # its answer (5xx, 429...), not recorded: key released
+                await exchange.flush()
+                await exchange.finish_app()
+                return
+            # It raised before its response was complete, or the response is
+            # malformed (a server would refuse to send it): the server answers.
+            if exchange.app_task is not None and not exchange.app_task.done():
+                exchange.app_task.cancel()
+            raise failed.error from None
         except DurabilisError as refused:
             if exchange.ran:
                 # It ran (ResultNotStored, OutcomeUnrecorded, LeaseLost...): its

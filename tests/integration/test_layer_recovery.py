@@ -18,7 +18,7 @@ from tests.integration._layer_workers import die_inside
 
 
 def test_worker_killed_mid_operation_is_recovered_into_the_dlq_and_replayed(
-    redis_url: str, namespace: str, raw: redis.Redis
+    redis_url: str, namespace: str, raw: redis.Redis, backend: str
 ) -> None:
     ctx = multiprocessing.get_context("spawn")
     started = ctx.Event()
@@ -49,7 +49,12 @@ def test_worker_killed_mid_operation_is_recovered_into_the_dlq_and_replayed(
     assert record.original_operation == {"to": "bob", "text": "hello"}
     key = durabilis.IdempotencyKey.new("a1", "job", {"to": "bob", "text": "hello"})
     assert record.metadata["idempotency_key"] == str(key)
-    assert layer.stats().recovered == 1 and layer.stats().in_flight == 0
+    stats = layer.stats()
+    assert stats.in_flight == 0
+    # Standalone: the parking and its count are one step. Cluster: a recoverer
+    # that loses the race may drop the index entry between the winner's release
+    # and its count, and the count is lost (never the record: docs/layer.md).
+    assert stats.recovered == 1 if backend == "standalone" else stats.recovered <= 1
 
     op = Counter(result="sent")
     assert layer.replay(ids[0], op).outcome is ReplayOutcome.REPLAYED
