@@ -73,6 +73,8 @@ StopReason = Literal["NON_RETRYABLE", "EXHAUSTED", "DEADLINE_EXCEEDED", "RETRY_B
 
 NON_RETRYABLE: StopReason = "NON_RETRYABLE"
 EXHAUSTED: StopReason = "EXHAUSTED"
+DEADLINE_EXCEEDED: StopReason = "DEADLINE_EXCEEDED"
+RETRY_BUDGET_EXHAUSTED: StopReason = "RETRY_BUDGET_EXHAUSTED"
 
 
 class NotRetried(Exception):
@@ -83,8 +85,7 @@ class NotRetried(Exception):
     so that a user's policy with an empty ``retryable_errors`` (retry every
     code) or no policy at all (park on failure) never re-runs or parks it.
     """
-DEADLINE_EXCEEDED: StopReason = "DEADLINE_EXCEEDED"
-RETRY_BUDGET_EXHAUSTED: StopReason = "RETRY_BUDGET_EXHAUSTED"
+
 
 JITTER_SHARE = 0.3
 

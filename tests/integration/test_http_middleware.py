@@ -24,16 +24,21 @@ from tests.integration._http_app import build
 Body = Callable[[httpx.AsyncClient, DurableIdempotencyMiddleware, Any], Awaitable[None]]
 
 
+async def serve(mw: DurableIdempotencyMiddleware, body: Any, *extra: Any) -> None:
+    """``body(client, mw, *extra)`` through httpx's ASGI transport; closes the layer."""
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=mw),
+                                     base_url="http://gw") as client:
+            await body(client, mw, *extra)
+    finally:
+        await mw.layer.close()
+        await mw.layer.store.close()
+
+
 def drive(redis_url: str, namespace: str, body: Body, **options: Any) -> None:
     async def main() -> None:
         mw, raw = build(redis_url, namespace, **options)
-        transport = httpx.ASGITransport(app=mw)
-        try:
-            async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
-                await body(client, mw, raw)
-        finally:
-            await mw.layer.close()
-            await mw.layer.store.close()
+        await serve(mw, body, raw)
 
     asyncio.run(main())
 
@@ -451,15 +456,8 @@ def run_raw(redis_url: str, namespace: str, app: Any, body: Any, **options: Any)
 
     async def main() -> None:
         store = durabilis.connect_async(redis_url, namespace=namespace)
-        layer = AsyncDurabilityLayer(store, DurabilityConfig())
-        mw = DurableIdempotencyMiddleware(app, layer, **options)
-        try:
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=mw),
-                                         base_url="http://gw") as client:
-                await body(client, mw)
-        finally:
-            await layer.close()
-            await store.close()
+        await serve(DurableIdempotencyMiddleware(app, AsyncDurabilityLayer(store), **options),
+                    body)
 
     asyncio.run(main())
 
