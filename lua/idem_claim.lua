@@ -30,7 +30,7 @@ Fields of the hash: s state (p in progress, d done, x released: a tombstone
 keeping tok), tok token, ts claimed ms, le lease expiry ms, w window ms, ph
 placeholder, r result, ns why the result was not stored, fp fingerprint, pl
 payload, cn the claim's nonce, to "1" when the claim was taken over from a dead
-owner.
+owner, hd until when (ms) the key must last: its operation is parked in the DLQ.
 ]]
 local key = KEYS[1]
 local window = tonumber(ARGV[1])
@@ -53,6 +53,8 @@ local function claim(taken_over, previous)
   local prev = int(previous)
   if prev and prev >= tok then tok = prev + 1 end
   local token = string.format("%d", tok)
+  -- A tombstone held for a parked operation (idem_release "hd") outlives the window.
+  local held = int(redis.call("HGET", key, "hd")) or 0
   ready()
   -- The HSET is this script's first write: under maxmemory (noeviction)
   -- Redis refuses it, and a refused claim writes nothing.
@@ -75,7 +77,7 @@ local function claim(taken_over, previous)
     drop[#drop + 1] = "r"; drop[#drop + 1] = "ns"
     redis.call("HDEL", key, unpack(drop))
   end
-  redis.call("PEXPIREAT", key, now + math.max(window, lease))
+  redis.call("PEXPIREAT", key, math.max(now + math.max(window, lease), held))
   return {"new", token, now, now + window, taken_over, previous or ""}
 end
 

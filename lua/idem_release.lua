@@ -22,7 +22,7 @@ kept because it was taken over (with keep_taken).
 ]]
 local key = KEYS[1]
 if redis.call("TYPE", key)["ok"] ~= "hash" then return 0 end
-local f = redis.call("HMGET", key, "s", "tok", "cn", "to")
+local f = redis.call("HMGET", key, "s", "tok", "cn", "to", "hd")
 local token, nonce = ARGV[1], ARGV[2] or ""
 if f[1] == "p" and ((token ~= "" and f[2] == token) or (nonce ~= "" and f[3] == nonce)) then
   if ARGV[3] == "1" and f[4] == "1" then return 2 end
@@ -30,16 +30,28 @@ if f[1] == "p" and ((token ~= "" and f[2] == token) or (nonce ~= "" and f[3] == 
   local fields = redis.call("HKEYS", key)
   local drop = {}
   for _, name in ipairs(fields) do
-    -- The tombstone keeps the token (tokens only increase) and the payload
-    -- fingerprint (the key stays bound to its payload for the window).
-    if name ~= "s" and name ~= "tok" and name ~= "fp" then drop[#drop + 1] = name end
+    -- The tombstone keeps the token (tokens only increase), the payload
+    -- fingerprint (the key stays bound to its payload for the window) and
+    -- "hd", until when it must last (a parked operation's DLQ record).
+    if name ~= "s" and name ~= "tok" and name ~= "fp" and name ~= "hd" then
+      drop[#drop + 1] = name
+    end
   end
   if #drop > 0 then redis.call("HDEL", key, unpack(drop)) end
   redis.call("HSET", key, "s", "x")
+  -- The hold is sticky: a later release without one (a non-retryable failure,
+  -- a cancelled call) keeps the tombstone as long as an earlier one asked.
+  local t = redis.call("TIME")
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local until_ms = tonumber(f[5] or "") or 0
   local hold = tonumber(ARGV[4] or "")
-  if hold and hold > 0 then
-    local pttl = redis.call("PTTL", key)
-    if pttl >= 0 and pttl < hold then redis.call("PEXPIRE", key, hold) end
+  if hold and hold > 0 and now + hold > until_ms then
+    until_ms = now + hold
+    redis.call("HSET", key, "hd", until_ms)
+  end
+  local pttl = redis.call("PTTL", key)
+  if until_ms > now and pttl >= 0 and now + pttl < until_ms then
+    redis.call("PEXPIREAT", key, until_ms)
   end
   return 1
 end

@@ -189,6 +189,14 @@ class _ReplayClaim:
         self.ran = False  # fn ran and succeeded in this replay (else: answered by the record)
         self.finished = False
 
+    def answer(self) -> object | None:
+        """What the replay handler tells the DLQ after a success: the record
+        finished with the outcome, in one step (else the DLQ finishes it now),
+        or the operation had completed before (answered by its record)."""
+        if self.finished:
+            return FINISHED
+        return None if self.ran else ANSWERED
+
 
 @dataclass(frozen=True, slots=True)
 class _Claim:
@@ -1218,13 +1226,10 @@ class _LayerCore:
                 # It ran and completed (now or before): recorded as "completed,
                 # result not stored". That is the replay's success: a record left
                 # pending would run it again once the dedup window is over.
-                return None
+                return claim.answer()
             except Exception as exc:  # the replay failed: the DLQ notes it
                 return exc
-            # Finished with the outcome, in one step (else the DLQ finishes it now).
-            if claim.finished:
-                return FINISHED
-            return None if claim.ran else ANSWERED
+            return claim.answer()
 
         return handle
 

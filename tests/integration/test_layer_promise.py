@@ -695,3 +695,41 @@ def test_a_delivery_after_the_dedup_window_still_settles_the_parked_record(
     assert layer.execute("a1", "job", {"n": 2}, Counter()) == "done"
     record = layer.dlq.get(parked.value.dlq_id)
     assert record is not None and record.replayed_by == "a later delivery"
+
+
+def test_a_failure_after_parking_keeps_the_tombstone_held_for_the_settle(
+    store: durabilis.Store, raw: Any
+) -> None:
+    """Parked, then delivered again and failed for good (the claim released
+    without a hold), then completed after the dedup window: still settled."""
+    layer = layer_on(store, dependencies={}, lease=1,
+                     idempotency=IdempotencyConfig(dedup_window_seconds=1,
+                                                   in_progress_ttl_seconds=1))
+    with pytest.raises(RetryExhausted) as parked:
+        layer.execute("a1", "job", {"n": 3}, Counter(["NETWORK_TIMEOUT"] * 3))
+    with pytest.raises(durabilis.OperationError):  # non-retryable: released, not parked
+        layer.execute("a1", "job", {"n": 3}, Counter(["PERMISSION_DENIED"]))
+    key = store.keys.idem(IdempotencyKey.new("a1", "job", {"n": 3}).value)
+    assert raw.pttl(key) > 3_600_000  # the hold outlived that release
+    time.sleep(1.2)
+    done = Counter()
+    assert layer.execute("a1", "job", {"n": 3}, done) == "done"
+    record = layer.dlq.get(parked.value.dlq_id)
+    assert record is not None and record.replayed_by == "a later delivery"
+    again = Counter()
+    assert layer.replay(parked.value.dlq_id, again).outcome.value == "not_pending"
+    assert again.calls == []
+
+
+def test_a_replay_whose_result_cannot_be_stored_is_replayed_not_lost(
+    store: durabilis.Store,
+) -> None:
+    layer = layer_on(store, dependencies={},
+                     idempotency=IdempotencyConfig(max_value_bytes=1024))
+    with pytest.raises(RetryExhausted) as parked:
+        layer.execute("a1", "job", "big", Counter(["NETWORK_TIMEOUT"] * 3))
+    replayer = Counter(result="x" * 5000)  # over max_value_bytes: completed, not stored
+    result = layer.replay(parked.value.dlq_id, replayer)
+    assert result.outcome.value == "replayed" and len(replayer.calls) == 1
+    record = layer.dlq.get(parked.value.dlq_id)
+    assert record is not None and record.status.value == "replayed"
