@@ -54,7 +54,10 @@ class Gateway:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "--factory", factory,
              "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(workers),
-             "--log-level", "warning", "--timeout-graceful-shutdown", "2"],
+             "--log-level", "warning", "--timeout-graceful-shutdown", "2",
+             # Keep pooled connections open: a server closing an idle one while
+             # the client reuses it is a ReadError of the test, not of the code.
+             "--timeout-keep-alive", "120"],
             cwd=ROOT, env=environ, start_new_session=True,
         )
         deadline = time.monotonic() + 30
