@@ -11,7 +11,7 @@ import json
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +29,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def sleep_until(raw: redis.Redis, moment: datetime) -> None:
-    """Sleep until the Redis server clock has passed ``moment``."""
+    """Sleep until the Redis server clock has passed ``moment`` by a whole millisecond
+    (Redis drops a key only once its millisecond clock is past the deadline)."""
     deadline = time.monotonic() + 10
     while True:
         secs, micros = raw.time()
-        if datetime.fromtimestamp(secs + micros / 1e6, tz=timezone.utc) > moment:
+        if datetime.fromtimestamp(secs + micros / 1e6, tz=timezone.utc) > moment + timedelta(
+            milliseconds=2
+        ):
             return
         assert time.monotonic() < deadline
         time.sleep(0.02)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +53,14 @@ def server_now(raw: redis.Redis) -> datetime:
 
 
 def sleep_until(raw: redis.Redis, moment: datetime) -> None:
-    """Sleep until the Redis server clock has passed ``moment``."""
+    """Sleep until the Redis server clock has passed ``moment`` by a whole millisecond.
+
+    Redis drops a key when its millisecond clock is *past* the key's deadline:
+    at 0.4 ms after ``moment`` the clock still reads the deadline's millisecond
+    and the key is still there.
+    """
     deadline = time.monotonic() + 10
-    while server_now(raw) <= moment:
+    while server_now(raw) <= moment + timedelta(milliseconds=2):
         assert time.monotonic() < deadline
         time.sleep(0.02)
 
