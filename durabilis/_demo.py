@@ -40,7 +40,7 @@ PHASES = ("draft", "review", "publish")
 AGENT = "wiki-agent"
 DEPENDENCY = "wiki_service"
 OUTAGE = (2.0, 4.0)  # seconds after the start: the wiki answers 503
-KILL_AT = 1.0  # seconds after the start: worker 0 is killed
+KILL_IN_CALL = 10  # worker 0 is killed inside its 10th wiki call (mid-task, key claimed)
 FAILURE_RATE = 0.15
 LEASE_SECONDS = 1.5
 
@@ -82,13 +82,19 @@ class Wiki:
     downstream that honours Idempotency-Key does); raw attempts are counted too.
     """
 
-    def __init__(self, store: durabilis.Store) -> None:
+    def __init__(self, store: durabilis.Store, hang: Any = None) -> None:
         self.r = store.client
+        self.hang = hang  # worker 0: an Event set when it hangs in its KILL_IN_CALL-th call
+        self.calls = 0
         self.ledger = store.keys.layer("demo", "wiki")
         self.started_at = float(self.r.get(store.keys.layer("demo", "start")) or time.time())
         self.rng = random.Random()
 
     def __call__(self, ctx: OperationContext) -> dict[str, Any]:
+        self.calls += 1
+        if self.hang is not None and self.calls == KILL_IN_CALL:
+            self.hang.set()  # the parent SIGKILLs this worker here: the write is claimed,
+            time.sleep(60)  # its outcome unknown (what a crash mid-request leaves)
         time.sleep(self.rng.uniform(0.02, 0.06))  # network and work
         elapsed = time.time() - self.started_at
         if OUTAGE[0] <= elapsed < OUTAGE[1]:
@@ -121,12 +127,14 @@ def run_task(layer: DurabilityLayer, wiki: Wiki, task_id: str) -> bool:
     return True
 
 
-def _worker(url: str | None, namespace: str, tasks: list[str], go: Any, log: str) -> None:
+def _worker(
+    url: str | None, namespace: str, tasks: list[str], go: Any, log: str, *, hang: Any = None
+) -> None:
     _quiet_logs(Path(log))
     store = durabilis.connect(url, namespace=namespace)
     layer = DurabilityLayer(store, demo_config())
     go.wait(60)
-    wiki = Wiki(store)
+    wiki = Wiki(store, hang)
     for task_id in tasks:
         run_task(layer, wiki, task_id)
     layer.close()
@@ -169,10 +177,13 @@ def run(
         " worker 0 is killed mid-task",
         file=out,
     )
-    procs, started_at = _run_workers(
+    procs, started_at, killed_at = _run_workers(
         url, store, layer=layer, tasks=tasks, workers=workers, log_dir=log_dir, out=out
     )
-    _finish(store, layer, tasks=tasks, started_at=started_at, workers=workers, out=out)
+    _finish(
+        store, layer, tasks=tasks, started_at=started_at, killed_at=killed_at,
+        workers=workers, out=out,
+    )
     print(_progress(layer, started_at, 0, workers), file=out)
     report = read_report(store, tasks)
     report["killed_worker_exit_code"] = procs[0].exitcode
@@ -197,17 +208,20 @@ def _run_workers(
     workers: int,
     log_dir: Path,
     out: Any,
-) -> tuple[list[Any], float]:
+) -> tuple[list[Any], float, float | None]:
     """Start the workers, kill worker 0 mid-task, run the recovery cron until they end."""
     ctx = multiprocessing.get_context("spawn")
     go = ctx.Event()
+    hung = ctx.Event()  # worker 0 is inside a wiki call, mid-task: kill it now
     own = [tasks[w::workers] for w in range(workers)]
     procs = []
     for w in range(workers):
         redelivered = own[(w - 1) % workers]
         mine = [t for pair in zip(own[w], redelivered, strict=True) for t in pair]
         procs.append(ctx.Process(
-            target=_worker, args=(url, store.namespace, mine, go, str(log_dir)),
+            target=_worker,
+            args=(url, store.namespace, mine, go, str(log_dir)),
+            kwargs={"hang": hung if w == 0 else None},
         ))
     for p in procs:
         p.start()
@@ -215,13 +229,13 @@ def _run_workers(
     started_at = time.time()
     store.client.set(store.keys.layer("demo", "start"), repr(started_at), ex=3600)
     go.set()
-    killed = False
+    killed_at: float | None = None
     next_cron = time.time() + 0.5
     while any(p.is_alive() for p in procs):
         now = time.time()
-        if not killed and now - started_at > KILL_AT and procs[0].is_alive():
+        if killed_at is None and hung.is_set():
             os.kill(procs[0].pid, signal.SIGKILL)  # type: ignore[arg-type]
-            killed = True
+            killed_at = now
         if now >= next_cron:
             layer.recover_orphans()  # what a cron job of the fleet does
             next_cron = now + 0.5
@@ -230,7 +244,7 @@ def _run_workers(
         time.sleep(0.1)
     for p in procs:
         p.join()
-    return procs, started_at
+    return procs, started_at, killed_at
 
 
 def _finish(
@@ -239,13 +253,16 @@ def _finish(
     *,
     tasks: list[str],
     started_at: float,
+    killed_at: float | None,
     workers: int,
     out: Any,
 ) -> None:
     """Recover the dead worker's orphans, replay the DLQ (once the wiki is back),
     resume what is left from the checkpoints."""
     wiki = Wiki(store)
-    while time.time() - started_at < max(OUTAGE[1], KILL_AT + LEASE_SECONDS) + 0.3:
+    # Past the outage, and past the killed worker's lease: its orphan is recoverable.
+    until = max(started_at + OUTAGE[1], (killed_at or started_at) + LEASE_SECONDS) + 0.3
+    while time.time() < until:
         layer.recover_orphans()
         print(_progress(layer, started_at, 0, workers), end="", file=out, flush=True)
         time.sleep(0.1)
