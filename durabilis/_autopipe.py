@@ -1,0 +1,139 @@
+"""Auto-pipelining for the asyncio store: commands ready in the same event-loop
+tick leave together, in one write, and their replies come back in one read.
+
+A durable call is a few short scripts, each a round trip. With many calls in
+flight in one process, sending each on a connection of its own costs a
+system call and a reply parse per command, and a connection per call in
+flight (redis-py's pool refuses past its limit). Here every command a
+coroutine issues is queued; a *sender* task takes everything queued so far
+and sends it as one non-transactional pipeline on one connection. While a
+batch is out, the next commands queue up and leave together once a sender is
+free. At most ``senders`` batches are out at once, so a process uses that
+many connections for its scripts however many operations it runs.
+
+What does not change:
+
+- Each command is still one script, atomic on the server; a batch is not a
+  transaction (neither were separate connections).
+- The commands of one coroutine keep their order (it awaits each reply
+  before it sends the next).
+- Outcomes: a reply is the command's own reply or its own error. When a batch
+  fails as a whole (connection lost, timeout), every command of it gets that
+  error: "outcome unknown", exactly as for a command sent alone.
+- Cancellation: a command whose caller is cancelled before its batch leaves
+  is never sent. Once its batch has left, it may run; its reply is dropped
+  and the caller's plan compensates as for any interrupted step. The batch
+  itself is never interrupted, so a cancelled caller no longer costs a
+  connection (redis-py drops a connection whose reply it stopped reading).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+DEFAULT_SENDERS = 4
+"""Batches out at once (connections used for scripts) per asyncio store."""
+
+
+class _Entry:
+    __slots__ = ("args", "future")
+
+    def __init__(self, args: tuple[Any, ...], future: asyncio.Future[Any]) -> None:
+        self.args = args
+        self.future = future
+
+
+class AutoPipeline:
+    """Queue commands; send what is queued as one pipeline per free sender."""
+
+    def __init__(self, client: Any, senders: int = DEFAULT_SENDERS) -> None:
+        self._client = client
+        self._max = senders
+        self._queue: list[_Entry] = []
+        self._senders = 0  # sender tasks alive
+        self._woken = False  # a sender was started and has not taken the queue yet
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.batches = 0  # batches sent (for tests and benchmarks)
+        self.commands = 0  # commands sent in them
+
+    async def execute(self, *args: Any) -> Any:
+        """Send one command with whatever else is ready; its reply or its error.
+
+        A per-command error reply is *returned* (an exception instance), as
+        redis-py's pipelines do with ``raise_on_error=False``: the caller
+        tells a NOSCRIPT from a real error. A failure of the whole batch is
+        raised.
+        """
+        return await self._enqueue(args)
+
+    async def execute_many(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """Several commands, queued together (one batch when a sender is free)."""
+        futures = [self._push(args) for args in commands]
+        self._wake()
+        try:
+            return [await f for f in futures]
+        except BaseException:
+            for f in futures:
+                f.cancel()  # not sent yet: never sent; sent: the reply is dropped
+            raise
+
+    def _push(self, args: tuple[Any, ...]) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Entry(args, future))
+        return future
+
+    async def _enqueue(self, args: tuple[Any, ...]) -> Any:
+        future = self._push(args)
+        self._wake()
+        return await future  # cancelled: the sender skips it if it has not left
+
+    def _wake(self) -> None:
+        if self._woken or self._senders >= self._max:
+            return  # a sender will take the queue (a busy one when it is back)
+        self._woken = True
+        self._senders += 1
+        task = asyncio.get_running_loop().create_task(self._send_queued())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send_queued(self) -> None:
+        # A new task starts on the next loop iteration: everything the other
+        # coroutines queue in this tick joins the batch.
+        try:
+            while self._queue:
+                batch, self._queue = self._queue, []
+                self._woken = False
+                live = [e for e in batch if not e.future.done()]
+                if live:
+                    await self._send(live)
+        finally:
+            self._senders -= 1
+            if self._senders == 0:
+                self._woken = False
+
+    async def _send(self, batch: list[_Entry]) -> None:
+        self.batches += 1
+        self.commands += len(batch)
+        pipe = self._client.pipeline(transaction=False)
+        for entry in batch:
+            pipe.execute_command(*entry.args)
+        try:
+            replies = await pipe.execute(raise_on_error=False)
+        except asyncio.CancelledError:
+            for entry in batch:
+                entry.future.cancel()
+            raise
+        except Exception as exc:  # the batch as a whole: every command's outcome is unknown
+            for entry in batch:
+                if not entry.future.done():
+                    entry.future.set_exception(exc)
+            return
+        for entry, reply in zip(batch, replies, strict=True):
+            if not entry.future.done():
+                entry.future.set_result(reply)
+
+    async def aclose(self) -> None:
+        """Wait for the batches that are out (their callers wait for them anyway)."""
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)

@@ -1,0 +1,192 @@
+"""Many operations at once in one process: with defaults, none fails for want of a
+connection. Asyncio scripts leave in batches (auto-pipelining, standalone); a
+caller beyond the pool waits for a free connection instead of failing."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+import redis
+
+import durabilis
+from durabilis._autopipe import DEFAULT_SENDERS, AutoPipeline
+from durabilis.layer import AsyncDurabilityLayer, DurabilityLayer, OperationContext
+
+
+def test_1000_concurrent_async_operations_complete_with_0_errors_each_applied_once(
+    redis_url: str, namespace: str
+) -> None:
+    async def main() -> list[Any]:
+        # Every default (the name only tells its connections apart on the server).
+        store = durabilis.connect_async(redis_url, namespace=namespace, client_name=namespace)
+        layer = AsyncDurabilityLayer(store)
+
+        async def fn(ctx: OperationContext) -> str:
+            await asyncio.sleep(0.001)
+            return ctx.idempotency_key
+
+        try:
+            calls = [layer.execute("a1", "write", {"n": i % 500}, fn) for i in range(1000)]
+            results = await asyncio.gather(*calls, return_exceptions=True)
+            if store.autopipe is not None:
+                # Few connections for all of it: the scripts left in batches.
+                assert store.autopipe.batches < store.autopipe.commands / 10
+                mine = [c for c in await store.client.client_list() if c["name"] == namespace]
+                assert len(mine) <= DEFAULT_SENDERS
+            return results
+        finally:
+            await layer.close()
+            await store.close()
+
+    results = asyncio.run(main())
+    errors = [r for r in results if isinstance(r, BaseException)]
+    in_progress = [e for e in errors if isinstance(e, durabilis.OperationInProgress)]
+    # 500 distinct operations, each delivered twice at once: the second delivery
+    # of a key is a duplicate or finds it in progress; nothing else may fail.
+    assert errors == in_progress, errors[:3]
+    assert len({r for r in results if isinstance(r, str)}) == 500
+
+
+@pytest.mark.standalone_only  # redis-py's sync Cluster client has no connection limit
+def test_a_thread_beyond_the_sync_pool_waits_for_a_connection_instead_of_failing(
+    redis_url: str, namespace: str
+) -> None:
+    store = durabilis.connect(
+        redis_url, namespace=namespace, max_connections=4, client_name=namespace
+    )
+    layer = DurabilityLayer(store)
+    barrier = threading.Barrier(40)
+    errors: list[BaseException] = []
+    done: list[str] = []
+
+    def fn(ctx: OperationContext) -> str:
+        return ctx.idempotency_key
+
+    def worker(i: int) -> None:
+        barrier.wait()
+        try:
+            done.append(layer.execute("a1", "write", {"n": i}, fn))
+        except BaseException as exc:  # counted
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(40)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert errors == [] and len(set(done)) == 40
+        mine = [c for c in store.client.client_list() if c["name"] == namespace]
+        assert 1 <= len(mine) <= 4
+    finally:
+        layer.close()
+        store.close()
+
+
+@pytest.mark.standalone_only
+def test_a_cancelled_caller_whose_command_has_not_left_is_never_sent(redis_url: str) -> None:
+    key = "autopipe:cancelled"
+
+    async def main() -> None:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        pipe = AutoPipeline(client)
+        try:
+            await client.delete(key)
+            first = asyncio.ensure_future(pipe.execute("INCRBY", key, 1))
+            second = asyncio.ensure_future(pipe.execute("INCRBY", key, 10))
+            third = asyncio.ensure_future(pipe.execute("INCRBY", key, 100))
+            await asyncio.sleep(0)  # the three are queued; the sender has not run yet
+            second.cancel()
+            assert await first == 1 and await third == 101
+            assert second.cancelled()
+            assert pipe.batches == 1 and pipe.commands == 2
+            assert int(await client.get(key)) == 101  # the cancelled one never ran
+        finally:
+            await client.delete(key)
+            await client.aclose()
+
+    asyncio.run(main())
+
+
+@pytest.mark.standalone_only
+def test_a_command_s_error_is_its_own_and_a_lost_batch_fails_each_of_its_callers(
+    redis_url: str,
+) -> None:
+    async def main() -> None:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        admin = redis.asyncio.Redis.from_url(redis_url)
+        pipe = AutoPipeline(client)
+        try:
+            await client.set("autopipe:str", "x")
+            replies = await asyncio.gather(
+                pipe.execute("INCR", "autopipe:n"),
+                pipe.execute("LPUSH", "autopipe:str", "y"),  # WRONGTYPE: this caller only
+                pipe.execute("INCR", "autopipe:n"),
+            )
+            assert replies[0] + 1 == replies[2]
+            assert isinstance(replies[1], redis.exceptions.ResponseError)
+            assert "WRONGTYPE" in str(replies[1])
+            # The batch's connection is killed while its replies are awaited:
+            # every caller of that batch gets the error (outcome unknown).
+            batch = [asyncio.ensure_future(pipe.execute("BLPOP", "autopipe:none", 5))]
+            batch += [asyncio.ensure_future(pipe.execute("PING")) for _ in range(2)]
+            for _ in range(100):
+                await asyncio.sleep(0.02)
+                blocked = [c for c in await admin.client_list() if c["cmd"] == "blpop"]
+                if blocked:
+                    break
+            await admin.client_kill_filter(_id=blocked[0]["id"])
+            outcomes = await asyncio.gather(*batch, return_exceptions=True)
+            assert all(isinstance(o, redis.exceptions.ConnectionError) for o in outcomes), outcomes
+            assert await pipe.execute("PING") is True  # the next batch: a new connection
+        finally:
+            await admin.delete("autopipe:str", "autopipe:n")
+            await client.aclose()
+            await admin.aclose()
+
+    asyncio.run(main())
+
+
+@pytest.mark.standalone_only  # SCRIPT FLUSH of the one server
+def test_concurrent_async_operations_survive_script_flushes_each_run_once(
+    redis_url: str, namespace: str, raw: Any
+) -> None:
+    runs: dict[str, int] = {}
+
+    async def main() -> list[Any]:
+        store = durabilis.connect_async(redis_url, namespace=namespace)
+        layer = AsyncDurabilityLayer(store)
+        stop = asyncio.Event()
+
+        async def fn(ctx: OperationContext) -> str:
+            runs[ctx.idempotency_key] = runs.get(ctx.idempotency_key, 0) + 1
+            await asyncio.sleep(0)
+            return ctx.idempotency_key
+
+        async def flusher() -> int:
+            n = 0
+            while not stop.is_set():
+                await asyncio.to_thread(raw.script_flush)
+                n += 1
+                await asyncio.sleep(0.002)
+            return n
+
+        flushing = asyncio.ensure_future(flusher())
+        try:
+            results: list[Any] = []
+            for wave in range(10):
+                calls = [layer.execute("a1", "write", {"w": wave, "n": i}, fn) for i in range(100)]
+                results += await asyncio.gather(*calls, return_exceptions=True)
+            return results
+        finally:
+            stop.set()
+            assert await flushing > 5
+            await layer.close()
+            await store.close()
+
+    results = asyncio.run(main())
+    assert [r for r in results if isinstance(r, BaseException)] == []
+    assert len(runs) == 1000 and set(runs.values()) == {1}
