@@ -10,7 +10,8 @@ Workloads (factories for :mod:`benchmarks._harness`):
 - ``durable_sync_checkpoint``: the same with ``task_id``/``phase``: the result
   is also saved as a checkpoint in the second round trip.
 - ``durable_async``: ``AsyncDurabilityLayer.execute``, one call in flight.
-- ``durable_async_x16``: the same with 16 calls in flight in one event loop.
+- ``durable_async_x16``, ``durable_async_x64``: the same with 16 / 64 calls in
+  flight in one event loop (their scripts auto-pipelined, standalone).
 - ``durable_duplicate``: a call whose operation already completed (a retry of
   a finished write): the stored result comes back, ``fn`` does not run.
 - ``durable_contention``: every process walks the SAME sequence of payloads, so
@@ -157,6 +158,10 @@ def durable_async_x16(url: str, index: int) -> Workload:
     return DurableAsync(url, index, concurrency=16)
 
 
+def durable_async_x64(url: str, index: int) -> Workload:
+    return DurableAsync(url, index, concurrency=64)
+
+
 def durable_contention(url: str, index: int) -> Workload:
     return DurableContention(url, index)
 
@@ -170,6 +175,7 @@ SINGLE = {
     "durable call + checkpoint (sync)": "benchmarks.bench_layer:durable_sync_checkpoint",
     "durable call (async, 1 in flight)": "benchmarks.bench_layer:durable_async",
     "durable call (async, 16 in flight)": "benchmarks.bench_layer:durable_async_x16",
+    "durable call (async, 64 in flight)": "benchmarks.bench_layer:durable_async_x64",
     "durable call, completed duplicate (sync)": "benchmarks.bench_layer:durable_duplicate",
 }
 """In-process figures (1 process)."""

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import redis
+import redis.asyncio
 
 import durabilis
 from benchmarks import bench_checkpoint_memory, bench_dlq
@@ -60,6 +61,23 @@ class _Raw(Workload):
 
     def close(self) -> None:
         self.client.close()
+
+
+class _AsyncPing(Workload):
+    """PING after PING on one asyncio connection: the floor of one coroutine."""
+
+    is_async = True
+
+    def __init__(self, url: str, index: int) -> None:
+        self.client = redis.asyncio.Redis.from_url(
+            url, single_connection_client=True, **CLIENT_OPTIONS
+        )
+
+    async def acall(self) -> object:
+        return await self.client.ping()
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
 
 
 class _Pillar(Workload):
@@ -182,6 +200,10 @@ def ping(url: str, index: int) -> Workload:
     return _Raw(url, index, script=False)
 
 
+def ping_async(url: str, index: int) -> Workload:
+    return _AsyncPing(url, index)
+
+
 def evalsha(url: str, index: int) -> Workload:
     return _Raw(url, index, script=True)
 
@@ -216,6 +238,7 @@ def dlq_replay(url: str, index: int) -> Workload:
 
 FLOOR = {
     "redis PING": "benchmarks.bench_pillars:ping",
+    "redis PING (asyncio, 1 connection)": "benchmarks.bench_pillars:ping_async",
     "redis EVALSHA (return 1)": "benchmarks.bench_pillars:evalsha",
 }
 """The floor: raw redis-py round trips on one connection."""

@@ -190,3 +190,26 @@ def test_concurrent_async_operations_survive_script_flushes_each_run_once(
     results = asyncio.run(main())
     assert [r for r in results if isinstance(r, BaseException)] == []
     assert len(runs) == 1000 and set(runs.values()) == {1}
+
+
+def test_async_operations_against_an_unreachable_redis_fail_at_once_none_hangs(
+    namespace: str,
+) -> None:
+    async def main() -> list[Any]:
+        store = durabilis.connect_async(
+            "redis://127.0.0.1:1/0", namespace=namespace, socket_connect_timeout=1
+        )
+        layer = AsyncDurabilityLayer(store)
+
+        async def fn(ctx: OperationContext) -> str:
+            raise AssertionError("ran without a claim")
+
+        try:
+            calls = [layer.execute("a1", "write", {"n": i}, fn) for i in range(50)]
+            return await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 30)
+        finally:
+            await layer.close()
+            await store.close()
+
+    results = asyncio.run(main())
+    assert all(isinstance(r, durabilis.StorageUnavailable) for r in results), results[:3]
