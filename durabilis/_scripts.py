@@ -143,9 +143,19 @@ def fused_source(names: tuple[str, ...]) -> str:
     a gated body that refuses aborts the whole step (see ``_FUSED_DRIVER``).
     """
     table = _file_sources()
-    parts = ["local __subs = {}"]
+    # One step, one instant: the bodies share the step's first TIME reading
+    # (a command each saved; a step is atomic, so no body can tell).
+    parts = [
+        "local __subs = {}",
+        "local __clock",
+        "local function __step_time()",
+        f"  if not __clock then __clock = {_TIME} end",
+        "  return __clock",
+        "end",
+    ]
     for i, name in enumerate(names, start=1):
-        parts.append(f"__subs[{i}] = function(KEYS, ARGV, ready)\n{table[name]}\nend")
+        body = table[name].replace(_TIME, "__step_time()")
+        parts.append(f"__subs[{i}] = function(KEYS, ARGV, ready)\n{body}\nend")
     parts.append(_FUSED_DRIVER)
     return "\n".join(parts)
 

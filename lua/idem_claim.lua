@@ -48,13 +48,14 @@ local function int(v)
   return nil
 end
 
-local function claim(taken_over, previous)
+local function claim(taken_over, previous, hd)
   local tok = clock_us
   local prev = int(previous)
   if prev and prev >= tok then tok = prev + 1 end
   local token = string.format("%d", tok)
-  -- A tombstone held for a parked operation (idem_release "hd") outlives the window.
-  local held = int(redis.call("HGET", key, "hd")) or 0
+  -- A tombstone held for a parked operation (idem_release "hd") outlives the
+  -- window (hd: read with the other fields; nil for a key that does not exist).
+  local held = int(hd) or 0
   ready()
   -- The HSET is this script's first write: under maxmemory (noeviction)
   -- Redis refuses it, and a refused claim writes nothing.
@@ -89,14 +90,14 @@ if kind ~= "hash" then
   return {"corrupt", "a " .. kind .. " where an idempotency record (hash) belongs"}
 end
 
-local f = redis.call("HMGET", key, "s", "tok", "ts", "le", "fp", "ph", "r", "w", "ns", "cn")
+local f = redis.call("HMGET", key, "s", "tok", "ts", "le", "fp", "ph", "r", "w", "ns", "cn", "hd")
 local state, tok, ts, le, fp = f[1], f[2], int(f[3]), int(f[4]), f[5]
 if state == "x" then
   if not int(tok) then return {"corrupt", "released record without a valid token"} end
   -- Released, but still bound to its payload for the window: another payload
   -- under the same key is a different operation, refused like a live one.
   if (fp or "") ~= ARGV[4] then return {"mismatch"} end
-  return claim(0, tok)
+  return claim(0, tok, f[11])
 end
 if (state ~= "p" and state ~= "d") or not tok or not ts then
   return {"corrupt", "record hash without a valid state, token or claim time"}
@@ -125,4 +126,4 @@ if now < le then
   return {"dup", "p", f[6] or "", ts, ts + stored_window, ""}
 end
 -- In progress but the lease has expired: the owner is presumed dead.
-return claim(1, tok)
+return claim(1, tok, f[11])

@@ -9,9 +9,13 @@ finds the record done). Sending the same record again (its reply was lost)
 answers "ok" again. Without a token the result is stored as is (the seed's
 record()).
 
-The first write is the HDEL of the claim's lease fields: it frees memory, and
-Redis refuses a write for maxmemory (noeviction) only as a script's FIRST
-write, so the outcome of an operation that has run is always recorded.
+The completed record is written afresh (DEL, then one HSET of the fields a
+done record keeps): a claim's payload or placeholder above
+hash-max-listpack-value turns its hash into a hashtable for good, and a fresh
+hash of short fields is a listpack again (about half the memory). The first
+write is that DEL: it frees memory, and Redis refuses a write for maxmemory
+(noeviction) only as a script's FIRST write, so the outcome of an operation
+that has run is always recorded.
 
 KEYS[1]  the record hash            (<ns>:idem:{<key>})
 ARGV[1]  result                     msgpack bytes ("" with ARGV[4])
@@ -32,16 +36,20 @@ local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 local function outcome()
-  if not_stored ~= "" then return "ns", not_stored, "r" end
-  return "r", ARGV[1], "ns"
+  if not_stored ~= "" then return "ns", not_stored end
+  return "r", ARGV[1]
 end
 
-local kind = redis.call("TYPE", key)["ok"]
-if kind ~= "none" and kind ~= "hash" then
-  return {"corrupt", "a " .. kind .. " where an idempotency record (hash) belongs"}
+-- One read for the checks and for the fields a done record keeps. A key of
+-- another type answers an error here; only then is TYPE asked, to name it.
+local f = redis.pcall("HMGET", key, "s", "tok", "ts", "w", "cn", "fp", "to", "hd")
+if f.err then
+  return {"corrupt", "a " .. redis.call("TYPE", key)["ok"]
+    .. " where an idempotency record (hash) belongs"}
 end
-local state = kind == "hash" and redis.call("HGET", key, "s") or nil
-if kind == "none" or state == "x" then
+local state = f[1]
+local missing = not state and redis.call("EXISTS", key) == 0
+if missing or state == "x" then
   if token ~= "" then return {"lost"} end
   local window = tonumber(ARGV[3])
   local field, value = outcome()
@@ -59,7 +67,6 @@ local function int(v)
   if n and n == n and n > -1e15 and n < 1e15 and n == math.floor(n) then return n end
   return nil
 end
-local f = redis.call("HMGET", key, "s", "tok", "ts", "w", "cn")
 local tok, ts, window = f[2], int(f[3]), int(f[4])
 if (state ~= "p" and state ~= "d") or not ts or not window then
   return {"corrupt", "record hash without a valid state, claim time or window"}
@@ -73,14 +80,19 @@ if token ~= "" and state == "d" then
   ready()  -- recorded already, by this owner (a step sent again): accepted, nothing to write
   return {"ok", ts, ts + window}
 end
-local field, value, other = outcome()
+local field, value = outcome()
 ready()
-redis.call("HDEL", key, "ph", "le", "pl", "cn", other)
-if by_nonce and tok ~= token then
-  redis.call("HSET", key, "s", "d", field, value, "tok", token)
-else
-  redis.call("HSET", key, "s", "d", field, value)
+-- Kept: the token (the worker's, when it took the outcome by its nonce), the
+-- claim time and window, the fingerprint, the taken-over mark, the hold.
+-- Dropped: the lease, payload, placeholder and nonce of the claim.
+local fields = {"s", "d", "tok", (by_nonce and tok ~= token) and token or (tok or ""),
+                "ts", f[3], "w", f[4], field, value}
+for i, name in ipairs({"fp", "to", "hd"}) do
+  local v = f[5 + i]
+  if v then fields[#fields + 1] = name; fields[#fields + 1] = v end
 end
+redis.call("DEL", key)
+redis.call("HSET", key, unpack(fields))
 -- The window counts from the claim; a result recorded after the window has
 -- already passed (a very slow operation) is still kept for one second.
 local expires = math.max(ts + window, now + 1000)

@@ -290,3 +290,29 @@ def test_async_gather_race_has_exactly_one_winner_per_round(
             await store.close()
 
     assert asyncio.run(race()) == [1] * 50
+
+
+def test_a_completed_record_is_rewritten_compact_keeping_only_what_a_done_record_needs(
+    store: durabilis.Store, raw: redis.Redis
+) -> None:
+    """The claim's large placeholder made its hash a hashtable; the record step
+    writes the hash afresh, a listpack of the fields a done record keeps."""
+    guard = IdempotencyGuard(store)
+    key = IdempotencyKey.from_raw("order-compact", payload={"amount": 10})
+    claim = guard.check_and_record(key, placeholder={"note": "x" * 200})
+    assert isinstance(claim, New)
+    name = store.keys.idem(key.value)
+    assert raw.object("encoding", name) == b"hashtable"
+    before = raw.hgetall(name)
+    guard.record(key, {"ok": True}, claim.token)
+    assert raw.object("encoding", name) == b"listpack"
+    after = raw.hgetall(name)
+    assert set(after) == {b"s", b"tok", b"ts", b"w", b"fp", b"r"}
+    assert after[b"s"] == b"d" and after[b"fp"] == before[b"fp"]
+    assert (after[b"tok"], after[b"ts"], after[b"w"]) == (
+        before[b"tok"], before[b"ts"], before[b"w"]
+    )
+    dup = guard.check_and_record(key)
+    assert isinstance(dup, Duplicate) and dup.original_result == {"ok": True}
+    guard.record(key, {"ok": True}, claim.token)  # sent again (a lost reply): accepted
+    assert raw.hgetall(name) == after
