@@ -8,6 +8,11 @@
   ``powertools_duplicate``: the same payload again once it completed (its
   stored result comes back: a failed ``SET NX`` then ``GET``s).
   Needs ``boto3`` (its idempotency package imports it unconditionally).
+- ``peer_stack``: what a user would assemble instead of durabilis: tenacity
+  (``Retrying``: 3 attempts, exponential backoff with jitter, on connection
+  errors) around a pybreaker call (``CircuitRedisStorage``, shared through Redis)
+  of the powertools idempotent function above. No dead-letter queue, no
+  checkpoint, no crash recovery: the durable call does more.
 - ``pybreaker``: ``CircuitBreaker(state_storage=CircuitRedisStorage(...)).call(noop)``;
   ``durabilis_breaker``: ``CircuitBreakerRegistry.call(name, noop)``. These two
   are the fallback used only when ``bench_breaker.run`` (which owns that
@@ -121,6 +126,35 @@ class DurabilisBreaker(Workload):
         self.store.close()
 
 
+class PeerStack(Powertools):
+    """tenacity around pybreaker (Redis storage) around powertools idempotency."""
+
+    def __init__(self, url: str, index: int) -> None:
+        super().__init__(url, index)
+        import pybreaker  # noqa: PLC0415
+        import tenacity  # noqa: PLC0415
+
+        storage = pybreaker.CircuitRedisStorage(
+            pybreaker.STATE_CLOSED, self.client, namespace=f"{NAMESPACE}-stack"
+        )
+        self.breaker = pybreaker.CircuitBreaker(fail_max=5, reset_timeout=30, state_storage=storage)
+        self.retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(3),
+            wait=tenacity.wait_exponential_jitter(initial=0.1, max=2),
+            retry=tenacity.retry_if_exception_type((ConnectionError, TimeoutError)),
+            reraise=True,
+        )
+
+    def call(self) -> object:
+        op = payload(self.tag, self.index, next(self.counter))
+        self.retrying(self.breaker.call, self.write, op=op)
+        return None
+
+
+def peer_stack(url: str, index: int) -> Workload:
+    return PeerStack(url, index)
+
+
 def powertools(url: str, index: int) -> Workload:
     return Powertools(url, index)
 
@@ -137,14 +171,21 @@ def durabilis_breaker(url: str, index: int) -> Workload:
     return DurabilisBreaker(url, index)
 
 
+STACK = "peer stack: tenacity + pybreaker (Redis) + powertools (Redis)"
+
 SINGLE = {
     "powertools idempotency (Redis)": "benchmarks.bench_peers:powertools",
     "powertools duplicate (completed key)": "benchmarks.bench_peers:powertools_duplicate",
+    STACK: "benchmarks.bench_peers:peer_stack",
 }
-PROCESSES = {"powertools idempotency (Redis)": "benchmarks.bench_peers:powertools"}
+PROCESSES = {
+    "powertools idempotency (Redis)": "benchmarks.bench_peers:powertools",
+    STACK: "benchmarks.bench_peers:peer_stack",
+}
 COST = {
     "powertools idempotency (Redis)": "benchmarks.bench_peers:powertools",
     "powertools duplicate (completed key)": "benchmarks.bench_peers:powertools_duplicate",
+    STACK: "benchmarks.bench_peers:peer_stack",
     "pybreaker call (CircuitRedisStorage)": "benchmarks.bench_peers:pybreaker_call",
     "durabilis breaker call (registry.call)": "benchmarks.bench_peers:durabilis_breaker",
 }

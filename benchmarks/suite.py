@@ -40,6 +40,7 @@ EVALSHA = "redis EVALSHA (return 1)"
 DURABLE = "durable call (sync)"
 IDEM = "idempotency claim+record"
 POWERTOOLS = "powertools idempotency (Redis)"
+STACK = bench_peers.STACK
 RETRY_PAIR = "durabilis execute / tenacity Retrying"
 
 
@@ -146,7 +147,7 @@ def _target(
 
 def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     """The targets, each a ratio of figures measured in this run."""
-    single = results.get("single", {})
+    single, procs = results.get("single", {}), results.get("processes", {})
     out = []
     ping = single.get(PING, {}).get("median")
     durable = single.get(DURABLE, {}).get("median")
@@ -166,6 +167,15 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         ratio(single.get(IDEM), single.get(POWERTOOLS)), 1.5, ">=",
         f"'{IDEM}' / '{POWERTOOLS}', in-process, interleaved rounds",
     ))
+    for n in (1, 4):
+        # 1 process: in-process rounds; 4: the multi-process figures.
+        durable_n = single.get(DURABLE) if n == 1 else procs.get(DURABLE, {}).get(str(n))
+        stack = single.get(STACK) if n == 1 else procs.get(STACK, {}).get(str(n))
+        out.append(_target(
+            f"durable call vs the peer stack (tenacity+pybreaker+powertools), {n} process(es)",
+            ratio(durable_n, stack), 1.5, ">=",
+            f"'{DURABLE}' / '{STACK}', {'in-process' if n == 1 else f'{n} processes'}",
+        ))
     out.append(_target(
         "async durable calls, 64 in flight, vs asyncio PING/s on 1 connection",
         ratio(single.get(ASYNC_64), single.get(PING_ASYNC)), 1.0, ">=",
