@@ -249,7 +249,13 @@ class DurabilityLayer:
         )
 
     def stats(self) -> LayerStats:
-        """The fleet-wide totals of this namespace (read from Redis)."""
+        """The fleet-wide totals of this namespace (read from Redis).
+
+        This process's waiting duplicate counts are sent first; other
+        processes' may lag by up to a second (see docs/layer.md, Counters).
+        """
+        for call in self._core.flush_calls():
+            self.store.run(call)
         raw = self.store.command("HGETALL", self._core._stats)
         in_flight = self.store.command("ZCARD", self._core._index)
         return self._core.decode_stats(raw, int(in_flight or 0))
@@ -259,8 +265,14 @@ class DurabilityLayer:
 
         Operations already running finish normally; the keep-alive renews their
         leases until the last one ends, then stops. The store stays open.
+        This process's waiting duplicate counts are sent (best effort).
         """
         self._closed = True
+        try:
+            for call in self._core.flush_calls():
+                self.store.run(call)
+        except DurabilisError as exc:
+            _log.warning("durability_counts_not_sent", error=f"{type(exc).__name__}: {exc}")
 
 
 class AsyncDurabilityLayer:
@@ -424,6 +436,8 @@ class AsyncDurabilityLayer:
 
     async def stats(self) -> LayerStats:
         """See :meth:`DurabilityLayer.stats`."""
+        for call in self._core.flush_calls():
+            await self.store.run(call)
         raw = await self.store.command("HGETALL", self._core._stats)
         in_flight = await self.store.command("ZCARD", self._core._index)
         return self._core.decode_stats(raw, int(in_flight or 0))
@@ -431,3 +445,8 @@ class AsyncDurabilityLayer:
     async def close(self) -> None:
         """See :meth:`DurabilityLayer.close`."""
         self._closed = True
+        try:
+            for call in self._core.flush_calls():
+                await self.store.run(call)
+        except DurabilisError as exc:
+            _log.warning("durability_counts_not_sent", error=f"{type(exc).__name__}: {exc}")

@@ -26,6 +26,7 @@ import dataclasses
 import hashlib
 import random
 import secrets
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -87,6 +88,7 @@ _STOPPED: tuple[type[BaseException], ...] = (DurabilisError, *INTERRUPTS)
 _CLAIM_AGAIN = object()
 _SETTLED_BY = "a later delivery"  # who finished a parked record its operation completed
 _GIVE_UP = object()
+DUPLICATES_FLUSH_SECONDS = 1.0  # how long a duplicate's count may wait in its process
 _REASON_ROOM = 96  # bytes kept in the DLQ payload cap for metadata added when parking
 _RECORD_BACKOFF = (0.05, 1.0)  # first and longest pause between tries of a record step
 _LATE_TRIES = 3  # tries of a record step after its lease's time ran out, before giving up
@@ -243,6 +245,11 @@ class _LayerCore:
         self._key_secret = config.idempotency.content_key_secret
         self._lease_s = float(config.idempotency.in_progress_ttl_seconds)
         self._lease_ms = max(1, int(self._lease_s * 1000))
+        # Duplicates answered on standalone are counted here and carried by a
+        # later note (see count_duplicate): a duplicate is one round trip.
+        self._dups_lock = threading.Lock()
+        self._dups = 0
+        self._dups_since = 0.0
 
     # -- request building: every check before any I/O --
 
@@ -348,6 +355,35 @@ class _LayerCore:
             if n:
                 args += [name, n]
         return ScriptCall("layer_note", [self._index, self._stats], args)
+
+    def _count_duplicate(self) -> int:
+        """Count a duplicate in this process; how many to send now (0: they ride later).
+
+        The fleet's ``duplicates`` counter is not worth a round trip per
+        duplicate: the count rides on this process's next completed operation
+        (its record step's note), on ``stats()`` and ``close()``, or goes by
+        itself once the oldest waiting count is DUPLICATES_FLUSH_SECONDS old.
+        A process killed meanwhile loses those counts (never a record).
+        """
+        now = time.monotonic()
+        with self._dups_lock:
+            if self._dups == 0:
+                self._dups_since = now
+            self._dups += 1
+            if now - self._dups_since < DUPLICATES_FLUSH_SECONDS:
+                return 0
+            n, self._dups = self._dups, 0
+            return n
+
+    def _take_duplicates(self) -> int:
+        with self._dups_lock:
+            n, self._dups = self._dups, 0
+            return n
+
+    def flush_calls(self) -> list[ScriptCall]:
+        """The counts waiting in this process, as a note to send now (or nothing)."""
+        n = self._take_duplicates()
+        return [self._note("none", duplicates=n)] if n else []
 
     def renew_calls(self, held: Sequence[tuple[str, str, str]]) -> list[ScriptCall]:
         """The keep-alive's calls for the claims held (key, nonce, member): their leases
@@ -603,10 +639,14 @@ class _LayerCore:
     def _duplicate(
         self, req: _Request, dup: Duplicate, member: str, wait_until: float | None
     ) -> Plan[Any]:
-        # Counting must not fail the call: the answer is known.
-        calls = [self._note("rem" if member else "none", [member] if member else [],
-                            duplicates=1)]
-        yield from self._best_effort(calls, "durability_duplicate_note_failed", req.key.value)
+        # Counting must not fail the call: the answer is known. Standalone: the
+        # claim step wrote nothing, the count waits for a note sent anyway.
+        n = self._take_duplicates() + 1 if member else self._count_duplicate()
+        if member or n:
+            calls = [self._note("rem" if member else "none", [member] if member else [],
+                                duplicates=n)]
+            yield from self._best_effort(calls, "durability_duplicate_note_failed",
+                                         req.key.value)
         while dup.in_progress:
             now = self.clock()
             if wait_until is None or now >= wait_until:
@@ -849,7 +889,8 @@ class _LayerCore:
         if (settle := self._settle_call(req, cl)) is not None:
             calls["settle"] = settle
         calls["note"] = self._note(
-            "rem", [cl.member] if cl.member else [], started=1, succeeded=1
+            "rem", [cl.member] if cl.member else [], started=1, succeeded=1,
+            duplicates=self._take_duplicates(),
         )
         # Standalone: one atomic step; the record goes first, its first write
         # frees memory, so maxmemory never refuses it. Cluster: the checkpoint

@@ -7,6 +7,7 @@ documented cluster figures there.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,6 +16,7 @@ import redis.connection
 
 import durabilis
 from durabilis.layer import DurabilityLayer
+from durabilis.layer._plans import DUPLICATES_FLUSH_SECONDS
 from tests.integration._layer_support import Counter, fast_config
 
 # Round trips per call: standalone (scripts of a step fused) / Cluster (one per script).
@@ -22,7 +24,7 @@ from tests.integration._layer_support import Counter, fast_config
 # (+ the checkpoint); a duplicate: index, claim (refused: the step stops there), then
 # count it; a retry: report, count it, admit again.
 EXPECTED = {
-    "standalone": {"happy": 2, "checkpoint": 2, "duplicate": 2, "one_retry": 4},
+    "standalone": {"happy": 2, "checkpoint": 2, "duplicate": 1, "one_retry": 4},
     "cluster": {"happy": 6, "checkpoint": 7, "duplicate": 3, "one_retry": 9},
 }
 
@@ -69,10 +71,42 @@ def test_happy_path_is_two_round_trips(
         seen = {
             "happy": rt("op-1", Counter()),  # claim+admit, record+report
             "checkpoint": rt("op-2", Counter(), task_id="t", phase="p2"),
-            "duplicate": rt("op-1", Counter()),  # a duplicate: claim, then count it
+            # A duplicate: the claim; its count waits for a later note on
+            # standalone; on Cluster the claim step's index entry is removed.
+            "duplicate": rt("op-1", Counter()),
             # A retry adds: the failure report, the next admission.
             "one_retry": rt("op-3", Counter(["NETWORK_TIMEOUT"])),
         }
         assert seen == want
+        assert layer.stats().duplicates == 2  # warm-up's and op-1's, sent by stats()
     finally:
         store.close()
+
+
+def test_a_duplicate_s_count_waits_at_most_a_second_in_its_process(
+    redis_url: str, namespace: str, raw: Any
+) -> None:
+    store = durabilis.connect(redis_url, namespace=namespace)
+    layer = DurabilityLayer(store, fast_config())
+    counted = lambda: int(raw.hget(store.keys.layer("stats"), "duplicates") or 0)  # noqa: E731
+    try:
+        layer.execute("a1", "job", "p", Counter())
+        layer.execute("a1", "job", "p", Counter())
+        if store.fuses:
+            assert counted() == 0  # waiting in this process
+            time.sleep(DUPLICATES_FLUSH_SECONDS + 0.05)
+            layer.execute("a1", "job", "p", Counter())  # the oldest count is a second old
+            assert counted() == 2
+            layer.execute("a1", "job", "p", Counter())
+            layer.execute("a1", "job", "p-2", Counter())  # a completed operation carries it
+            assert counted() == 3
+            layer.execute("a1", "job", "p", Counter())
+        else:
+            assert counted() == 1  # Cluster: counted with the index entry's removal
+            layer.execute("a1", "job", "p", Counter())
+    finally:
+        layer.close()  # sends what waits
+        fused = store.fuses
+        store.close()
+    assert counted() == (4 if fused else 2)  # every duplicate counted once
+
