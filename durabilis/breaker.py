@@ -383,6 +383,10 @@ class _Entry:
 
 
 _CHECK_EVERY = 1.0  # seconds between TTL checks requested by one process, per breaker
+DEFAULT_CACHED_ADMISSION_SECONDS = 1.0
+"""How long a CLOSED breaker's admission, confirmed by Redis, is reused without
+asking (``cached_admission_seconds``; 0 asks Redis before every call)."""
+_MAX_CACHED_ADMISSION_SECONDS = 60.0
 
 
 def _ms(seconds: float) -> int:
@@ -834,6 +838,7 @@ class _RegistryCore:
         configs: Iterable[CircuitBreakerConfig] | None,
         replica_id: str | None,
         events_maxlen: int,
+        cached_admission_seconds: float = DEFAULT_CACHED_ADMISSION_SECONDS,
     ) -> None:
         if replica_id is not None and (not isinstance(replica_id, str) or not replica_id):
             raise ConfigError("replica_id", "must be a non-empty string")
@@ -851,6 +856,46 @@ class _RegistryCore:
             self._ops.upsert(config)
         self._callbacks: list[TransitionCallback] = []
         self._registered: set[str] = set()
+        if (
+            isinstance(cached_admission_seconds, bool)
+            or not isinstance(cached_admission_seconds, (int, float))
+            or not 0 <= cached_admission_seconds <= _MAX_CACHED_ADMISSION_SECONDS
+        ):
+            raise ConfigError(
+                "cached_admission_seconds",
+                f"must be a number of seconds in [0, {_MAX_CACHED_ADMISSION_SECONDS}], "
+                f"got {cached_admission_seconds!r}",
+            )
+        self._cache_s = float(cached_admission_seconds)
+        # name -> (a CLOSED permit, when Redis last confirmed it: monotonic)
+        self._closed: dict[str, tuple[Permit, float]] = {}
+
+    # -- cached admission: a CLOSED breaker admits without a round trip
+
+    def _cached(self, name: str) -> Permit | None:
+        """The CLOSED permit Redis confirmed less than ``cached_admission_seconds`` ago."""
+        hit = self._closed.get(name)
+        if hit is not None and monotonic() - hit[1] < self._cache_s:
+            return hit[0]
+        return None
+
+    def _seen(self, permit: Permit, counted: bool, transition: StateTransition | None) -> None:
+        """What an admission or a report says about the breaker's CLOSED epoch.
+
+        Generations change on every transition out of CLOSED, and a report is
+        counted only in its permit's generation: a counted report of a
+        non-probe permit, with no transition, means the breaker is still
+        CLOSED in that generation. Anything else ends the cache.
+        """
+        if not self._cache_s:
+            return
+        if counted and transition is None and permit.probe_id is None:
+            self._closed[permit.dependency] = (permit, monotonic())
+        else:
+            self._closed.pop(permit.dependency, None)
+
+    def _forget(self, name: str) -> None:
+        self._closed.pop(name, None)
 
     @property
     def ops(self) -> _BreakerOps:
@@ -957,9 +1002,16 @@ class CircuitBreakerRegistry(_RegistryCore):
         replica_id: Identifies this process in reports (``min_distinct_reporters``)
             and in the events stream; ``host:pid:random`` by default.
         events_maxlen: Approximate cap of each breaker's events stream.
+        cached_admission_seconds: A CLOSED breaker that Redis confirmed (an
+            admission, or a report counted in the same CLOSED generation) less
+            than this long ago admits the next call without a round trip. After
+            another replica trips it, this process admits at most one call per
+            caller in flight (each one's report finds the new generation), and
+            none once this long has passed without a report. HALF_OPEN probes
+            always ask Redis. 0: ask before every call.
 
     Raises:
-        ConfigError: An invalid config, replica id or cap.
+        ConfigError: An invalid config, replica id, cap or cache time.
     """
 
     def __init__(
@@ -969,8 +1021,11 @@ class CircuitBreakerRegistry(_RegistryCore):
         *,
         replica_id: str | None = None,
         events_maxlen: int = 1000,
+        cached_admission_seconds: float = DEFAULT_CACHED_ADMISSION_SECONDS,
     ) -> None:
-        super().__init__(store.keys, configs, replica_id, events_maxlen)
+        super().__init__(
+            store.keys, configs, replica_id, events_maxlen, cached_admission_seconds
+        )
         self.store = store
 
     def before_call(self, name: str) -> Permit:
@@ -989,7 +1044,14 @@ class CircuitBreakerRegistry(_RegistryCore):
         if registration is not None:
             self.store.run(registration)
             self.mark_registered(name)
-        permit, transition = self._ops.decode_before(name, self.store.run(call))
+        if (cached := self._cached(name)) is not None:
+            return cached
+        try:
+            permit, transition = self._ops.decode_before(name, self.store.run(call))
+        except CircuitOpen:
+            self._forget(name)
+            raise
+        self._seen(permit, transition is None and not permit.rearmed, transition)
         if transition is not None or permit.rearmed:
             self._admitted(permit, transition)
         return permit
@@ -1020,6 +1082,8 @@ class CircuitBreakerRegistry(_RegistryCore):
         """
         call = self._ops.after_call(name, success, permit, duration_ms)
         counted, transition = self._ops.decode_after(name, self.store.run(call))
+        if permit is not None:
+            self._seen(permit, counted, transition)
         if transition is not None:
             self.fire_transition(transition)
         return counted
@@ -1059,10 +1123,12 @@ class CircuitBreakerRegistry(_RegistryCore):
         call = self._ops.report(name, outcome_code(exc_type), permit,
                                 (perf_counter() - start) * 1000.0)
         try:
-            transition = self._ops.decode_after(name, self.store.run(call))[1]
+            counted, transition = self._ops.decode_after(name, self.store.run(call))
         except DurabilisError as exc:
+            self._forget(name)
             self._report_failed(name, exc)
             return
+        self._seen(permit, counted, transition)
         if transition is not None:
             self.fire_transition(transition)
 
@@ -1092,12 +1158,14 @@ class CircuitBreakerRegistry(_RegistryCore):
 
     def force_open(self, name: str) -> None:
         """Open the breaker now (reset timer restarted, probes in flight dropped)."""
+        self._forget(name)
         transition = self._ops.decode_force(name, self.store.run(self._ops.force(name, "open")))
         if transition is not None:
             self.fire_transition(transition)
 
     def force_close(self, name: str) -> None:
         """Close the breaker and reset everything (window, probes, reporters)."""
+        self._forget(name)
         transition = self._ops.decode_force(name, self.store.run(self._ops.force(name, "close")))
         if transition is not None:
             self.fire_transition(transition)
@@ -1131,8 +1199,11 @@ class AsyncCircuitBreakerRegistry(_RegistryCore):
         *,
         replica_id: str | None = None,
         events_maxlen: int = 1000,
+        cached_admission_seconds: float = DEFAULT_CACHED_ADMISSION_SECONDS,
     ) -> None:
-        super().__init__(store.keys, configs, replica_id, events_maxlen)
+        super().__init__(
+            store.keys, configs, replica_id, events_maxlen, cached_admission_seconds
+        )
         self.store = store
 
     async def before_call(self, name: str) -> Permit:
@@ -1142,7 +1213,14 @@ class AsyncCircuitBreakerRegistry(_RegistryCore):
         if registration is not None:
             await self.store.run(registration)
             self.mark_registered(name)
-        permit, transition = self._ops.decode_before(name, await self.store.run(call))
+        if (cached := self._cached(name)) is not None:
+            return cached
+        try:
+            permit, transition = self._ops.decode_before(name, await self.store.run(call))
+        except CircuitOpen:
+            self._forget(name)
+            raise
+        self._seen(permit, transition is None and not permit.rearmed, transition)
         if transition is not None or permit.rearmed:
             self._admitted(permit, transition)
         return permit
@@ -1157,6 +1235,8 @@ class AsyncCircuitBreakerRegistry(_RegistryCore):
         """See :meth:`CircuitBreakerRegistry.after_call`."""
         call = self._ops.after_call(name, success, permit, duration_ms)
         counted, transition = self._ops.decode_after(name, await self.store.run(call))
+        if permit is not None:
+            self._seen(permit, counted, transition)
         if transition is not None:
             self.fire_transition(transition)
         return counted
@@ -1194,10 +1274,12 @@ class AsyncCircuitBreakerRegistry(_RegistryCore):
         call = self._ops.report(name, outcome_code(exc_type), permit,
                                 (perf_counter() - start) * 1000.0)
         try:
-            transition = self._ops.decode_after(name, await self.store.run(call))[1]
+            counted, transition = self._ops.decode_after(name, await self.store.run(call))
         except DurabilisError as exc:
+            self._forget(name)
             self._report_failed(name, exc)
             return
+        self._seen(permit, counted, transition)
         if transition is not None:
             self.fire_transition(transition)
 
@@ -1224,6 +1306,7 @@ class AsyncCircuitBreakerRegistry(_RegistryCore):
 
     async def force_open(self, name: str) -> None:
         """See :meth:`CircuitBreakerRegistry.force_open`."""
+        self._forget(name)
         reply = await self.store.run(self._ops.force(name, "open"))
         transition = self._ops.decode_force(name, reply)
         if transition is not None:
@@ -1231,6 +1314,7 @@ class AsyncCircuitBreakerRegistry(_RegistryCore):
 
     async def force_close(self, name: str) -> None:
         """See :meth:`CircuitBreakerRegistry.force_close`."""
+        self._forget(name)
         reply = await self.store.run(self._ops.force(name, "close"))
         transition = self._ops.decode_force(name, reply)
         if transition is not None:

@@ -126,3 +126,29 @@ def reporter(
     finally:
         store.close()
         out.put((me, rejected))
+
+
+def cached_caller(
+    url: str, namespace: str, cache_s: float, ready: Any, stop: Any, out: Any
+) -> None:
+    """Call the dependency through the breaker, one call after another, until told
+    to stop; report each call's start (wall clock) and whether it was admitted."""
+    store = durabilis.connect(url, namespace=namespace)
+    registry = CircuitBreakerRegistry(
+        store, (CircuitBreakerConfig("svc", 0.5, 100, 60, 1, 200, 30),),
+        cached_admission_seconds=cache_s,
+    )
+    calls: list[tuple[float, bool]] = []
+    try:
+        while not stop.is_set():
+            started = time.time()
+            try:
+                registry.call("svc", time.sleep, 0.001)
+                calls.append((started, True))
+            except durabilis.CircuitOpen:
+                calls.append((started, False))
+            if len(calls) == 20:
+                ready.set()  # warm: the breaker is CLOSED and cached here
+    finally:
+        out.put(calls)
+        store.close()

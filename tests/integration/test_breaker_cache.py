@@ -1,0 +1,131 @@
+"""Cached admission: a CLOSED breaker that Redis just confirmed admits the next
+call without a round trip; after another replica trips it, a process admits at
+most one call per caller in flight, and none once the cache time has passed."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from typing import Any
+
+import pytest
+
+import durabilis
+from durabilis.breaker import CircuitBreakerConfig, CircuitBreakerRegistry
+from tests.integration._breaker_workers import cached_caller
+
+CONFIG = CircuitBreakerConfig("svc", 0.5, 100, 60, 1, 200, 30)
+
+
+def _admitted_after_a_trip_elsewhere(redis_url: str, namespace: str, cache_s: float) -> int:
+    ctx = multiprocessing.get_context("spawn")
+    ready, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    worker = ctx.Process(target=cached_caller,
+                         args=(redis_url, namespace, cache_s, ready, stop, out))
+    worker.start()
+    store = durabilis.connect(redis_url, namespace=namespace)
+    try:
+        assert ready.wait(60)
+        CircuitBreakerRegistry(store, (CONFIG,)).force_open("svc")  # another replica trips it
+        tripped = time.time()
+        time.sleep(0.3)  # the worker keeps calling: ~hundreds of attempts
+        stop.set()
+        calls: list[tuple[float, bool]] = out.get(timeout=60)
+        worker.join(30)
+    finally:
+        store.close()
+    after = [admitted for started, admitted in calls if started > tripped]
+    assert len(after) > 20 and not after[-1]  # it went on calling, refused in the end
+    return sum(after)
+
+
+def test_after_another_process_trips_it_a_sequential_caller_gets_at_most_one_more_call(
+    redis_url: str, namespace: str
+) -> None:
+    assert _admitted_after_a_trip_elsewhere(redis_url, namespace, 1.0) <= 1
+
+
+def test_without_the_cache_no_call_is_admitted_after_the_trip(
+    redis_url: str, namespace: str
+) -> None:
+    assert _admitted_after_a_trip_elsewhere(redis_url, namespace, 0) == 0
+
+
+def test_a_closed_breaker_confirmed_by_redis_admits_without_a_round_trip(
+    store: durabilis.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registry = CircuitBreakerRegistry(store, (CONFIG,))
+    sent: list[str] = []
+    run = store.run
+    monkeypatch.setattr(store, "run", lambda call: (sent.append(call.name), run(call))[1])
+    registry.call("svc", lambda: None)  # registration, admission, report
+    assert sent.count("cb_before") == 1
+    for _ in range(5):
+        registry.call("svc", lambda: None)
+    assert sent.count("cb_before") == 1 and sent.count("cb_after") == 6  # reports: every one
+
+
+def test_the_cache_ends_after_its_time_and_on_this_registry_s_own_refusal(
+    store: durabilis.Store,
+) -> None:
+    mine = CircuitBreakerRegistry(store, (CONFIG,), cached_admission_seconds=0.2)
+    other = CircuitBreakerRegistry(store, (CONFIG,))
+    mine.call("svc", lambda: None)
+    other.force_open("svc")
+    time.sleep(0.25)  # no report for longer than the cache time: ask Redis
+    with pytest.raises(durabilis.CircuitOpen):
+        mine.call("svc", lambda: None)
+    other.force_close("svc")
+    mine.call("svc", lambda: None)  # CLOSED again, cached
+    other.force_open("svc")
+    mine.call("svc", lambda: None)  # within the cache time: the one call that passes
+    with pytest.raises(durabilis.CircuitOpen):  # its report found the new generation
+        mine.call("svc", lambda: None)
+
+
+def test_a_probe_is_never_cached_and_a_bad_cache_time_is_a_config_error(
+    store: durabilis.Store,
+) -> None:
+    config = CircuitBreakerConfig("svc", 0.5, 100, 1, 1, 200, 30)
+    registry = CircuitBreakerRegistry(store, (config,))
+    registry.force_open("svc")
+    time.sleep(1.05)  # reset timeout over: the next call is a HALF_OPEN probe
+    permit = registry.before_call("svc")
+    assert permit.is_probe
+    with pytest.raises(durabilis.CircuitOpen):  # one probe at a time, asked of Redis
+        registry.before_call("svc")
+    registry.release("svc", permit)
+    for bad in (-1, float("nan"), True, "1", 61):
+        with pytest.raises(durabilis.ConfigError):
+            CircuitBreakerRegistry(store, (CONFIG,), cached_admission_seconds=bad)  # type: ignore[arg-type]
+
+
+def test_async_registry_caches_the_same_way(redis_url: str, namespace: str) -> None:
+    import asyncio
+
+    async def main() -> tuple[int, Any]:
+        store = durabilis.connect_async(redis_url, namespace=namespace)
+        sync = durabilis.connect(redis_url, namespace=namespace)
+        try:
+            mine = durabilis.AsyncCircuitBreakerRegistry(store, (CONFIG,))
+            other = CircuitBreakerRegistry(sync, (CONFIG,))
+
+            async def noop() -> None:
+                return None
+
+            await mine.call("svc", noop)
+            other.force_open("svc")
+            passed = 0
+            for _ in range(5):
+                try:
+                    await mine.call("svc", noop)
+                    passed += 1
+                except durabilis.CircuitOpen as exc:
+                    refused = exc
+            return passed, refused
+        finally:
+            await store.close()
+            sync.close()
+
+    passed, refused = asyncio.run(main())
+    assert passed == 1 and isinstance(refused, durabilis.CircuitOpen)
