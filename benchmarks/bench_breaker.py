@@ -8,7 +8,8 @@ measures, in the same run and interleaved round by round:
 - ``ping x2``: two PINGs per operation (the floor of before + after);
 - ``evalsha x2``: two EMPTY Lua scripts with the breaker's keys and arguments
   (the floor of any design running one script before and one after);
-- ``durabilis``: ``registry.call(name, noop)``: two Lua scripts (admission, then
+- ``durabilis``: ``registry.call(name, noop)``: the report script, the admission
+  cached while Redis confirms the breaker CLOSED (cold: two Lua scripts, admission, then
   the report into a rate window with a fleet-wide probe cap), closed breaker;
 - ``pybreaker``: ``CircuitBreaker(state_storage=CircuitRedisStorage(...)).call(noop)``
   (a GET of the state and a SET of the failure counter per call; a consecutive
