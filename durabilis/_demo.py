@@ -43,6 +43,7 @@ OUTAGE = (2.0, 4.0)  # seconds after the start: the wiki answers 503
 KILL_IN_CALL = 10  # worker 0 is killed inside its 10th wiki call (mid-task, key claimed)
 FAILURE_RATE = 0.15
 LEASE_SECONDS = 1.5
+FINISH_SECONDS = 30.0  # the longest the end phase goes on replaying and resuming
 
 
 def demo_config() -> DurabilityConfig:
@@ -266,19 +267,22 @@ def _finish(
         layer.recover_orphans()
         print(_progress(layer, started_at, 0, workers), end="", file=out, flush=True)
         time.sleep(0.1)
-    layer.recover_orphans()
-    for _ in range(40):
-        if layer.dlq.pending_count() == 0:
-            break
-        layer.replay_pending(wiki)
-        print(_progress(layer, started_at, 0, workers), end="", file=out, flush=True)
-        time.sleep(0.25)
-    for _ in range(5):
+    # Replay what is parked and resume what is unfinished until both are done.
+    # The wiki still fails at random, so the breaker can open again meanwhile:
+    # then writes are parked again, and a later round (after its reset
+    # timeout, through its probe) takes them up. Bounded: FINISH_SECONDS.
+    deadline = time.time() + FINISH_SECONDS
+    while time.time() < deadline:
+        layer.recover_orphans()
+        if layer.dlq.pending_count():
+            layer.replay_pending(wiki)
         unfinished = [t for t in tasks if _phase_of(layer, t) != PHASES[-1]]
-        if not unfinished:
-            break
         for task_id in unfinished:
             run_task(layer, wiki, task_id)
+        print(_progress(layer, started_at, 0, workers), end="", file=out, flush=True)
+        if not unfinished and layer.dlq.pending_count() == 0:
+            break
+        time.sleep(0.25)
 
 
 def _phase_of(layer: DurabilityLayer, task_id: str) -> str | None:
