@@ -897,6 +897,27 @@ class _RegistryCore:
     def _forget(self, name: str) -> None:
         self._closed.pop(name, None)
 
+    def _admit(self, name: str, reply: Any) -> Permit:
+        """Decode a ``cb_before`` reply; note what it says for the cache; fire."""
+        try:
+            permit, transition = self._ops.decode_before(name, reply)
+        except CircuitOpen:
+            self._forget(name)
+            raise
+        self._seen(permit, transition is None and not permit.rearmed, transition)
+        if transition is not None or permit.rearmed:
+            self._admitted(permit, transition)
+        return permit
+
+    def _reported(self, name: str, permit: Permit | None, reply: Any) -> bool:
+        """Decode a ``cb_after`` reply; note what it says for the cache; fire."""
+        counted, transition = self._ops.decode_after(name, reply)
+        if permit is not None:
+            self._seen(permit, counted, transition)
+        if transition is not None:
+            self.fire_transition(transition)
+        return counted
+
     @property
     def ops(self) -> _BreakerOps:
         """The pure call builders / reply decoders (for pipelining with other pillars)."""
@@ -1046,15 +1067,7 @@ class CircuitBreakerRegistry(_RegistryCore):
             self.mark_registered(name)
         if (cached := self._cached(name)) is not None:
             return cached
-        try:
-            permit, transition = self._ops.decode_before(name, self.store.run(call))
-        except CircuitOpen:
-            self._forget(name)
-            raise
-        self._seen(permit, transition is None and not permit.rearmed, transition)
-        if transition is not None or permit.rearmed:
-            self._admitted(permit, transition)
-        return permit
+        return self._admit(name, self.store.run(call))
 
     def after_call(
         self,
@@ -1081,12 +1094,7 @@ class CircuitBreakerRegistry(_RegistryCore):
             DependencyNotFound, StorageUnavailable, CorruptData.
         """
         call = self._ops.after_call(name, success, permit, duration_ms)
-        counted, transition = self._ops.decode_after(name, self.store.run(call))
-        if permit is not None:
-            self._seen(permit, counted, transition)
-        if transition is not None:
-            self.fire_transition(transition)
-        return counted
+        return self._reported(name, permit, self.store.run(call))
 
     def release(self, name: str, permit: Permit) -> bool:
         """Give a probe slot back without a result (the call was cancelled).
@@ -1123,14 +1131,10 @@ class CircuitBreakerRegistry(_RegistryCore):
         call = self._ops.report(name, outcome_code(exc_type), permit,
                                 (perf_counter() - start) * 1000.0)
         try:
-            counted, transition = self._ops.decode_after(name, self.store.run(call))
+            self._reported(name, permit, self.store.run(call))
         except DurabilisError as exc:
             self._forget(name)
             self._report_failed(name, exc)
-            return
-        self._seen(permit, counted, transition)
-        if transition is not None:
-            self.fire_transition(transition)
 
     def guard(self, name: str) -> BreakerGuard:
         """``with registry.guard(name):`` or ``@registry.guard(name)``.
@@ -1215,15 +1219,7 @@ class AsyncCircuitBreakerRegistry(_RegistryCore):
             self.mark_registered(name)
         if (cached := self._cached(name)) is not None:
             return cached
-        try:
-            permit, transition = self._ops.decode_before(name, await self.store.run(call))
-        except CircuitOpen:
-            self._forget(name)
-            raise
-        self._seen(permit, transition is None and not permit.rearmed, transition)
-        if transition is not None or permit.rearmed:
-            self._admitted(permit, transition)
-        return permit
+        return self._admit(name, await self.store.run(call))
 
     async def after_call(
         self,
@@ -1234,12 +1230,7 @@ class AsyncCircuitBreakerRegistry(_RegistryCore):
     ) -> bool:
         """See :meth:`CircuitBreakerRegistry.after_call`."""
         call = self._ops.after_call(name, success, permit, duration_ms)
-        counted, transition = self._ops.decode_after(name, await self.store.run(call))
-        if permit is not None:
-            self._seen(permit, counted, transition)
-        if transition is not None:
-            self.fire_transition(transition)
-        return counted
+        return self._reported(name, permit, await self.store.run(call))
 
     async def release(self, name: str, permit: Permit) -> bool:
         """See :meth:`CircuitBreakerRegistry.release`."""
@@ -1274,14 +1265,10 @@ class AsyncCircuitBreakerRegistry(_RegistryCore):
         call = self._ops.report(name, outcome_code(exc_type), permit,
                                 (perf_counter() - start) * 1000.0)
         try:
-            counted, transition = self._ops.decode_after(name, await self.store.run(call))
+            self._reported(name, permit, await self.store.run(call))
         except DurabilisError as exc:
             self._forget(name)
             self._report_failed(name, exc)
-            return
-        self._seen(permit, counted, transition)
-        if transition is not None:
-            self.fire_transition(transition)
 
     def guard(self, name: str) -> AsyncBreakerGuard:
         """``async with registry.guard(name):`` or ``@registry.guard(name)`` on ``async def``."""
