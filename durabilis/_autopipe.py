@@ -20,9 +20,11 @@ What does not change:
 - Outcomes: a reply is the command's own reply or its own error. When a batch
   fails as a whole (connection lost, timeout), every command of it gets that
   error: "outcome unknown", exactly as for a command sent alone.
-- Cancellation: a command whose caller is cancelled before its batch leaves
-  is never sent. Once its batch has left, it may run; its reply is dropped
-  and the caller's plan compensates as for any interrupted step. The batch
+- Cancellation: a command whose caller is cancelled before a sender took it
+  is never sent. Once taken, it will be sent: the caller's cancellation then
+  waits for that command's reply (or the batch's failure) before it goes on,
+  so whatever the caller sends next (its plan's compensation: a release)
+  reaches Redis after it, never before on another connection. The batch
   itself is never interrupted, so a cancelled caller no longer costs a
   connection (redis-py drops a connection whose reply it stopped reading).
 """
@@ -47,11 +49,34 @@ DEFAULT_SENDERS = 4
 
 
 class _Entry:
-    __slots__ = ("args", "future")
+    __slots__ = ("args", "future", "taken")
 
     def __init__(self, args: tuple[Any, ...], future: asyncio.Future[Any]) -> None:
         self.args = args
         self.future = future
+        # Set when a sender takes it (it will be sent): done once its batch is over.
+        self.taken: asyncio.Future[None] | None = None
+
+
+async def _outcome(entries: Sequence[_Entry]) -> list[Any]:
+    """The entries' replies. Cancelled: a command not taken yet is dropped (its
+    future is cancelled with the caller, and senders skip it); for one already
+    taken, the caller waits until its batch is over before the cancellation goes
+    on, so that the caller's next command (its compensation) cannot overtake it
+    on another connection."""
+    try:
+        return [await e.future for e in entries]
+    except asyncio.CancelledError:
+        for e in entries:
+            if e.taken is None:
+                e.future.cancel()
+        batches = {e.taken for e in entries if e.taken is not None and not e.taken.done()}
+        while batches:
+            try:
+                _, batches = await asyncio.wait(batches)
+            except asyncio.CancelledError:
+                continue  # cancelled again: it is already being cancelled
+        raise
 
 
 class AutoPipeline:
@@ -79,24 +104,19 @@ class AutoPipeline:
 
     async def execute_many(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         """Several commands, queued together (one batch when a sender is free)."""
-        futures = [self._push(args) for args in commands]
+        entries = [self._push(args) for args in commands]
         self._wake()
-        try:
-            return [await f for f in futures]
-        except BaseException:
-            for f in futures:
-                f.cancel()  # not sent yet: never sent; sent: the reply is dropped
-            raise
+        return await _outcome(entries)
 
-    def _push(self, args: tuple[Any, ...]) -> asyncio.Future[Any]:
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Entry(args, future))
-        return future
+    def _push(self, args: tuple[Any, ...]) -> _Entry:
+        entry = _Entry(args, asyncio.get_running_loop().create_future())
+        self._queue.append(entry)
+        return entry
 
     async def _enqueue(self, args: tuple[Any, ...]) -> Any:
-        future = self._push(args)
+        entry = self._push(args)
         self._wake()
-        return await future  # cancelled: the sender skips it if it has not left
+        return (await _outcome([entry]))[0]
 
     def _wake(self) -> None:
         if self._woken or self._senders >= self._max:
@@ -116,7 +136,13 @@ class AutoPipeline:
                 self._woken = False
                 live = [e for e in batch if not e.future.done()]
                 if live:
-                    await self._send(live)
+                    over: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                    for e in live:
+                        e.taken = over  # from here on it is sent: a cancelled caller waits
+                    try:
+                        await self._send(live)
+                    finally:
+                        over.set_result(None)
         finally:
             self._senders -= 1
             if self._senders == 0:

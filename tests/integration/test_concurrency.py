@@ -213,3 +213,72 @@ def test_async_operations_against_an_unreachable_redis_fail_at_once_none_hangs(
 
     results = asyncio.run(main())
     assert all(isinstance(r, durabilis.StorageUnavailable) for r in results), results[:3]
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float) -> None:
+    first = True
+    try:
+        while data := await reader.read(65536):
+            if first and delay:
+                await asyncio.sleep(delay)  # a new connection's first bytes: slow to set up
+            first = False
+            writer.write(data)
+            await writer.drain()
+    except OSError:
+        pass
+    finally:
+        writer.close()
+
+
+@pytest.mark.standalone_only  # a TCP proxy in front of the one server
+def test_a_caller_cancelled_after_its_claim_was_taken_is_released_after_the_claim(
+    redis_url: str, namespace: str, raw: Any
+) -> None:
+    """Found by an adversarial review: the claim's batch waited for a NEW (slow)
+    connection while the caller was cancelled; its release went out first on a
+    free pooled connection and the claim landed after it: the key stayed in
+    progress, refused as OperationInProgress until its lease ran out."""
+    host, port = redis_url.split("//")[1].split("/", maxsplit=1)[0].split(":")
+
+    async def main() -> Any:
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def handle(cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+            sr, sw = await asyncio.open_connection(host, int(port))
+            for t in (_pipe(cr, sw, 0.4), _pipe(sr, cw, 0)):
+                task = asyncio.ensure_future(t)
+                tasks.add(task)
+
+        proxy = await asyncio.start_server(handle, "127.0.0.1", 0)
+        proxy_port = proxy.sockets[0].getsockname()[1]
+        store = durabilis.connect_async(f"redis://127.0.0.1:{proxy_port}/0", namespace=namespace)
+        layer = AsyncDurabilityLayer(store)
+        ran: list[int] = []
+
+        async def fn(ctx: OperationContext) -> str:
+            ran.append(1)
+            return "done"
+
+        try:
+            await layer.execute("a1", "write", {"warm": 1}, fn)  # one pooled connection
+            busy = asyncio.ensure_future(store.command(  # keeps it busy for ~250 ms
+                "EVAL", "local t=redis.call('TIME') local s=t[1]*1e6+t[2] "
+                "repeat t=redis.call('TIME') until t[1]*1e6+t[2]-s > 250000 return 1", 0))
+            await asyncio.sleep(0.02)
+            caller = asyncio.ensure_future(layer.execute("a1", "write", {"page": 7}, fn))
+            await asyncio.sleep(0.3)  # its claim waits for a new connection; the old is free
+            caller.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await caller
+            await busy
+            await asyncio.sleep(0.5)  # anything still on its way has landed
+            assert ran == [1]  # only the warm-up ran
+            return await asyncio.wait_for(layer.execute("a1", "write", {"page": 7}, fn), 5)
+        finally:
+            await layer.close()
+            await store.close()
+            proxy.close()
+            for task in tasks:
+                task.cancel()
+
+    assert asyncio.run(main()) == "done"  # not OperationInProgress: nothing left behind
