@@ -869,6 +869,9 @@ class _RegistryCore:
         self._cache_s = float(cached_admission_seconds)
         # name -> (a CLOSED permit, when Redis last confirmed it: monotonic)
         self._closed: dict[str, tuple[Permit, float]] = {}
+        # name -> the newest generation this process knows to be over: a
+        # confirmation of it arriving late (another caller's reply) is no news.
+        self._over: dict[str, int] = {}
 
     # -- cached admission: a CLOSED breaker admits without a round trip
 
@@ -889,10 +892,13 @@ class _RegistryCore:
         """
         if not self._cache_s:
             return
+        name, gen = permit.dependency, permit.generation
         if counted and transition is None and permit.probe_id is None:
-            self._closed[permit.dependency] = (permit, monotonic())
+            if gen > self._over.get(name, -1):
+                self._closed[name] = (permit, monotonic())
         else:
-            self._closed.pop(permit.dependency, None)
+            self._over[name] = max(gen, self._over.get(name, -1))
+            self._closed.pop(name, None)
 
     def _forget(self, name: str) -> None:
         self._closed.pop(name, None)
@@ -914,6 +920,10 @@ class _RegistryCore:
         counted, transition = self._ops.decode_after(name, reply)
         if permit is not None:
             self._seen(permit, counted, transition)
+        else:
+            # Without a permit a report tells no generation (in HALF_OPEN it
+            # counts too): it never confirms the cache, and it ends it.
+            self._forget(name)
         if transition is not None:
             self.fire_transition(transition)
         return counted

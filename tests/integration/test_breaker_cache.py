@@ -129,3 +129,31 @@ def test_async_registry_caches_the_same_way(redis_url: str, namespace: str) -> N
 
     passed, refused = asyncio.run(main())
     assert passed == 1 and isinstance(refused, durabilis.CircuitOpen)
+
+
+def test_a_report_without_a_permit_never_confirms_the_cache_and_ends_it(
+    store: durabilis.Store,
+) -> None:
+    """Found by an adversarial review: permitless reports (the seed's
+    ``after_call(name, success)``) left the cache alive after a trip."""
+    mine = CircuitBreakerRegistry(store, (CONFIG,))
+    other = CircuitBreakerRegistry(store, (CONFIG,))
+    mine.before_call("svc")  # cached: CLOSED, just confirmed
+    other.force_open("svc")
+    mine.after_call("svc", True)  # no permit: tells no generation
+    with pytest.raises(durabilis.CircuitOpen):
+        mine.before_call("svc")
+
+
+def test_a_late_confirmation_of_a_generation_known_to_be_over_does_not_refill_the_cache(
+    store: durabilis.Store,
+) -> None:
+    mine = CircuitBreakerRegistry(store, (CONFIG,))
+    other = CircuitBreakerRegistry(store, (CONFIG,))
+    early = mine.before_call("svc")
+    late = mine.before_call("svc")  # two callers in flight, both from the cache
+    other.force_open("svc")
+    other.force_close("svc")  # a new CLOSED generation
+    assert mine.after_call("svc", True, early) is False  # stale: the generation is over
+    mine._seen(late, True, None)  # a reply of that generation read late, as if counted
+    assert mine.before_call("svc").generation > late.generation  # asked Redis again
