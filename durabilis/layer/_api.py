@@ -81,6 +81,11 @@ class DurabilityLayer:
     def _renew_loop(self) -> None:
         stop = threading.Event()
         while not stop.wait(self.config.renew_interval):
+            try:
+                for call in self._core.flush_calls(due_only=True):  # idle: counts still go
+                    self.store.run(call)
+            except DurabilisError as exc:
+                _log.warning("durability_counts_not_sent", error=f"{type(exc).__name__}: {exc}")
             if not self._leases.busy():
                 if self._closed:
                     return
@@ -320,6 +325,11 @@ class AsyncDurabilityLayer:
     async def _renew_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.renew_interval)
+            try:
+                for call in self._core.flush_calls(due_only=True):  # idle: counts still go
+                    await self.store.run(call)
+            except DurabilisError as exc:
+                _log.warning("durability_counts_not_sent", error=f"{type(exc).__name__}: {exc}")
             if not self._leases.busy():
                 if self._closed:
                     return

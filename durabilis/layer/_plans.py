@@ -380,9 +380,16 @@ class _LayerCore:
             n, self._dups = self._dups, 0
             return n
 
-    def flush_calls(self) -> list[ScriptCall]:
-        """The counts waiting in this process, as a note to send now (or nothing)."""
-        n = self._take_duplicates()
+    def flush_calls(self, *, due_only: bool = False) -> list[ScriptCall]:
+        """The counts waiting in this process, as a note to send now (or nothing).
+
+        ``due_only``: only once the oldest waiting count is
+        DUPLICATES_FLUSH_SECONDS old (the keep-alive's tick, when idle).
+        """
+        with self._dups_lock:
+            if due_only and time.monotonic() - self._dups_since < DUPLICATES_FLUSH_SECONDS:
+                return []
+            n, self._dups = self._dups, 0
         return [self._note("none", duplicates=n)] if n else []
 
     def renew_calls(self, held: Sequence[tuple[str, str, str]]) -> list[ScriptCall]:

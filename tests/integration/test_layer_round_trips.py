@@ -110,3 +110,25 @@ def test_a_duplicate_s_count_waits_at_most_a_second_in_its_process(
         store.close()
     assert counted() == (4 if fused else 2)  # every duplicate counted once
 
+
+
+@pytest.mark.standalone_only  # Cluster counts a duplicate at once (its index entry)
+def test_an_idle_process_s_waiting_duplicate_count_goes_with_the_keep_alive(
+    redis_url: str, namespace: str, raw: Any
+) -> None:
+    """Found by an adversarial review: with no later operation, stats() or
+    close(), the count waited in its process for good."""
+    store = durabilis.connect(redis_url, namespace=namespace)
+    layer = DurabilityLayer(store, fast_config(renew_every_seconds=0.3))
+    counted = lambda: int(raw.hget(store.keys.layer("stats"), "duplicates") or 0)  # noqa: E731
+    try:
+        layer.execute("a1", "job", "p", Counter())
+        layer.execute("a1", "job", "p", Counter())
+        assert counted() == 0  # waiting in this process
+        deadline = time.monotonic() + DUPLICATES_FLUSH_SECONDS + 3
+        while counted() == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the process does nothing: its keep-alive sends it
+        assert counted() == 1
+    finally:
+        layer.close()
+        store.close()
