@@ -50,7 +50,7 @@ from durabilis._scripts import ScriptCall
 from durabilis.errors import CorruptData, DurabilisError, StorageUnavailable
 
 if TYPE_CHECKING:
-    from durabilis._store import AsyncStore, Gates, Store
+    from durabilis._store import AsyncStore, Gates, Store, Waves
 
 T = TypeVar("T")
 
@@ -83,11 +83,15 @@ class IO:
             are not sent).
         shield: Not interrupted by a cancellation (asyncio): the outcome of an
             operation that ran is recorded whatever happens to the caller.
+        waves: Per call, its wave when the step is not fused (Cluster): the
+            calls of a wave are sent concurrently, a wave only after the one
+            before it answered. ``None``: one call after another.
     """
 
     calls: Sequence[ScriptCall]
     gates: Gates | None = None
     shield: bool = False
+    waves: Waves | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,7 +261,7 @@ def perform(store: Store, step: Any, leases: LeaseBook | None, held: list[Any]) 
     """Do one step synchronously (raises what the step raised)."""
     kind = type(step)
     if kind is IO:
-        return store.run_step(step.calls, step.gates)
+        return store.run_step(step.calls, step.gates, step.waves)
     if kind is ScriptCall:
         return store.run(step)
     if kind is Run:
@@ -416,7 +420,7 @@ async def aperform(store: AsyncStore, step: Any, leases: LeaseBook | None, held:
     """Do one step on the event loop (raises what the step raised)."""
     kind = type(step)
     if kind is IO:
-        return await store.run_step(step.calls, step.gates)
+        return await store.run_step(step.calls, step.gates, step.waves)
     if kind is ScriptCall:
         return await store.run(step)
     if kind is Run:

@@ -12,6 +12,7 @@ import atexit
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -383,6 +384,8 @@ class _StoreBase:
         return self._fuse
 
 
+_WAVE_THREADS = 8  # Cluster: threads sending the concurrent calls of sync steps
+
 Gates = Mapping[int, Callable[[Any], bool]]
 """Per call index, a test of its reply: ``True`` means the call refused."""
 
@@ -404,12 +407,70 @@ def _failed_step(exc: DurabilisError, replies: list[Any], n: int) -> None:
     exc.partial = Replies([*replies, None, *([None] * rest)], "c" * done + "?" + "n" * rest)
 
 
+Waves = Sequence[int]
+"""Per call of an unfused step, its wave: the calls of one wave are sent at once
+(Cluster: concurrently, to their nodes), and a wave is sent only once every
+call of the waves before it has answered."""
+
+
+def _waves(n: int, waves: Waves | None) -> list[list[int]]:
+    """The call indices of a step, wave by wave (``None``: one call per wave)."""
+    if waves is None:
+        return [[i] for i in range(n)]
+    if len(waves) != n:
+        raise ValueError(f"{len(waves)} waves for {n} calls")
+    return [[i for i in range(n) if waves[i] == w] for w in sorted(set(waves))]
+
+
+class _Stepping:
+    """The bookkeeping of an unfused step, shared by the sync and async stores:
+    what each call did, and whether the step goes on after a wave."""
+
+    __slots__ = ("error", "gates", "replies", "status")
+
+    def __init__(self, n: int, gates: Gates | None) -> None:
+        self.replies: list[Any] = [None] * n
+        self.status = ["n"] * n
+        self.gates = gates
+        self.error: DurabilisError | None = None
+
+    def took(self, indices: Sequence[int], outcomes: Sequence[Any]) -> bool:
+        """Note one wave's outcomes (a reply, or the DurabilisError its call
+        raised); whether the step goes on (no failure, no gated refusal)."""
+        refused = False
+        for i, out in zip(indices, outcomes, strict=True):
+            if isinstance(out, DurabilisError):
+                self.status[i] = "?"
+                if self.error is None:
+                    self.error = out
+                continue
+            self.replies[i] = out
+            if self.gates and i in self.gates and self.gates[i](out):
+                self.status[i] = "r"
+                refused = True
+            else:
+                self.status[i] = "c"
+        return not refused and self.error is None
+
+    def done(self) -> Replies:
+        replies = Replies(self.replies, "".join(self.status))
+        if self.error is not None:
+            self.error.partial = replies
+            raise self.error
+        return replies
+
+
 class Store(_StoreBase):
     """A synchronous connection to the durabilis state in Redis.
 
     Build one with :func:`durabilis.connect`; share it between the pillars
     and threads of a process (redis-py clients are thread-safe).
     """
+
+    def __init__(self, client: Any, *, url: str, namespace: str, is_cluster: bool) -> None:
+        super().__init__(client, url=url, namespace=namespace, is_cluster=is_cluster)
+        self._threads: ThreadPoolExecutor | None = None  # Cluster: a step's concurrent calls
+        self._pool_lock = threading.Lock()
 
     def run(self, call: ScriptCall) -> Any:
         """Run one script; redis-py errors become durabilis errors."""
@@ -487,13 +548,18 @@ class Store(_StoreBase):
                 raise map_error(reply, call) from reply
         return replies
 
-    def run_step(self, calls: Sequence[ScriptCall], gates: Gates | None = None) -> Replies:
+    def run_step(
+        self, calls: Sequence[ScriptCall], gates: Gates | None = None,
+        waves: Waves | None = None,
+    ) -> Replies:
         """Run the calls of one step; a refusal by a gated call stops the step.
 
         Standalone: ONE atomic script in ONE round trip, all-or-nothing (every
         call's checks pass before any call writes; a gated refusal writes
-        nothing). Cluster: one call after another, stopping after the first
-        gated refusal (the calls before it stay written: the plan compensates).
+        nothing). Cluster: wave by wave (``waves``; default one call per wave),
+        the calls of a wave concurrently; after a wave with a gated refusal or a
+        failure, the later waves are not sent (what the calls before and beside
+        it wrote stays written: the plan compensates).
 
         Raises:
             DurabilisError: The step failed; ``exc.partial`` tells which calls
@@ -513,17 +579,37 @@ class Store(_StoreBase):
             except DurabilisError as exc:
                 exc.partial = Replies([None] * n, "?" * n)
                 raise
-        replies: list[Any] = []
-        for i, call in enumerate(calls):
-            try:
-                reply = self.run(call)
-            except DurabilisError as exc:
-                _failed_step(exc, replies, n)
-                raise
-            replies.append(reply)
-            if gates and i in gates and gates[i](reply):
-                return Replies(replies + [None] * (n - i - 1), "c" * i + "r" + "n" * (n - i - 1))
-        return Replies(replies, "c" * n)
+        stepping = _Stepping(n, gates)
+        for wave in _waves(n, waves):
+            if not stepping.took(wave, self._wave([calls[i] for i in wave])):
+                break
+        return stepping.done()
+
+    def _caught(self, call: ScriptCall) -> Any:
+        try:
+            return self.run(call)
+        except DurabilisError as exc:
+            return exc
+
+    def _wave(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        """Each call's reply or DurabilisError. Cluster: sent concurrently (the
+        calls go to their own nodes; redis-py's routing, redirects and slot-map
+        refreshes as for one call). Otherwise one by one (the simulator's unfused
+        standalone store)."""
+        if len(calls) == 1 or not self.is_cluster:
+            return [self._caught(c) for c in calls]
+        pool = self._pool()
+        later = [pool.submit(self._caught, c) for c in calls[1:]]
+        first = self._caught(calls[0])
+        return [first, *(f.result() for f in later)]
+
+    def _pool(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._threads is None:
+                self._threads = ThreadPoolExecutor(
+                    max_workers=_WAVE_THREADS, thread_name_prefix="durabilis-wave"
+                )
+            return self._threads
 
     @contextmanager
     def _mapped(self) -> Iterator[None]:
@@ -569,6 +655,10 @@ class Store(_StoreBase):
 
     def close(self) -> None:
         """Close the connection pool."""
+        with self._pool_lock:
+            threads, self._threads = self._threads, None
+        if threads is not None:
+            threads.shutdown(wait=False)
         self.client.close()
 
     def __enter__(self) -> Store:
@@ -682,7 +772,10 @@ class AsyncStore(_StoreBase):
                 raise map_error(reply, call) from reply
         return replies
 
-    async def run_step(self, calls: Sequence[ScriptCall], gates: Gates | None = None) -> Replies:
+    async def run_step(
+        self, calls: Sequence[ScriptCall], gates: Gates | None = None,
+        waves: Waves | None = None,
+    ) -> Replies:
         """See :meth:`Store.run_step`."""
         n = len(calls)
         if self._fuse:
@@ -698,17 +791,23 @@ class AsyncStore(_StoreBase):
             except DurabilisError as exc:
                 exc.partial = Replies([None] * n, "?" * n)
                 raise
-        replies: list[Any] = []
-        for i, call in enumerate(calls):
-            try:
-                reply = await self.run(call)
-            except DurabilisError as exc:
-                _failed_step(exc, replies, n)
-                raise
-            replies.append(reply)
-            if gates and i in gates and gates[i](reply):
-                return Replies(replies + [None] * (n - i - 1), "c" * i + "r" + "n" * (n - i - 1))
-        return Replies(replies, "c" * n)
+        stepping = _Stepping(n, gates)
+        for wave in _waves(n, waves):
+            if not stepping.took(wave, await self._wave([calls[i] for i in wave])):
+                break
+        return stepping.done()
+
+    async def _caught(self, call: ScriptCall) -> Any:
+        try:
+            return await self.run(call)
+        except DurabilisError as exc:
+            return exc
+
+    async def _wave(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        """See :meth:`Store._wave` (Cluster: gathered)."""
+        if len(calls) == 1 or not self.is_cluster:
+            return [await self._caught(c) for c in calls]
+        return list(await asyncio.gather(*(self._caught(c) for c in calls)))
 
     async def command(self, *args: Any) -> Any:
         """Run a plain read-only Redis command with error mapping."""

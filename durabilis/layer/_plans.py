@@ -490,31 +490,41 @@ class _LayerCore:
         nonce = _nonce()
         member = self.member(req.key.value, nonce) if dedup else ""
         probe = f"{nonce}.0"
-        # Order matters on Cluster, where these run one by one and stop at the
-        # first refusal: the index entry first (a worker killed just after its
-        # claim must already be listed for recover_orphans; an entry without
-        # its claim is dropped there), the claim (a duplicate asks nothing
-        # else), then the breaker and the budget (charged only for a new claim).
+        # On Cluster these go in two waves (Store.run_step), and no wave is
+        # sent after a refusal. First the index entry (a worker killed just
+        # after its claim must already be listed for recover_orphans; an entry
+        # without its claim is dropped there) and the breaker's registration.
+        # Then the claim and the breaker at once: a refusal by either gate is
+        # compensated like any other (the claim released, a probe slot a
+        # duplicate took given back). The breaker never goes before the claim:
+        # a duplicate of a completed operation gets its result while the
+        # circuit is open. The budget last: only a new claim is charged.
         calls: list[ScriptCall] = []
         at: dict[str, int] = {}
         gates: dict[int, Callable[[Any], bool]] = {}
+        waves: list[int] = []
         if dedup:
             at["note"] = len(calls)
             calls.append(self._note("add", [member]))
+            waves.append(0)
             at["claim"] = len(calls)
             gates[len(calls)] = _claim_refused
             calls.append(self._idem.claim(req.key, None, req.envelope, nonce))
+            waves.append(1)
         if dep is not None:
             at["cb"] = len(calls)
             gates[len(calls)] = _breaker_refused
             calls.append(self._breakers.ops.before_call(dep, probe_id=probe))
+            waves.append(1)
         if budget is not None:
             at["budget"] = len(calls)
             calls.append(self._budget.record_call(req.operation_type, budget))
+            waves.append(2)
         register = self._breakers.registration_call(dep) if dep is not None else None
         if register is not None:
             at["register"] = len(calls)
             calls.append(register)
+            waves.append(0)
         unknown = Replies([None] * len(calls), "?" * len(calls))
         if dedup:
             # The keep-alive holds the claim from before it exists: between
@@ -522,7 +532,7 @@ class _LayerCore:
             # renewed like any other.
             yield Hold(req.key.value, nonce, member)
         try:
-            replies = (yield IO(calls, gates)) if calls else Replies([], "")
+            replies = (yield IO(calls, gates, waves=waves)) if calls else Replies([], "")
         except DurabilisError as exc:
             yield from self._undo_begin(req, nonce, member, probe, exc.partial or unknown, at)
             raise
@@ -543,6 +553,8 @@ class _LayerCore:
                     raise
         listed = dedup and replies.ran(at["note"])
         if isinstance(claim, Duplicate):
+            if dep is not None and replies.status[at["cb"]] == "c":  # Cluster: asked at once
+                yield from self._give_back(dep, replies[at["cb"]], probe, req.key.value)
             return (yield from self._duplicate(req, claim, member if listed else "", wait_until))
 
         token = claim.token if claim is not None else None
@@ -571,6 +583,18 @@ class _LayerCore:
             except CorruptData:
                 _log.exception("durability_retry_budget_corrupt", operation_type=req.operation_type)
         return (yield from self._attempts(req, fn, policy, cl, permit))
+
+    def _give_back(self, dep: str, reply: Any, probe: str, key: str) -> Plan[None]:
+        """A duplicate whose breaker was asked beside its claim (Cluster): free the
+        probe slot it was given (a CLOSED admission holds nothing)."""
+        try:
+            permit = self._decode_permit(dep, reply)
+        except DurabilisError:
+            return
+        if permit.is_probe:
+            yield from self._best_effort(
+                [self._breakers.ops.release_probe(dep, probe)], "durability_release_failed", key
+            )
 
     def _undo_begin(  # noqa: PLR0917  (what the claim step held, one by one)
         self, req: _Request, nonce: str, member: str, probe: str, replies: Replies,
@@ -760,8 +784,8 @@ class _LayerCore:
             elif decision.retry:
                 calls.append(self._note("none", retries=1))
             failed = (exc, decision)
-            try:
-                replies = (yield IO(calls)) if calls else Replies([], "")
+            try:  # the report and the budget (or the count) are independent: at once
+                replies = (yield IO(calls, waves=[0] * len(calls))) if calls else Replies([], "")
             except INTERRUPTS:
                 yield from self._abandon(req, cl, permit, probe, started=1)
                 raise
@@ -810,9 +834,10 @@ class _LayerCore:
             decision=decision if broke is None else None, started=1,
         ))
 
-    def _persist(
+    def _persist(  # noqa: PLR0917  (a step's calls, their order, waves, gates and decoding)
         self, key: str, calls: dict[str, ScriptCall], order: Sequence[str],
         gates: Mapping[str, Callable[[Any], bool]], on_reply: Callable[[str, Any], Any],
+        waves: Mapping[str, int] | None = None,
     ) -> Plan[None]:
         """Send a step until every call of it is settled, shielded, while the lease lasts.
 
@@ -832,7 +857,10 @@ class _LayerCore:
             names = [n for n in order if n in pending]
             step_gates = {i: gates[n] for i, n in enumerate(names) if n in gates}
             try:
-                replies = yield IO([pending[n] for n in names], step_gates, shield=True)
+                replies = yield IO(
+                    [pending[n] for n in names], step_gates, shield=True,
+                    waves=[waves[n] for n in names] if waves else None,
+                )
             except CorruptData:
                 raise
             except DurabilisError as exc:
@@ -878,7 +906,7 @@ class _LayerCore:
             return b"", None, f"{type(exc).__name__}: {exc}"[:500]
         return packed, save, ""
 
-    def _succeeded(
+    def _succeeded(  # noqa: PLR0915  (the record step reads best as one piece)
         self, req: _Request, cl: _Claim, permit: Permit | None, result: Any, took_ms: float,
     ) -> Plan[Any]:
         packed, save, not_stored = self._encode_result(req, result)
@@ -900,13 +928,16 @@ class _LayerCore:
             duplicates=self._take_duplicates(),
         )
         # Standalone: one atomic step; the record goes first, its first write
-        # frees memory, so maxmemory never refuses it. Cluster: the checkpoint
-        # first (a checkpoint without its record is saved again by a re-run; a
-        # record without its checkpoint would never get one); the DLQ record
-        # settled only after the outcome is recorded.
+        # frees memory, so maxmemory never refuses it. Cluster, in waves: the
+        # checkpoint first (a checkpoint without its record is saved again by a
+        # re-run; a record without its checkpoint would never get one); the
+        # record and the breaker's report at once; the DLQ record settled and
+        # the index entry removed only once the outcome is recorded (an entry
+        # removed first would leave a dead worker's claim unlisted).
         order = ("record", "save", "settle", "report", "note") if self.fuses else (
-            "save", "record", "settle", "report", "note"
+            "save", "record", "report", "settle", "note"
         )
+        waves = {"save": 0, "record": 1, "report": 1, "settle": 2, "note": 2}
         lost = False
         misses: list[str] = []
 
@@ -946,7 +977,7 @@ class _LayerCore:
         if save is not None:
             gates["save"] = _save_refused
         try:
-            yield from self._persist(req.key.value, calls, order, gates, on_reply)
+            yield from self._persist(req.key.value, calls, order, gates, on_reply, waves)
         except _Unsent as unsent:
             yield from self._defer(req, cl, unsent)
             raise OutcomeUnrecorded(

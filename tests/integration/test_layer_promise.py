@@ -249,8 +249,8 @@ def test_a_record_is_never_written_without_its_checkpoint(
     seen: list[tuple[str, ...]] = []
     real = store.run_step
 
-    def watch(calls: Any, gates: Any = None) -> Any:
-        replies = real(calls, gates)
+    def watch(calls: Any, gates: Any = None, waves: Any = None) -> Any:
+        replies = real(calls, gates, waves)
         seen.append(tuple(f"{c.name}:{st}" for c, st in zip(calls, replies.status, strict=True)))
         return replies
 
@@ -287,7 +287,7 @@ def step_plan(plan: Any, store: durabilis.Store, until: Any = None) -> Stepper:
     while not run.done and not (until and until(run.step)):
         step = run.step
         if type(step) is IO:
-            run.send(store.run_step(step.calls, step.gates))
+            run.send(store.run_step(step.calls, step.gates, step.waves))
         elif type(step) is Run:
             run.send((True, "ran"))
         elif type(step) is Hold:
@@ -322,7 +322,7 @@ def step_plan_continue(run: Stepper, store: durabilis.Store) -> None:
         while not run.done:
             step = run.step
             if type(step) is IO:
-                run.send(store.run_step(step.calls, step.gates))
+                run.send(store.run_step(step.calls, step.gates, step.waves))
             elif type(step) is Run:
                 run.send((True, "late"))
             else:

@@ -1,12 +1,13 @@
 """The happy path of a durable call costs two round trips to Redis (standalone).
 
-On Redis Cluster the scripts of one step run one after another (their keys
-live in different slots; docs/layer.md, "Round trips"): the test asserts the
-documented cluster figures there.
+On Redis Cluster the scripts of one step go in waves (their keys live in
+different slots; docs/layer.md, "Round trips"): the test asserts the
+documented cluster figures there, round trips one after another and requests.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -19,20 +20,28 @@ from durabilis.layer import DurabilityLayer
 from durabilis.layer._plans import DUPLICATES_FLUSH_SECONDS
 from tests.integration._layer_support import Counter, fast_config
 
-# Round trips per call: standalone (scripts of a step fused) / Cluster (one per script).
-# Cluster (docs/layer.md): claim, admit, index before fn; record, report, index after
-# (+ the checkpoint); a duplicate: index, claim (refused: the step stops there), then
-# count it; a retry: report, count it, admit again.
+# (Round trips one after another, requests sent) per call. Standalone: the scripts
+# of a step fused, one round trip each. Cluster (docs/layer.md, "Round trips"),
+# in waves whose calls go at once: the index entry, then the claim and the
+# admission; the record and the report, then the index entry (the checkpoint
+# first); a duplicate: the index entry, the claim and the admission, then its
+# count; a retry adds the failure report with the retry's count, and the next
+# admission.
 EXPECTED = {
-    "standalone": {"happy": 2, "checkpoint": 2, "duplicate": 1, "one_retry": 4},
-    "cluster": {"happy": 6, "checkpoint": 7, "duplicate": 3, "one_retry": 9},
+    "standalone": {"happy": (2, 2), "checkpoint": (2, 2), "duplicate": (1, 1),
+                   "one_retry": (4, 4)},
+    "cluster": {"happy": (4, 6), "checkpoint": (5, 7), "duplicate": (3, 4),
+                "one_retry": (6, 9)},
 }
 
 
 class Sends:
-    """Every write of a request (a command or a whole pipeline) to a socket, any client."""
+    """Every write of a request (a command or a whole pipeline) to a socket, any
+    client; ``sequential``: those of the calling thread (on Cluster, the other
+    calls of a wave leave from worker threads at the same time)."""
 
     count = 0
+    sequential = 0
 
 
 @pytest.fixture
@@ -43,6 +52,7 @@ def sends(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[Sends]]:
 
     def counting(self: Any, command: Any, check_health: bool = True) -> None:
         Sends.count += 1
+        Sends.sequential += threading.current_thread() is threading.main_thread()
         original(self, command, check_health)
 
     monkeypatch.setattr(redis.connection.Connection, "send_packed_command", counting)
@@ -50,10 +60,11 @@ def sends(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[Sends]]:
 
 
 def round_trips(sends: type[Sends], layer: DurabilityLayer, payload: str, op: Counter,
-                **kw: Any) -> int:
-    before = sends.count
+                **kw: Any) -> tuple[int, int]:
+    """(round trips one after another, requests sent) by one durable call."""
+    before, seq = sends.count, sends.sequential
     layer.execute("a1", "job", payload, op, **kw)
-    return sends.count - before
+    return sends.sequential - seq, sends.count - before
 
 
 def test_happy_path_is_two_round_trips(

@@ -10,7 +10,8 @@ each boundary the scheduler picks who steps next and may inject a fault:
 - a crash before or after the server applied the step (the plan is abandoned;
   the actor's keep-alive stops);
 - a lost reply (applied, then ``StorageUnavailable``), a timeout (not applied),
-  a failure in the middle of a Cluster step (the calls before it applied);
+  a failure or a crash in the middle of a Cluster step (the waves before it
+  applied; of the wave in flight, each call applied or not, its reply lost or not);
 - a cancellation (asyncio actors), before or after the server applied the step,
   and during ``fn``; shielded steps defer it as the asyncio driver does;
 - ``fn`` succeeding, raising a retryable or non-retryable error, returning an
@@ -69,6 +70,7 @@ from durabilis._steps import (
     async_shielded,
     shielded,
 )
+from durabilis._store import _waves as _store_waves
 from durabilis.checkpoint import _RunPlan
 from durabilis.dlq import DlqConfig
 from durabilis.layer import DurabilityConfig, DurabilityLayer, OperationContext, _plans
@@ -437,7 +439,7 @@ class Simulation:
             return None
         kinds = ["crash_before", "crash_after", "lost_reply", "timeout"]
         if not self.store.fuses and type(step) is IO and len(step.calls) > 1:
-            kinds.append("mid_step")
+            kinds += ["mid_step", "crash_mid"]
         if actor.flavour == "async":
             kinds += ["cancel_before", "cancel_after"]
         return self.rng.choice(kinds)
@@ -558,17 +560,42 @@ class Simulation:
                 if actor.submission is not None:
                     actor.submission.nonces.add(str(call.args[5]))
 
-    def _apply(self, calls: list[ScriptCall], gates: Any, upto: int | None) -> Replies:
-        """Run a step; with ``upto``, only its first calls (then it "fails")."""
-        if upto is None:
-            return self.store.run_step(calls, gates)
-        replies: list[Any] = []
-        for i, call in enumerate(calls[:upto]):
-            reply = self.store.run(call)
-            replies.append(reply)
-            if gates and i in gates and gates[i](reply):
-                break
-        return Replies(replies, "c" * len(replies))
+    def _partly(
+        self, calls: list[ScriptCall], gates: Any, waves: Any
+    ) -> tuple[Replies | None, Replies | None]:
+        """Run part of an unfused step, as a Cluster step that fails midway: the
+        waves before a failing wave apply; in the failing wave (its calls sent
+        at once) each call applies or not, and its reply comes back or not, at
+        least one unknown; the waves after it are not sent. Returns ``(partial,
+        None)``, or ``(None, replies)`` when a gated refusal ended the step
+        before the failing wave (no fault then)."""
+        groups = _store_waves(len(calls), waves)
+        failing = self.rng.randrange(len(groups))
+        replies: list[Any] = [None] * len(calls)
+        status = ["n"] * len(calls)
+        for w, wave in enumerate(groups):
+            if w < failing:
+                refused = False
+                for i in wave:
+                    replies[i] = self.store.run(calls[i])
+                    refused_now = bool(gates and i in gates and gates[i](replies[i]))
+                    status[i] = "r" if refused_now else "c"
+                    refused = refused or refused_now
+                if refused:  # the step ended here, as run_step ends it
+                    return None, Replies(replies, "".join(status))
+                continue
+            lost = self.rng.choice(wave)  # at least this one is unknown
+            for i in wave:
+                applies = self.rng.random() < 0.5
+                if applies:
+                    replies[i] = self.store.run(calls[i])
+                if applies and i != lost and self.rng.random() < 0.5:
+                    refused_now = bool(gates and i in gates and gates[i](replies[i]))
+                    status[i] = "r" if refused_now else "c"
+                else:
+                    replies[i], status[i] = None, "?"
+            break
+        return Replies(replies, "".join(status)), None
 
     def _io(self, actor: Actor, step: Any) -> None:  # noqa: PLR0912  (a branch per fault)
         assert actor.run is not None
@@ -593,15 +620,17 @@ class Simulation:
         if fault == "cancel_before" and not async_shielded(step):
             actor.run.throw(asyncio.CancelledError())
             return
-        if fault == "mid_step" and len(calls) > 1:
-            upto = self.rng.randint(1, len(calls) - 1)
-            done = self._apply(calls, gates, upto)
-            exc = _unavailable(f"failed after {len(done)} of {len(calls)} calls", len(calls))
-            n = len(calls)
-            exc.partial = Replies(
-                [*done, *([None] * (n - len(done)))],
-                done.status + "?" + "n" * (n - len(done) - 1),
-            )
+        if fault in ("mid_step", "crash_mid") and len(calls) > 1:
+            done, ended = self._partly(calls, gates, step.waves if type(step) is IO else None)
+            if done is None:  # refused before the failing wave: the step ended there
+                self.log(f"{actor.name} step refused before its fault ({ended and ended.status})")
+                actor.run.send(ended)
+                return
+            if fault == "crash_mid":
+                self._crash(actor, f"in the middle of the step ({done.status})")
+                return
+            exc = _unavailable(f"failed in the middle ({done.status})", len(calls))
+            exc.partial = done
             actor.run.throw(exc)
             return
         try:
@@ -610,7 +639,7 @@ class Simulation:
             elif type(step) is ScriptCall:
                 reply = self.store.run(step)
             else:
-                reply = self.store.run_step(calls, gates)
+                reply = self.store.run_step(calls, gates, step.waves)
         except DurabilisError as exc:
             self.violations.append(f"unexpected storage error without a fault: {exc!r}")
             actor.run.throw(exc)
