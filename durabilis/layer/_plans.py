@@ -250,6 +250,11 @@ class _LayerCore:
         self._dups_lock = threading.Lock()
         self._dups = 0
         self._dups_since = 0.0
+        # Cluster: index entries of settled claims, and their counts, waiting
+        # to be removed (see _leave); guarded by the same lock.
+        self._gone: list[str] = []
+        self._gone_counts: dict[str, int] = {}
+        self._gone_since = 0.0
 
     # -- request building: every check before any I/O --
 
@@ -380,17 +385,60 @@ class _LayerCore:
             n, self._dups = self._dups, 0
             return n
 
-    def flush_calls(self, *, due_only: bool = False) -> list[ScriptCall]:
-        """The counts waiting in this process, as a note to send now (or nothing).
+    def _leave(self, members: Sequence[str], counts: Mapping[str, int]) -> None:
+        """Cluster: remove the index entries of settled claims later, with their counts.
 
-        ``due_only``: only once the oldest waiting count is
-        DUPLICATES_FLUSH_SECONDS old (the keep-alive's tick, when idle).
+        A claim's entry may go only once its outcome is written (an entry
+        removed first would leave a dead worker's claim unlisted), so on
+        Cluster its removal would be a round trip of its own after the record.
+        It waits in this process instead and goes beside this process's next
+        claim step (same wave as its index entry: no round trip of its own), or
+        with the keep-alive's tick once a second old, ``stats()`` or
+        ``close()``. A process killed meanwhile leaves entries of recorded
+        claims, which ``recover_orphans`` drops once their lease has passed,
+        and loses those counts (never a record).
         """
         with self._dups_lock:
-            if due_only and time.monotonic() - self._dups_since < DUPLICATES_FLUSH_SECONDS:
-                return []
-            n, self._dups = self._dups, 0
-        return [self._note("none", duplicates=n)] if n else []
+            if not self._gone and not self._gone_counts:
+                self._gone_since = time.monotonic()
+            self._gone.extend(m for m in members if m)
+            for name, n in counts.items():
+                self._gone_counts[name] = self._gone_counts.get(name, 0) + n
+
+    def _take_gone(self) -> tuple[list[str], dict[str, int]]:
+        """The waiting removals and their counts, taken from the queue."""
+        with self._dups_lock:
+            taken = self._gone, self._gone_counts
+            self._gone, self._gone_counts = [], {}
+        return taken
+
+    def _gone_note(self, gone: list[str], counts: dict[str, int]) -> ScriptCall | None:
+        """Removals and counts as one note (a removal sent twice is harmless; the
+        counts go only with a removal that happened)."""
+        if not gone and not any(counts.values()):
+            return None
+        return self._note("rem" if gone else "none", gone, **counts)
+
+    def flush_calls(self, *, due_only: bool = False) -> list[ScriptCall]:
+        """The counts (and, on Cluster, index removals) waiting in this process, as
+        notes to send now (or nothing).
+
+        ``due_only``: only those whose oldest is DUPLICATES_FLUSH_SECONDS old
+        (the keep-alive's tick).
+        """
+        now = time.monotonic()
+        calls: list[ScriptCall] = []
+        with self._dups_lock:
+            dups_due = not due_only or now - self._dups_since >= DUPLICATES_FLUSH_SECONDS
+            gone_due = not due_only or now - self._gone_since >= DUPLICATES_FLUSH_SECONDS
+            n = 0
+            if dups_due:
+                n, self._dups = self._dups, 0
+        if gone_due and (gone := self._gone_note(*self._take_gone())) is not None:
+            calls.append(gone)
+        if n:
+            calls.append(self._note("none", duplicates=n))
+        return calls
 
     def renew_calls(self, held: Sequence[tuple[str, str, str]]) -> list[ScriptCall]:
         """The keep-alive's calls for the claims held (key, nonce, member): their leases
@@ -503,10 +551,17 @@ class _LayerCore:
         at: dict[str, int] = {}
         gates: dict[int, Callable[[Any], bool]] = {}
         waves: list[int] = []
+        gone: tuple[list[str], dict[str, int]] = ([], {})
         if dedup:
             at["note"] = len(calls)
             calls.append(self._note("add", [member]))
             waves.append(0)
+            if not self.fuses:
+                gone = self._take_gone()
+                if (note := self._gone_note(*gone)) is not None:
+                    at["gone"] = len(calls)  # settled claims' entries: beside ours (_leave)
+                    calls.append(note)
+                    waves.append(0)
             at["claim"] = len(calls)
             gates[len(calls)] = _claim_refused
             calls.append(self._idem.claim(req.key, None, req.envelope, nonce))
@@ -534,9 +589,13 @@ class _LayerCore:
         try:
             replies = (yield IO(calls, gates, waves=waves)) if calls else Replies([], "")
         except DurabilisError as exc:
+            if "gone" in at and (exc.partial or unknown).status[at["gone"]] != "c":
+                self._leave(*gone)  # not surely removed: again later
             yield from self._undo_begin(req, nonce, member, probe, exc.partial or unknown, at)
             raise
         except INTERRUPTS:
+            if "gone" in at:
+                self._leave(*gone)
             yield from self._undo_begin(req, nonce, member, probe, unknown, at)
             raise
         if register is not None and dep is not None and replies.status[at["register"]] == "c":
@@ -672,7 +731,13 @@ class _LayerCore:
     ) -> Plan[Any]:
         # Counting must not fail the call: the answer is known. Standalone: the
         # claim step wrote nothing, the count waits for a note sent anyway.
-        n = self._take_duplicates() + 1 if member else self._count_duplicate()
+        # Cluster: its index entry (no claim of it exists) goes with its count
+        # later (_leave).
+        if member and not self.fuses:
+            self._leave([member], {"duplicates": 1})
+            member, n = "", 0
+        else:
+            n = self._take_duplicates() + 1 if member else self._count_duplicate()
         if member or n:
             calls = [self._note("rem" if member else "none", [member] if member else [],
                                 duplicates=n)]
@@ -923,17 +988,17 @@ class _LayerCore:
             )
         if (settle := self._settle_call(req, cl)) is not None:
             calls["settle"] = settle
-        calls["note"] = self._note(
-            "rem", [cl.member] if cl.member else [], started=1, succeeded=1,
-            duplicates=self._take_duplicates(),
-        )
+        counts = {"started": 1, "succeeded": 1}
+        note = self._note("rem", [cl.member] if cl.member else [], **counts,
+                          duplicates=self._take_duplicates() if self.fuses else 0)
+        if self.fuses:
+            calls["note"] = note
         # Standalone: one atomic step; the record goes first, its first write
         # frees memory, so maxmemory never refuses it. Cluster, in waves: the
         # checkpoint first (a checkpoint without its record is saved again by a
         # re-run; a record without its checkpoint would never get one); the
-        # record and the breaker's report at once; the DLQ record settled and
-        # the index entry removed only once the outcome is recorded (an entry
-        # removed first would leave a dead worker's claim unlisted).
+        # record and the breaker's report at once; the DLQ record settled once
+        # the outcome is recorded; the index entry removed later (_leave).
         order = ("record", "save", "settle", "report", "note") if self.fuses else (
             "save", "record", "report", "settle", "note"
         )
@@ -979,6 +1044,8 @@ class _LayerCore:
         try:
             yield from self._persist(req.key.value, calls, order, gates, on_reply, waves)
         except _Unsent as unsent:
+            if not self.fuses:  # after the record, by the keep-alive
+                unsent.calls.append(note)
             yield from self._defer(req, cl, unsent)
             raise OutcomeUnrecorded(
                 req.key.value, succeeded=True, result=result
@@ -996,6 +1063,8 @@ class _LayerCore:
                 operation_type=req.operation_type,
             )
             raise LeaseLost(req.key.value)
+        if not self.fuses:
+            self._leave([cl.member] if cl.member else [], counts)
         if not_stored:
             _log.error(
                 "durability_result_not_stored", idempotency_key=req.key.value,

@@ -22,16 +22,16 @@ from tests.integration._layer_support import Counter, fast_config
 
 # (Round trips one after another, requests sent) per call. Standalone: the scripts
 # of a step fused, one round trip each. Cluster (docs/layer.md, "Round trips"),
-# in waves whose calls go at once: the index entry, then the claim and the
-# admission; the record and the report, then the index entry (the checkpoint
-# first); a duplicate: the index entry, the claim and the admission, then its
-# count; a retry adds the failure report with the retry's count, and the next
-# admission.
+# in waves whose calls go at once: the index entry (beside it, the removal of the
+# previous call's), then the claim and the admission; the record and the report
+# (the checkpoint first); a duplicate: the index entry, the claim and the
+# admission; a retry adds the failure report with the retry's count, and the
+# next admission.
 EXPECTED = {
     "standalone": {"happy": (2, 2), "checkpoint": (2, 2), "duplicate": (1, 1),
                    "one_retry": (4, 4)},
-    "cluster": {"happy": (4, 6), "checkpoint": (5, 7), "duplicate": (3, 4),
-                "one_retry": (6, 9)},
+    "cluster": {"happy": (3, 6), "checkpoint": (4, 7), "duplicate": (2, 4),
+                "one_retry": (5, 9)},
 }
 
 
@@ -113,8 +113,9 @@ def test_a_duplicate_s_count_waits_at_most_a_second_in_its_process(
             assert counted() == 3
             layer.execute("a1", "job", "p", Counter())
         else:
-            assert counted() == 1  # Cluster: counted with the index entry's removal
-            layer.execute("a1", "job", "p", Counter())
+            assert counted() == 0  # Cluster: waits with its index entry's removal
+            layer.execute("a1", "job", "p", Counter())  # the next claim step carries it
+            assert counted() == 1
     finally:
         layer.close()  # sends what waits
         fused = store.fuses
@@ -123,7 +124,6 @@ def test_a_duplicate_s_count_waits_at_most_a_second_in_its_process(
 
 
 
-@pytest.mark.standalone_only  # Cluster counts a duplicate at once (its index entry)
 def test_an_idle_process_s_waiting_duplicate_count_goes_with_the_keep_alive(
     redis_url: str, namespace: str, raw: Any
 ) -> None:
@@ -140,6 +140,42 @@ def test_an_idle_process_s_waiting_duplicate_count_goes_with_the_keep_alive(
         while counted() == 0 and time.monotonic() < deadline:
             time.sleep(0.05)  # the process does nothing: its keep-alive sends it
         assert counted() == 1
+    finally:
+        layer.close()
+        store.close()
+
+
+def test_cluster_removes_a_settled_claim_s_index_entry_later_never_before_its_record(
+    redis_url: str, namespace: str, raw: Any
+) -> None:
+    """Cluster (and the unfused path on standalone): the entry goes with the
+    process's next claim step, or its keep-alive tick; an entry whose removal
+    died with its process is dropped by recover_orphans, nothing parked."""
+    store = durabilis.connect(redis_url, namespace=namespace)
+    store._fuse = False  # the Cluster code path (a no-op on Cluster)
+    layer = DurabilityLayer(store, fast_config(lease=1, renew_every_seconds=0.3))
+    index = store.keys.layer("inflight")
+    try:
+        layer.execute("a1", "job", "p-1", Counter())
+        assert raw.zcard(index) == 1 and layer._core._gone  # its removal waits in the process
+        key = raw.zrange(index, 0, -1)[0].decode().rpartition("|")[0]
+        assert raw.hget(store.keys.idem(key), "s") == b"d"  # after its record, never before
+        layer.execute("a1", "job", "p-2", Counter())  # carries p-1's removal
+        assert [m.decode().split("|")[0] for m in raw.zrange(index, 0, -1)] == [
+            layer._core._gone[0].split("|")[0]]
+        deadline = time.monotonic() + DUPLICATES_FLUSH_SECONDS + 3
+        while raw.zcard(index) and time.monotonic() < deadline:
+            time.sleep(0.05)  # idle: the keep-alive's tick sends it
+        assert raw.zcard(index) == 0 and not layer._core._gone
+        assert layer.stats().succeeded == 2  # the counts went with the removals
+
+        layer.execute("a1", "job", "p-3", Counter())
+        layer._core._take_gone()  # its process is killed: what waited in it is lost
+        assert raw.zcard(index) == 1
+        time.sleep(1.1)  # the entry's lease passes
+        assert layer.recover_orphans() == []  # nothing parked: the claim is recorded
+        assert raw.zcard(index) == 0
+        assert layer.dlq.stats().total == 0
     finally:
         layer.close()
         store.close()

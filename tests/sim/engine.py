@@ -363,6 +363,9 @@ class Simulation:
                     break
             else:
                 self.violations.append("stuck: live actors did not finish (2000 steps)")
+            for a in self.actors:  # the survivors close; the dead lost what waited in them
+                if not a.crashed:
+                    self._flush(a)
             self._advance(LEASE * 2.5)
             self._recover_all()
 
@@ -432,7 +435,14 @@ class Simulation:
                         replies = self.store.run_step(item.step.calls, item.step.gates)
                         a.layer._core.deferred_sent(a.leases, item, replies)
                         self.log(f"{a.name} keep-alive records a deferred outcome")
+                    self._flush(a)
         self.log(f"time -> {self.now:.3f}")
+
+    def _flush(self, actor: Actor) -> None:
+        """What the keep-alive's tick (or stats(), close()) sends of the counts and
+        the index removals waiting in a process (Cluster: _LayerCore._leave)."""
+        for call in actor.layer._core.flush_calls():
+            self.store.run(call)
 
     def _fault(self, step: Any, actor: Actor) -> str | None:
         if not self.faults or self.rng.random() >= self.knobs.fault_rate:
@@ -544,11 +554,17 @@ class Simulation:
                     f"{sub.actor} {sub.label} answered ({answer}) but left its claim {nonce}"
                     " in progress")
             member = f"{sub.key}|{nonce}"
+            if member in self._waiting(sub.actor):
+                continue  # removed later by its process (Cluster: _LayerCore._leave)
             if self.raw.zscore(self.store.keys.layer("inflight"), member) is not None:
                 self.violations.append(
                     f"{sub.actor} {sub.label} answered but left its in-flight entry {member}")
         if sub.outcome == "ok" and state != b"d":
             self.violations.append(f"{sub.actor} {sub.label} got a result that is not recorded")
+
+    def _waiting(self, name: str) -> list[str]:
+        actor = next((a for a in self.actors if a.name == name), None)
+        return list(actor.layer._core._gone) if actor is not None else []
 
     def _note_probes(self, actor: Actor, calls: list[ScriptCall]) -> None:
         for call in calls:
