@@ -12,7 +12,7 @@ import atexit
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -518,20 +518,14 @@ class Store(_StoreBase):
         """Run several scripts in ONE round trip (a non-transactional pipeline).
 
         Each script stays atomic; together they are not a transaction. On
-        Cluster, redis-py refuses EVALSHA in pipelines, so the calls run one
-        after another there (one round trip each).
+        Cluster, redis-py refuses EVALSHA in pipelines, so the calls are sent
+        concurrently there, each to its node (``_wave``): in no particular order.
 
         Raises:
             DurabilisError: The first call that failed (every call was still tried).
         """
         if self.is_cluster:
-            outcomes: list[Any] = []
-            for c in calls:
-                try:
-                    outcomes.append(self.run(c))
-                except DurabilisError as exc:
-                    outcomes.append(exc)
-            return _first_error_or(outcomes)
+            return _first_error_or(self._wave(calls))
         try:
             pipe = self.client.pipeline(transaction=False)
             for c in calls:
@@ -600,8 +594,14 @@ class Store(_StoreBase):
             return [self._caught(c) for c in calls]
         pool = self._pool()
         later = [pool.submit(self._caught, c) for c in calls[1:]]
-        first = self._caught(calls[0])
-        return [first, *(f.result() for f in later)]
+        try:
+            first = self._caught(calls[0])
+            return [first, *(f.result() for f in later)]
+        except BaseException:
+            # Interrupted (KeyboardInterrupt): the plan's compensation must not
+            # overtake a call of this wave still in flight, so wait for them.
+            wait(later)
+            raise
 
     def _pool(self) -> ThreadPoolExecutor:
         with self._pool_lock:
@@ -754,13 +754,7 @@ class AsyncStore(_StoreBase):
     async def run_many(self, calls: Sequence[ScriptCall]) -> list[Any]:
         """Run several scripts in ONE round trip (see :meth:`Store.run_many`)."""
         if self.autopipe is None:
-            outcomes: list[Any] = []
-            for c in calls:
-                try:
-                    outcomes.append(await self.run(c))
-                except DurabilisError as exc:
-                    outcomes.append(exc)
-            return _first_error_or(outcomes)
+            return _first_error_or(await self._wave(calls))
         try:
             replies = await self.autopipe.execute_many([tuple(self._evalsha(c)) for c in calls])
         except Exception as exc:
@@ -807,7 +801,15 @@ class AsyncStore(_StoreBase):
         """See :meth:`Store._wave` (Cluster: gathered)."""
         if len(calls) == 1 or not self.is_cluster:
             return [await self._caught(c) for c in calls]
-        return list(await asyncio.gather(*(self._caught(c) for c in calls)))
+        tasks = [asyncio.ensure_future(self._caught(c)) for c in calls]
+        try:
+            await asyncio.wait(tasks)  # a cancellation here does not cancel them...
+        except asyncio.CancelledError:
+            # ...and the plan's compensation must not overtake a call still in
+            # flight: wait for them (within the socket timeout), then go on.
+            await asyncio.wait(tasks)
+            raise
+        return [t.result() for t in tasks]
 
     async def command(self, *args: Any) -> Any:
         """Run a plain read-only Redis command with error mapping."""
