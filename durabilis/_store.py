@@ -12,7 +12,6 @@ import atexit
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -384,7 +383,14 @@ class _StoreBase:
         return self._fuse
 
 
-_WAVE_THREADS = 8  # Cluster: threads sending the concurrent calls of sync steps
+_NOT_RUN = (
+    redis.exceptions.AskError,  # also MovedError
+    redis.exceptions.NoScriptError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.ReadOnlyError,
+)
+"""Error replies that mean the script did not run (sent again the usual way)."""
 
 Gates = Mapping[int, Callable[[Any], bool]]
 """Per call index, a test of its reply: ``True`` means the call refused."""
@@ -466,11 +472,6 @@ class Store(_StoreBase):
     Build one with :func:`durabilis.connect`; share it between the pillars
     and threads of a process (redis-py clients are thread-safe).
     """
-
-    def __init__(self, client: Any, *, url: str, namespace: str, is_cluster: bool) -> None:
-        super().__init__(client, url=url, namespace=namespace, is_cluster=is_cluster)
-        self._threads: ThreadPoolExecutor | None = None  # Cluster: a step's concurrent calls
-        self._pool_lock = threading.Lock()
 
     def run(self, call: ScriptCall) -> Any:
         """Run one script; redis-py errors become durabilis errors."""
@@ -586,30 +587,73 @@ class Store(_StoreBase):
             return exc
 
     def _wave(self, calls: Sequence[ScriptCall]) -> list[Any]:
-        """Each call's reply or DurabilisError. Cluster: sent concurrently (the
-        calls go to their own nodes; redis-py's routing, redirects and slot-map
-        refreshes as for one call). Otherwise one by one (the simulator's unfused
-        standalone store)."""
+        """Each call's reply or DurabilisError. Cluster: each call written to its
+        key's primary before any reply is read (one round trip for the wave; a
+        redirect, NOSCRIPT or failover reply, or a call that could not be
+        written, goes again through redis-py's own routing). Otherwise one by
+        one (the simulator's unfused standalone store)."""
         if len(calls) == 1 or not self.is_cluster:
             return [self._caught(c) for c in calls]
-        pool = self._pool()
-        later = [pool.submit(self._caught, c) for c in calls[1:]]
+        sent = [self._send_to_node(c) for c in calls]  # every call written first...
+        out: list[Any] = []
         try:
-            first = self._caught(calls[0])
-            return [first, *(f.result() for f in later)]
-        except BaseException:
-            # Interrupted (KeyboardInterrupt): the plan's compensation must not
-            # overtake a call of this wave still in flight, so wait for them.
-            wait(later)
-            raise
+            for call, on in zip(calls, sent, strict=True):  # ...then each reply read
+                out.append(self._caught(call) if on is None else self._reply_of(call, *on))
+        finally:
+            for on in sent[len(out):]:  # interrupted: the connections left are out of step
+                if on is not None:
+                    on[1].disconnect()
+                    on[0].connection_pool.release(on[1])
+        return out
 
-    def _pool(self) -> ThreadPoolExecutor:
-        with self._pool_lock:
-            if self._threads is None:
-                self._threads = ThreadPoolExecutor(
-                    max_workers=_WAVE_THREADS, thread_name_prefix="durabilis-wave"
-                )
-            return self._threads
+    def _send_to_node(self, call: ScriptCall) -> tuple[Any, Any, Any] | None:
+        """Write one script to the connection of its key's primary (Cluster); ``None``
+        if it could not be written whole (then nothing ran: the usual path sends it)."""
+        try:
+            node = self.client.get_node_from_key(call.keys[0])
+            redis_node = self.client.get_redis_connection(node)
+            conn = redis_node.connection_pool.get_connection()
+        except Exception:
+            return None
+        try:
+            conn.send_command(*self._evalsha(call))
+        except Exception:
+            conn.disconnect()
+            redis_node.connection_pool.release(conn)
+            return None
+        return redis_node, conn, node
+
+    def _reply_of(self, call: ScriptCall, redis_node: Any, conn: Any, node: Any) -> Any:
+        """The reply of a script :meth:`_send_to_node` wrote (or its DurabilisError)."""
+        pool = redis_node.connection_pool
+        try:
+            reply = redis_node.parse_response(conn, "EVALSHA")
+        except _NOT_RUN:  # a redirect, NOSCRIPT, a failover: nothing ran, the usual path
+            pool.release(conn)
+            return self._caught(call)
+        except redis.exceptions.ResponseError as exc:
+            pool.release(conn)
+            return map_error(exc, call)
+        except Exception as exc:  # lost on the way: the outcome is unknown
+            conn.disconnect()
+            pool.release(conn)
+            self._reread_slots(node)
+            return map_error(exc, call)
+        except BaseException:
+            conn.disconnect()
+            pool.release(conn)
+            raise
+        pool.release(conn)
+        return reply
+
+    def _reread_slots(self, node: Any) -> None:
+        """After a connection failed, as redis-py does: the node tried last, the slot
+        map read again (a failover moves the slots to a new primary)."""
+        try:
+            self.client.nodes_manager.move_node_to_end_of_cached_nodes(node.name)
+            self.client.nodes_manager.initialize(last_failed_node_name=node.name)
+        except Exception:  # the next call finds out again
+            pass
 
     @contextmanager
     def _mapped(self) -> Iterator[None]:
@@ -655,10 +699,6 @@ class Store(_StoreBase):
 
     def close(self) -> None:
         """Close the connection pool."""
-        with self._pool_lock:
-            threads, self._threads = self._threads, None
-        if threads is not None:
-            threads.shutdown(wait=False)
         self.client.close()
 
     def __enter__(self) -> Store:

@@ -7,7 +7,6 @@ documented cluster figures there, round trips one after another and requests.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -37,11 +36,12 @@ EXPECTED = {
 
 class Sends:
     """Every write of a request (a command or a whole pipeline) to a socket, any
-    client; ``sequential``: those of the calling thread (on Cluster, the other
-    calls of a wave leave from worker threads at the same time)."""
+    client; ``sequential``: the writes that follow a read (on Cluster, the calls
+    of a wave are all written before any reply is read: one round trip)."""
 
     count = 0
     sequential = 0
+    reading = True
 
 
 @pytest.fixture
@@ -49,13 +49,20 @@ def sends(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[Sends]]:
     # Patched on the class: a cluster client builds one pool per node itself
     # (it takes no ``connection_class``), every one of them on this class.
     original = redis.connection.Connection.send_packed_command
+    read = redis.connection.Connection.read_response
 
     def counting(self: Any, command: Any, check_health: bool = True) -> None:
         Sends.count += 1
-        Sends.sequential += threading.current_thread() is threading.main_thread()
+        Sends.sequential += Sends.reading
+        Sends.reading = False
         original(self, command, check_health)
 
+    def reading(self: Any, *args: Any, **kwargs: Any) -> Any:
+        Sends.reading = True
+        return read(self, *args, **kwargs)
+
     monkeypatch.setattr(redis.connection.Connection, "send_packed_command", counting)
+    monkeypatch.setattr(redis.connection.Connection, "read_response", reading)
     yield Sends
 
 
