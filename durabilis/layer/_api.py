@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import threading
 from collections.abc import Awaitable, Callable
@@ -460,3 +461,11 @@ class AsyncDurabilityLayer:
                 await self.store.run(call)
         except DurabilisError as exc:
             _log.warning("durability_counts_not_sent", error=f"{type(exc).__name__}: {exc}")
+        # Nothing left to renew: this loop's keep-alive stops now rather than at
+        # its next tick (a loop closed meanwhile would destroy it pending).
+        task = self._renewers.get(asyncio.get_running_loop())
+        if task is not None and not self._leases.busy():
+            self._renewers.pop(asyncio.get_running_loop(), None)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

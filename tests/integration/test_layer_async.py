@@ -105,3 +105,22 @@ def test_async_decorator_and_lease_renewal(redis_url: str, namespace: str) -> No
         assert seen[0] is not None and seen[0].agent_id == "bot"
 
     run(redis_url, namespace, body)
+
+
+def test_closing_an_idle_layer_stops_its_keep_alive_at_once(
+    redis_url: str, namespace: str
+) -> None:
+    """Its loop may close right after: no keep-alive task left pending (asyncio
+    reported "Task was destroyed but it is pending!" at interpreter exit)."""
+
+    async def main() -> tuple[bool, bool]:
+        store = durabilis.connect_async(redis_url, namespace=namespace)
+        layer = AsyncDurabilityLayer(store, fast_config())
+        await layer.execute("a1", "job", "p", Counter())
+        [task] = layer._renewers.values()
+        alive = not task.done()
+        await layer.close()
+        await store.close()
+        return alive, task.done()
+
+    assert asyncio.run(main()) == (True, True)
