@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -466,6 +467,19 @@ class _Stepping:
         return replies
 
 
+def _drain(redis_node: Any, conn: Any, node: Any) -> None:
+    """Read and drop the reply of a script written to ``conn``, then give ``conn`` back
+    (disconnected if the reply did not come)."""
+    try:
+        redis_node.parse_response(conn, "EVALSHA")
+    except redis.exceptions.ResponseError:
+        pass
+    except BaseException:
+        conn.disconnect()
+    finally:
+        redis_node.connection_pool.release(conn)
+
+
 class Store(_StoreBase):
     """A synchronous connection to the durabilis state in Redis.
 
@@ -594,16 +608,21 @@ class Store(_StoreBase):
         one (the simulator's unfused standalone store)."""
         if len(calls) == 1 or not self.is_cluster:
             return [self._caught(c) for c in calls]
-        sent = [self._send_to_node(c) for c in calls]  # every call written first...
+        unread: list[tuple[Any, Any, Any] | None] = []
         out: list[Any] = []
         try:
-            for call, on in zip(calls, sent, strict=True):  # ...then each reply read
+            for call in calls:  # every call written first...
+                unread.append(self._send_to_node(call))
+            for i, call in enumerate(calls):  # ...then each reply read
+                on, unread[i] = unread[i], None  # _reply_of gives its connection back
                 out.append(self._caught(call) if on is None else self._reply_of(call, *on))
         finally:
-            for on in sent[len(out):]:  # interrupted: the connections left are out of step
+            # Interrupted (KeyboardInterrupt, SystemExit): the calls written still
+            # run; wait for their replies (within the socket timeout) so that the
+            # plan's compensation never overtakes one of them.
+            for on in unread:
                 if on is not None:
-                    on[1].disconnect()
-                    on[0].connection_pool.release(on[1])
+                    _drain(*on)
         return out
 
     def _send_to_node(self, call: ScriptCall) -> tuple[Any, Any, Any] | None:
@@ -617,10 +636,12 @@ class Store(_StoreBase):
             return None
         try:
             conn.send_command(*self._evalsha(call))
-        except Exception:
+        except BaseException as exc:  # not written whole: it does not run
             conn.disconnect()
             redis_node.connection_pool.release(conn)
-            return None
+            if isinstance(exc, Exception):
+                return None
+            raise
         return redis_node, conn, node
 
     def _reply_of(self, call: ScriptCall, redis_node: Any, conn: Any, node: Any) -> Any:
@@ -847,7 +868,9 @@ class AsyncStore(_StoreBase):
         except asyncio.CancelledError:
             # ...and the plan's compensation must not overtake a call still in
             # flight: wait for them (within the socket timeout), then go on.
-            await asyncio.wait(tasks)
+            while not all(t.done() for t in tasks):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait(tasks)
             raise
         return [t.result() for t in tasks]
 

@@ -82,14 +82,14 @@ class DurabilityLayer:
     def _renew_loop(self) -> None:
         stop = threading.Event()
         while not stop.wait(self.config.renew_interval):
-            try:
-                for call in self._core.flush_calls(due_only=True):  # idle: counts still go
-                    self.store.run(call)
+            last = self._closed and not self._leases.busy()  # then all of it goes
+            try:  # idle too: what waits in the process still goes
+                drive(self._core.flush_plan(due_only=not last), self.store)
             except DurabilisError as exc:
                 _log.warning("durability_counts_not_sent", error=f"{type(exc).__name__}: {exc}")
+            if last:
+                return
             if not self._leases.busy():
-                if self._closed:
-                    return
                 continue
             try:
                 held = self._leases.held()
@@ -260,8 +260,7 @@ class DurabilityLayer:
         This process's waiting duplicate counts are sent first; other
         processes' may lag by up to a second (see docs/layer.md, Counters).
         """
-        for call in self._core.flush_calls():
-            self.store.run(call)
+        drive(self._core.flush_plan(), self.store)
         raw = self.store.command("HGETALL", self._core._stats)
         in_flight = self.store.command("ZCARD", self._core._index)
         return self._core.decode_stats(raw, int(in_flight or 0))
@@ -275,8 +274,7 @@ class DurabilityLayer:
         """
         self._closed = True
         try:
-            for call in self._core.flush_calls():
-                self.store.run(call)
+            drive(self._core.flush_plan(), self.store)
         except DurabilisError as exc:
             _log.warning("durability_counts_not_sent", error=f"{type(exc).__name__}: {exc}")
 
@@ -326,14 +324,14 @@ class AsyncDurabilityLayer:
     async def _renew_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.renew_interval)
-            try:
-                for call in self._core.flush_calls(due_only=True):  # idle: counts still go
-                    await self.store.run(call)
+            last = self._closed and not self._leases.busy()  # then all of it goes
+            try:  # idle too: what waits in the process still goes
+                await adrive(self._core.flush_plan(due_only=not last), self.store)
             except DurabilisError as exc:
                 _log.warning("durability_counts_not_sent", error=f"{type(exc).__name__}: {exc}")
+            if last:
+                return
             if not self._leases.busy():
-                if self._closed:
-                    return
                 continue
             try:
                 held = self._leases.held()
@@ -447,8 +445,7 @@ class AsyncDurabilityLayer:
 
     async def stats(self) -> LayerStats:
         """See :meth:`DurabilityLayer.stats`."""
-        for call in self._core.flush_calls():
-            await self.store.run(call)
+        await adrive(self._core.flush_plan(), self.store)
         raw = await self.store.command("HGETALL", self._core._stats)
         in_flight = await self.store.command("ZCARD", self._core._index)
         return self._core.decode_stats(raw, int(in_flight or 0))
@@ -457,8 +454,7 @@ class AsyncDurabilityLayer:
         """See :meth:`DurabilityLayer.close`."""
         self._closed = True
         try:
-            for call in self._core.flush_calls():
-                await self.store.run(call)
+            await adrive(self._core.flush_plan(), self.store)
         except DurabilisError as exc:
             _log.warning("durability_counts_not_sent", error=f"{type(exc).__name__}: {exc}")
         # Nothing left to renew: this loop's keep-alive stops now rather than at
@@ -469,3 +465,7 @@ class AsyncDurabilityLayer:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            try:  # what a flush of the keep-alive cancelled midway left
+                await adrive(self._core.flush_plan(), self.store)
+            except DurabilisError as exc:
+                _log.warning("durability_counts_not_sent", error=f"{type(exc).__name__}: {exc}")

@@ -255,6 +255,9 @@ class _LayerCore:
         self._gone: list[str] = []
         self._gone_counts: dict[str, int] = {}
         self._gone_since = 0.0
+        # Removals sent once whose outcome is unknown: each goes again alone,
+        # never merged with newer ones (its counts go only with a removal).
+        self._unsure: list[tuple[list[str], dict[str, int]]] = []
 
     # -- request building: every check before any I/O --
 
@@ -419,26 +422,37 @@ class _LayerCore:
             return None
         return self._note("rem" if gone else "none", gone, **counts)
 
-    def flush_calls(self, *, due_only: bool = False) -> list[ScriptCall]:
-        """The counts (and, on Cluster, index removals) waiting in this process, as
-        notes to send now (or nothing).
+    def _unsent(self, gone: list[str], counts: dict[str, int]) -> None:
+        """A batch of removals that may not have landed waits apart; counts alone
+        (no removal to tell whether they landed) are dropped, never sent twice."""
+        if gone:
+            with self._dups_lock:
+                self._unsure.append((gone, counts))
 
-        ``due_only``: only those whose oldest is DUPLICATES_FLUSH_SECONDS old
-        (the keep-alive's tick).
-        """
+    def flush_plan(self, *, due_only: bool = False) -> Plan[None]:
+        """Send the counts (and, on Cluster, the index removals) waiting in this
+        process: the keep-alive's tick (``due_only``: only those whose oldest is
+        DUPLICATES_FLUSH_SECONDS old), ``stats()`` and ``close()``. A batch that
+        fails or is interrupted waits again (``_unsent``), then the step raises."""
         now = time.monotonic()
-        calls: list[ScriptCall] = []
         with self._dups_lock:
-            dups_due = not due_only or now - self._dups_since >= DUPLICATES_FLUSH_SECONDS
-            gone_due = not due_only or now - self._gone_since >= DUPLICATES_FLUSH_SECONDS
             n = 0
-            if dups_due:
+            if not due_only or now - self._dups_since >= DUPLICATES_FLUSH_SECONDS:
                 n, self._dups = self._dups, 0
-        if gone_due and (gone := self._gone_note(*self._take_gone())) is not None:
-            calls.append(gone)
+            batches, self._unsure = self._unsure, []
+        if not due_only or now - self._gone_since >= DUPLICATES_FLUSH_SECONDS:
+            batches.append(self._take_gone())
         if n:
-            calls.append(self._note("none", duplicates=n))
-        return calls
+            batches.append(([], {"duplicates": n}))
+        for i, (gone, counts) in enumerate(batches):
+            if (call := self._gone_note(gone, counts)) is None:
+                continue
+            try:
+                yield IO([call], shield=True)
+            except _STOPPED:
+                for rest in batches[i:]:
+                    self._unsent(*rest)
+                raise
 
     def renew_calls(self, held: Sequence[tuple[str, str, str]]) -> list[ScriptCall]:
         """The keep-alive's calls for the claims held (key, nonce, member): their leases
@@ -500,9 +514,12 @@ class _LayerCore:
             self._breakers.fire_transition(transition)
 
     def _decode_permit(self, dep: str, reply: Any) -> Permit:
-        permit, transition = self._breakers.ops.decode_before(dep, reply)
-        self._fire(transition)
-        return permit
+        """Decode an admission; fire its transition; note it for the registry's cache."""
+        return self._breakers._admit(dep, reply)
+
+    def _decode_report(self, dep: str, permit: Permit | None, reply: Any) -> None:
+        """Decode a report; fire its transition; note it for the registry's cache."""
+        self._breakers._reported(dep, permit, reply)
 
     def _best_effort(
         self, calls: list[ScriptCall], event: str, key: str,
@@ -538,15 +555,15 @@ class _LayerCore:
         nonce = _nonce()
         member = self.member(req.key.value, nonce) if dedup else ""
         probe = f"{nonce}.0"
-        # On Cluster these go in two waves (Store.run_step), and no wave is
-        # sent after a refusal. First the index entry (a worker killed just
-        # after its claim must already be listed for recover_orphans; an entry
-        # without its claim is dropped there) and the breaker's registration.
-        # Then the claim and the breaker at once: a refusal by either gate is
-        # compensated like any other (the claim released, a probe slot a
-        # duplicate took given back). The breaker never goes before the claim:
-        # a duplicate of a completed operation gets its result while the
-        # circuit is open. The budget last: only a new claim is charged.
+        # On Cluster these go in waves (Store.run_step), and no wave is sent
+        # after a refusal. First the index entry (a worker killed just after
+        # its claim must already be listed for recover_orphans; an entry
+        # without its claim is dropped there) and the breaker's registration;
+        # then the claim (a duplicate asks nothing else: it gets its result
+        # while the circuit is open, and never takes a probe slot); then the
+        # breaker and the budget (charged only for a new claim). A healthy
+        # breaker admits from its cache without a call (CircuitBreakerRegistry
+        # cached_admission_seconds): then the claim is the last wave.
         calls: list[ScriptCall] = []
         at: dict[str, int] = {}
         gates: dict[int, Callable[[Any], bool]] = {}
@@ -566,11 +583,12 @@ class _LayerCore:
             gates[len(calls)] = _claim_refused
             calls.append(self._idem.claim(req.key, None, req.envelope, nonce))
             waves.append(1)
-        if dep is not None:
+        cached = None if self.fuses or dep is None else self._breakers._cached(dep)
+        if dep is not None and cached is None:
             at["cb"] = len(calls)
             gates[len(calls)] = _breaker_refused
             calls.append(self._breakers.ops.before_call(dep, probe_id=probe))
-            waves.append(1)
+            waves.append(2)
         if budget is not None:
             at["budget"] = len(calls)
             calls.append(self._budget.record_call(req.operation_type, budget))
@@ -590,12 +608,12 @@ class _LayerCore:
             replies = (yield IO(calls, gates, waves=waves)) if calls else Replies([], "")
         except DurabilisError as exc:
             if "gone" in at and (exc.partial or unknown).status[at["gone"]] != "c":
-                self._leave(*gone)  # not surely removed: again later
+                self._unsent(*gone)  # not surely removed: again later, alone
             yield from self._undo_begin(req, nonce, member, probe, exc.partial or unknown, at)
             raise
         except INTERRUPTS:
             if "gone" in at:
-                self._leave(*gone)
+                self._unsent(*gone)
             yield from self._undo_begin(req, nonce, member, probe, unknown, at)
             raise
         if register is not None and dep is not None and replies.status[at["register"]] == "c":
@@ -612,8 +630,6 @@ class _LayerCore:
                     raise
         listed = dedup and replies.ran(at["note"])
         if isinstance(claim, Duplicate):
-            if dep is not None and replies.status[at["cb"]] == "c":  # Cluster: asked at once
-                yield from self._give_back(dep, replies[at["cb"]], probe, req.key.value)
             return (yield from self._duplicate(req, claim, member if listed else "", wait_until))
 
         token = claim.token if claim is not None else None
@@ -622,8 +638,8 @@ class _LayerCore:
             taken_over=bool(claim is not None and claim.taken_over),
             settle=dedup and token is not None and _had_previous(replies[at["claim"]]),
         )
-        permit: Permit | None = None
-        if dep is not None:
+        permit: Permit | None = cached
+        if dep is not None and cached is None:
             try:
                 permit = self._decode_permit(dep, replies[at["cb"]])
             except CircuitOpen as exc:
@@ -642,18 +658,6 @@ class _LayerCore:
             except CorruptData:
                 _log.exception("durability_retry_budget_corrupt", operation_type=req.operation_type)
         return (yield from self._attempts(req, fn, policy, cl, permit))
-
-    def _give_back(self, dep: str, reply: Any, probe: str, key: str) -> Plan[None]:
-        """A duplicate whose breaker was asked beside its claim (Cluster): free the
-        probe slot it was given (a CLOSED admission holds nothing)."""
-        try:
-            permit = self._decode_permit(dep, reply)
-        except DurabilisError:
-            return
-        if permit.is_probe:
-            yield from self._best_effort(
-                [self._breakers.ops.release_probe(dep, probe)], "durability_release_failed", key
-            )
 
     def _undo_begin(  # noqa: PLR0917  (what the claim step held, one by one)
         self, req: _Request, nonce: str, member: str, probe: str, replies: Replies,
@@ -857,7 +861,7 @@ class _LayerCore:
             except DurabilisError as broke:
                 return (yield from self._park_failed(req, cl, failed, broke))
             if dep is not None:
-                self._fire(self._breakers.ops.decode_after(dep, replies[0])[1])
+                self._decode_report(dep, permit, replies[0])
             if decision.retry and budget is not None:
                 state = self._budget.decode(req.operation_type, replies[-1])
                 if not state.allowed:
@@ -1033,7 +1037,7 @@ class _LayerCore:
                     calls["save"] = out
                 return out if isinstance(out, ScriptCall) else None
             if name == "report" and req.dependency is not None:
-                self._fire(self._breakers.ops.decode_after(req.dependency, reply)[1])
+                self._decode_report(req.dependency, permit, reply)
             if name == "settle":
                 return self._settle_again(req, reply, misses)
             return None

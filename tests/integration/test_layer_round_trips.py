@@ -20,17 +20,17 @@ from durabilis.layer._plans import DUPLICATES_FLUSH_SECONDS
 from tests.integration._layer_support import Counter, fast_config
 
 # (Round trips one after another, requests sent) per call. Standalone: the scripts
-# of a step fused, one round trip each. Cluster (docs/layer.md, "Round trips"),
-# in waves whose calls go at once: the index entry (beside it, the removal of the
-# previous call's), then the claim and the admission; the record and the report
-# (the checkpoint first); a duplicate: the index entry, the claim and the
-# admission; a retry adds the failure report with the retry's count, and the
-# next admission.
+# of a step fused, one round trip each. Cluster (docs/layer.md, "Steps and round
+# trips"), in waves whose calls go at once: the index entry (beside it, the
+# removal of the previous call's), then the claim; the breaker admits from its
+# cache (confirmed by the previous call); the record and the report (the
+# checkpoint first); a duplicate: the index entry, then the claim; a retry adds
+# the failure report with the retry's count, and the next admission.
 EXPECTED = {
     "standalone": {"happy": (2, 2), "checkpoint": (2, 2), "duplicate": (1, 1),
                    "one_retry": (4, 4)},
-    "cluster": {"happy": (3, 6), "checkpoint": (4, 7), "duplicate": (2, 4),
-                "one_retry": (5, 9)},
+    "cluster": {"happy": (3, 5), "checkpoint": (4, 6), "duplicate": (2, 3),
+                "one_retry": (5, 8)},
 }
 
 

@@ -14,10 +14,13 @@ import time
 from typing import Any
 
 import pytest
+import redis
 
 import durabilis
-from durabilis import CorruptData, IdempotencyGuard
+from durabilis import CorruptData, IdempotencyGuard, StorageUnavailable
 from durabilis._scripts import ScriptCall
+from durabilis.layer import DurabilityLayer
+from tests.integration._layer_support import Counter, fast_config
 
 
 def claims(store: durabilis.Store, *names: str) -> list[ScriptCall]:
@@ -93,3 +96,137 @@ def test_on_cluster_the_calls_of_a_wave_go_at_once(
     assert landed < 1.0, "the second call waited for the first one's node"
     assert out and out[0].status == "cc"
     assert time.monotonic() - began >= 1.2  # the first call did wait for its node
+
+
+@pytest.mark.cluster_only
+def test_an_interrupt_after_a_wave_s_reply_never_gives_a_connection_back_twice(
+    store: durabilis.Store,
+) -> None:
+    """Found by an adversarial review: KeyboardInterrupt while a redirected call was
+    sent again released its connection a second time, under another thread."""
+    client = store.client
+    store.run_step(claims(store, "warm-1", "warm-2"), waves=[0, 0])  # scripts loaded
+    [a] = claims(store, "a-key")
+    node = client.get_node_from_key(a.keys[0])
+    [b] = next(claims(store, f"b-{i}") for i in range(1000)
+               if client.get_node_from_key(claims(store, f"b-{i}")[0].keys[0]) != node)
+    pool = client.get_redis_connection(node).connection_pool
+    with redis.Redis(host=node.host, port=node.port) as admin:
+        admin.script_flush()  # a's EVALSHA answers NOSCRIPT: sent again the usual way
+    grabbed: list[Any] = []
+
+    def interrupted(call: ScriptCall) -> Any:
+        grabbed.append(pool.get_connection())  # another thread takes a connection...
+        raise KeyboardInterrupt  # ...and Ctrl-C lands
+
+    store._caught = interrupted  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        store.run_step([a, b], waves=[0, 0])
+    other = grabbed[0]
+    assert other in pool._in_use_connections and other not in pool._available_connections
+    assert other._sock is not None  # not disconnected under its user
+    assert pool.get_connection() is not other
+    pool.release(other)
+
+
+def test_a_call_that_ends_after_close_still_removes_its_index_entry_and_counts(
+    redis_url: str, namespace: str, raw: Any
+) -> None:
+    """Found by an adversarial review: the closed keep-alive's last tick sent only
+    removals a second old, and then stopped."""
+    store = durabilis.connect(redis_url, namespace=namespace)
+    store._fuse = False  # the Cluster code path (a no-op on Cluster)
+    layer = DurabilityLayer(store, fast_config(lease=30, renew_every_seconds=0.4))
+    done = threading.Event()
+
+    def slow(ctx: Any) -> str:
+        time.sleep(0.7)
+        return "ok"
+
+    try:
+        worker = threading.Thread(target=lambda: (layer.execute("a1", "job", "p", slow),
+                                                  done.set()))
+        worker.start()
+        time.sleep(0.2)
+        layer.close()  # the operation goes on; it ends after this
+        worker.join(5)
+        assert done.is_set()
+        deadline = time.monotonic() + 5
+        while raw.zcard(store.keys.layer("inflight")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert raw.zcard(store.keys.layer("inflight")) == 0
+        assert raw.hget(store.keys.layer("stats"), "succeeded") == b"1"
+    finally:
+        store.close()
+
+
+def test_a_flush_that_fails_loses_no_removal_and_counts_nothing_twice(
+    redis_url: str, namespace: str, raw: Any
+) -> None:
+    """Found by an adversarial review: a failed flush dropped its batch, and a batch
+    sent again merged with newer removals counted its calls twice."""
+    store = durabilis.connect(redis_url, namespace=namespace)
+    store._fuse = False
+    layer = DurabilityLayer(store, fast_config())
+    real = store.run_step
+    fail = {"left": 0, "applied": True}
+
+    def flaky(calls: Any, gates: Any = None, waves: Any = None) -> Any:
+        if fail["left"] and any(c.name == "layer_note" and c.args[0] == "rem" for c in calls):
+            fail["left"] -= 1
+            if fail["applied"]:
+                real(calls, gates, waves)  # applied, then the reply is lost
+            raise StorageUnavailable("the reply was lost")
+        return real(calls, gates, waves)
+
+    store.run_step = flaky  # type: ignore[method-assign]
+    try:
+        layer.execute("a1", "job", "p-1", Counter())
+        fail["left"] = 1  # p-2's claim step carries p-1's removal: its reply is lost
+        with pytest.raises(StorageUnavailable):
+            layer.execute("a1", "job", "p-2", Counter())
+        layer.execute("a1", "job", "p-3", Counter())
+        fail.update(left=1, applied=False)  # the next flush fails before anything ran
+        with pytest.raises(StorageUnavailable):
+            layer.stats()
+        stats = layer.stats()  # sent again: nothing lost, nothing twice
+        assert (stats.started, stats.succeeded, stats.in_flight) == (2, 2, 0)
+    finally:
+        store.close()
+
+
+def test_a_duplicate_never_asks_the_breaker(
+    store: durabilis.Store, raw: Any
+) -> None:
+    """It gets its stored result while the circuit is open, and never holds a probe
+    slot a real call needs (Cluster: the breaker goes after the claim)."""
+    store._fuse = False
+    layer = DurabilityLayer(store, fast_config())
+    assert layer.execute("a1", "job", "p", Counter(result="stored")) == "stored"
+    layer.breakers.force_open("svc")
+    time.sleep(1.05)  # past the reset timeout: the next admission is the half-open probe
+    assert layer.execute("a1", "job", "p", Counter()) == "stored"
+    assert raw.hlen(store.keys.breaker_probes("svc")) == 0
+    assert layer.execute("a1", "job", "other", Counter(result="probe")) == "probe"
+
+
+def test_on_cluster_the_layer_admits_from_the_breaker_cache_at_most_once_after_a_trip(
+    redis_url: str, namespace: str
+) -> None:
+    """The staleness bound of cached admission (CircuitBreakerRegistry), now used by
+    the layer's Cluster path: after another replica trips the breaker, one call
+    passes (its report, not counted in the new generation, ends the cache)."""
+    here, there = (durabilis.connect(redis_url, namespace=namespace) for _ in range(2))
+    here._fuse = False
+    try:
+        layer = DurabilityLayer(here, fast_config())
+        other = DurabilityLayer(there, fast_config())
+        layer.execute("a1", "job", "p-1", Counter())  # admitted by Redis: cached
+        layer.execute("a1", "job", "p-2", Counter())
+        other.breakers.force_open("svc")
+        assert layer.execute("a1", "job", "p-3", Counter()) == "done"  # from the cache
+        with pytest.raises(durabilis.CircuitOpen):
+            layer.execute("a1", "job", "p-4", Counter())
+    finally:
+        here.close()
+        there.close()

@@ -68,6 +68,7 @@ from durabilis._steps import (
     Sleep,
     Stepper,
     async_shielded,
+    drive,
     shielded,
 )
 from durabilis._store import _waves as _store_waves
@@ -441,8 +442,7 @@ class Simulation:
     def _flush(self, actor: Actor) -> None:
         """What the keep-alive's tick (or stats(), close()) sends of the counts and
         the index removals waiting in a process (Cluster: _LayerCore._leave)."""
-        for call in actor.layer._core.flush_calls():
-            self.store.run(call)
+        drive(actor.layer._core.flush_plan(), self.store)
 
     def _fault(self, step: Any, actor: Actor) -> str | None:
         if not self.faults or self.rng.random() >= self.knobs.fault_rate:
@@ -564,7 +564,10 @@ class Simulation:
 
     def _waiting(self, name: str) -> list[str]:
         actor = next((a for a in self.actors if a.name == name), None)
-        return list(actor.layer._core._gone) if actor is not None else []
+        if actor is None:
+            return []
+        core = actor.layer._core
+        return [*core._gone, *(m for gone, _ in core._unsure for m in gone)]
 
     def _note_probes(self, actor: Actor, calls: list[ScriptCall]) -> None:
         for call in calls:
