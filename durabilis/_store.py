@@ -860,7 +860,7 @@ class AsyncStore(_StoreBase):
 
     async def _wave(self, calls: Sequence[ScriptCall]) -> list[Any]:
         """See :meth:`Store._wave` (Cluster: gathered)."""
-        if len(calls) == 1 or not self.is_cluster:
+        if len(calls) <= 1 or not self.is_cluster:
             return [await self._caught(c) for c in calls]
         tasks = [asyncio.ensure_future(self._caught(c)) for c in calls]
         try:

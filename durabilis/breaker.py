@@ -21,6 +21,7 @@ import math
 import os
 import secrets
 import socket
+import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -869,6 +870,7 @@ class _RegistryCore:
         self._cache_s = float(cached_admission_seconds)
         # name -> (a CLOSED permit, when Redis last confirmed it: monotonic)
         self._closed: dict[str, tuple[Permit, float]] = {}
+        self._cache_lock = threading.Lock()  # threads confirm and end the cache at once
         # name -> the newest generation this process knows to be over: a
         # confirmation of it arriving late (another caller's reply) is no news.
         self._over: dict[str, int] = {}
@@ -893,15 +895,17 @@ class _RegistryCore:
         if not self._cache_s:
             return
         name, gen = permit.dependency, permit.generation
-        if counted and transition is None and permit.probe_id is None:
-            if gen > self._over.get(name, -1):
-                self._closed[name] = (permit, monotonic())
-        else:
-            self._over[name] = max(gen, self._over.get(name, -1))
-            self._closed.pop(name, None)
+        with self._cache_lock:
+            if counted and transition is None and permit.probe_id is None:
+                if gen > self._over.get(name, -1):
+                    self._closed[name] = (permit, monotonic())
+            else:
+                self._over[name] = max(gen, self._over.get(name, -1))
+                self._closed.pop(name, None)
 
     def _forget(self, name: str) -> None:
-        self._closed.pop(name, None)
+        with self._cache_lock:
+            self._closed.pop(name, None)
 
     def _admit(self, name: str, reply: Any) -> Permit:
         """Decode a ``cb_before`` reply; note what it says for the cache; fire."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import threading
 from collections.abc import Awaitable, Callable
@@ -82,30 +81,35 @@ class DurabilityLayer:
     def _renew_loop(self) -> None:
         stop = threading.Event()
         while not stop.wait(self.config.renew_interval):
+            if self._leases.busy():
+                self._renew_once()
             last = self._closed and not self._leases.busy()  # then all of it goes
-            try:  # idle too: what waits in the process still goes
+            try:  # idle too: what waits in the process still goes (after the leases)
                 drive(self._core.flush_plan(due_only=not last), self.store)
             except DurabilisError as exc:
                 _log.warning("durability_counts_not_sent", error=f"{type(exc).__name__}: {exc}")
             if last:
-                return
-            if not self._leases.busy():
-                continue
+                with self._renewer_lock:  # an operation held meanwhile keeps it going
+                    if not self._leases.busy():
+                        self._renewer = None
+                        return
+
+    def _renew_once(self) -> None:
+        try:
+            held = self._leases.held()
+            replies = self.store.run_many(self._core.renew_calls(held))
+            back = self._core.reindex_calls(held, replies)
+            if back:
+                self.store.run_many(back)
+        except DurabilisError as exc:
+            _log.warning("durability_lease_renew_failed", error=f"{type(exc).__name__}: {exc}")
+        for item in self._leases.deferred():
             try:
-                held = self._leases.held()
-                replies = self.store.run_many(self._core.renew_calls(held))
-                back = self._core.reindex_calls(held, replies)
-                if back:
-                    self.store.run_many(back)
+                replies = self.store.run_step(item.step.calls, item.step.gates)
             except DurabilisError as exc:
-                _log.warning("durability_lease_renew_failed", error=f"{type(exc).__name__}: {exc}")
-            for item in self._leases.deferred():
-                try:
-                    replies = self.store.run_step(item.step.calls, item.step.gates)
-                except DurabilisError as exc:
-                    self._core.deferred_failed(self._leases, item, exc)
-                    continue
-                self._core.deferred_sent(self._leases, item, replies)
+                self._core.deferred_failed(self._leases, item, exc)
+                continue
+            self._core.deferred_sent(self._leases, item, replies)
 
     def _open(self) -> None:
         if self._closed:
@@ -324,30 +328,32 @@ class AsyncDurabilityLayer:
     async def _renew_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.renew_interval)
+            if self._leases.busy():
+                await self._renew_once()
             last = self._closed and not self._leases.busy()  # then all of it goes
-            try:  # idle too: what waits in the process still goes
+            try:  # idle too: what waits in the process still goes (after the leases)
                 await adrive(self._core.flush_plan(due_only=not last), self.store)
             except DurabilisError as exc:
                 _log.warning("durability_counts_not_sent", error=f"{type(exc).__name__}: {exc}")
-            if last:
+            if last and not self._leases.busy():  # none held during the flush
                 return
-            if not self._leases.busy():
-                continue
+
+    async def _renew_once(self) -> None:
+        try:
+            held = self._leases.held()
+            replies = await self.store.run_many(self._core.renew_calls(held))
+            back = self._core.reindex_calls(held, replies)
+            if back:
+                await self.store.run_many(back)
+        except DurabilisError as exc:
+            _log.warning("durability_lease_renew_failed", error=f"{type(exc).__name__}: {exc}")
+        for item in self._leases.deferred():
             try:
-                held = self._leases.held()
-                replies = await self.store.run_many(self._core.renew_calls(held))
-                back = self._core.reindex_calls(held, replies)
-                if back:
-                    await self.store.run_many(back)
+                replies = await self.store.run_step(item.step.calls, item.step.gates)
             except DurabilisError as exc:
-                _log.warning("durability_lease_renew_failed", error=f"{type(exc).__name__}: {exc}")
-            for item in self._leases.deferred():
-                try:
-                    replies = await self.store.run_step(item.step.calls, item.step.gates)
-                except DurabilisError as exc:
-                    self._core.deferred_failed(self._leases, item, exc)
-                    continue
-                self._core.deferred_sent(self._leases, item, replies)
+                self._core.deferred_failed(self._leases, item, exc)
+                continue
+            self._core.deferred_sent(self._leases, item, replies)
 
     def _open(self) -> None:
         if self._closed:
@@ -463,8 +469,7 @@ class AsyncDurabilityLayer:
         if task is not None and not self._leases.busy():
             self._renewers.pop(asyncio.get_running_loop(), None)
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await asyncio.wait([task])  # its end, whatever it was (not ours to raise)
             try:  # what a flush of the keep-alive cancelled midway left
                 await adrive(self._core.flush_plan(), self.store)
             except DurabilisError as exc:

@@ -447,11 +447,12 @@ class _LayerCore:
         for i, (gone, counts) in enumerate(batches):
             if (call := self._gone_note(gone, counts)) is None:
                 continue
-            try:
-                yield IO([call], shield=True)
+            try:  # not shielded: an interruption goes through at once (removals wait)
+                yield IO([call])
             except _STOPPED:
-                for rest in batches[i:]:
-                    self._unsent(*rest)
+                self._unsent(gone, counts)  # may have landed: apart
+                for never in batches[i + 1:]:
+                    self._leave(*never)  # not sent: waits as before
                 raise
 
     def renew_calls(self, held: Sequence[tuple[str, str, str]]) -> list[ScriptCall]:
@@ -589,10 +590,10 @@ class _LayerCore:
             gates[len(calls)] = _breaker_refused
             calls.append(self._breakers.ops.before_call(dep, probe_id=probe))
             waves.append(2)
-        if budget is not None:
+        if budget is not None:  # after the breaker: a refused call is not charged
             at["budget"] = len(calls)
             calls.append(self._budget.record_call(req.operation_type, budget))
-            waves.append(2)
+            waves.append(3 if "cb" in at else 2)
         register = self._breakers.registration_call(dep) if dep is not None else None
         if register is not None:
             at["register"] = len(calls)
@@ -718,6 +719,8 @@ class _LayerCore:
         **counts: int,
     ) -> Plan[bool]:
         """The operation stops without an outcome to record: release claim and probe slot."""
+        if req.dependency is not None:
+            self._breakers._forget(req.dependency)  # no report confirms the cache (Cluster)
         calls: list[ScriptCall] = []
         if cl.token or cl.member:
             calls.append(self._idem.release(req.key, cl.token, cl.nonce))
@@ -859,6 +862,8 @@ class _LayerCore:
                 yield from self._abandon(req, cl, permit, probe, started=1)
                 raise
             except DurabilisError as broke:
+                if dep is not None:
+                    self._breakers._forget(dep)  # a report that did not reach Redis
                 return (yield from self._park_failed(req, cl, failed, broke))
             if dep is not None:
                 self._decode_report(dep, permit, replies[0])
@@ -975,7 +980,7 @@ class _LayerCore:
             return b"", None, f"{type(exc).__name__}: {exc}"[:500]
         return packed, save, ""
 
-    def _succeeded(  # noqa: PLR0915  (the record step reads best as one piece)
+    def _succeeded(  # noqa: PLR0912, PLR0915  (the record step reads best as one piece)
         self, req: _Request, cl: _Claim, permit: Permit | None, result: Any, took_ms: float,
     ) -> Plan[Any]:
         packed, save, not_stored = self._encode_result(req, result)
@@ -1048,6 +1053,8 @@ class _LayerCore:
         try:
             yield from self._persist(req.key.value, calls, order, gates, on_reply, waves)
         except _Unsent as unsent:
+            if req.dependency is not None:
+                self._breakers._forget(req.dependency)  # its report did not land (yet)
             if not self.fuses:  # after the record, by the keep-alive
                 unsent.calls.append(note)
             yield from self._defer(req, cl, unsent)

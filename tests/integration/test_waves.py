@@ -205,7 +205,17 @@ def test_a_duplicate_never_asks_the_breaker(
     assert layer.execute("a1", "job", "p", Counter(result="stored")) == "stored"
     layer.breakers.force_open("svc")
     time.sleep(1.05)  # past the reset timeout: the next admission is the half-open probe
+    sent: list[str] = []
+    real = store.run_step
+
+    def watch(calls: Any, gates: Any = None, waves: Any = None) -> Any:
+        sent.extend(c.name for c in calls)
+        return real(calls, gates, waves)
+
+    store.run_step = watch  # type: ignore[method-assign]
     assert layer.execute("a1", "job", "p", Counter()) == "stored"
+    del store.run_step
+    assert "idem_claim" in sent and not {"cb_before", "cb_after"} & set(sent)
     assert raw.hlen(store.keys.breaker_probes("svc")) == 0
     assert layer.execute("a1", "job", "other", Counter(result="probe")) == "probe"
 
