@@ -467,7 +467,7 @@ class _Stepping:
         return replies
 
 
-def _drain(redis_node: Any, conn: Any, node: Any) -> None:
+def _drain(redis_node: Any, conn: Any) -> None:
     """Read and drop the reply of a script written to ``conn``, then give ``conn`` back
     (disconnected if the reply did not come)."""
     try:
@@ -622,7 +622,7 @@ class Store(_StoreBase):
             # plan's compensation never overtakes one of them.
             for on in unread:
                 if on is not None:
-                    _drain(*on)
+                    _drain(on[0], on[1])
         return out
 
     def _send_to_node(self, call: ScriptCall) -> tuple[Any, Any, Any] | None:

@@ -510,17 +510,9 @@ class _LayerCore:
                 error=f"{type(exc).__name__}: {exc}",
             )
 
-    def _fire(self, transition: Any) -> None:
-        if transition is not None:
-            self._breakers.fire_transition(transition)
-
     def _decode_permit(self, dep: str, reply: Any) -> Permit:
         """Decode an admission; fire its transition; note it for the registry's cache."""
         return self._breakers._admit(dep, reply)
-
-    def _decode_report(self, dep: str, permit: Permit | None, reply: Any) -> None:
-        """Decode a report; fire its transition; note it for the registry's cache."""
-        self._breakers._reported(dep, permit, reply)
 
     def _best_effort(
         self, calls: list[ScriptCall], event: str, key: str,
@@ -866,7 +858,7 @@ class _LayerCore:
                     self._breakers._forget(dep)  # a report that did not reach Redis
                 return (yield from self._park_failed(req, cl, failed, broke))
             if dep is not None:
-                self._decode_report(dep, permit, replies[0])
+                self._breakers._reported(dep, permit, replies[0])  # fires; notes the cache
             if decision.retry and budget is not None:
                 state = self._budget.decode(req.operation_type, replies[-1])
                 if not state.allowed:
@@ -1042,7 +1034,7 @@ class _LayerCore:
                     calls["save"] = out
                 return out if isinstance(out, ScriptCall) else None
             if name == "report" and req.dependency is not None:
-                self._decode_report(req.dependency, permit, reply)
+                self._breakers._reported(req.dependency, permit, reply)
             if name == "settle":
                 return self._settle_again(req, reply, misses)
             return None
