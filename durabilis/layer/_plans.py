@@ -439,20 +439,25 @@ class _LayerCore:
             n = 0
             if not due_only or now - self._dups_since >= DUPLICATES_FLUSH_SECONDS:
                 n, self._dups = self._dups, 0
-            batches, self._unsure = self._unsure, []
+            unsure, self._unsure = self._unsure, []
+        fresh: list[tuple[list[str], dict[str, int]]] = []
         if not due_only or now - self._gone_since >= DUPLICATES_FLUSH_SECONDS:
-            batches.append(self._take_gone())
+            fresh.append(self._take_gone())
         if n:
-            batches.append(([], {"duplicates": n}))
-        for i, (gone, counts) in enumerate(batches):
+            fresh.append(([], {"duplicates": n}))
+        batches = [(b, True) for b in unsure] + [(b, False) for b in fresh]
+        for i, ((gone, counts), _) in enumerate(batches):
             if (call := self._gone_note(gone, counts)) is None:
                 continue
             try:  # not shielded: an interruption goes through at once (removals wait)
                 yield IO([call])
             except _STOPPED:
                 self._unsent(gone, counts)  # may have landed: apart
-                for never in batches[i + 1:]:
-                    self._leave(*never)  # not sent: waits as before
+                for never, was_unsure in batches[i + 1:]:  # not sent: wait as they did
+                    if was_unsure:
+                        self._unsent(*never)
+                    else:
+                        self._leave(*never)
                 raise
 
     def renew_calls(self, held: Sequence[tuple[str, str, str]]) -> list[ScriptCall]:
@@ -517,13 +522,14 @@ class _LayerCore:
     def _best_effort(
         self, calls: list[ScriptCall], event: str, key: str,
         gates: Mapping[int, Callable[[Any], bool]] | None = None,
+        waves: Sequence[int] | None = None,
     ) -> Plan[bool]:
         """Run a compensating step, shielded; a storage failure is logged, not raised
         (what it leaves behind is found by recovery or expires: see docs/layer.md)."""
         if not calls:
             return True
         try:
-            yield IO(calls, gates or {}, shield=True)
+            yield IO(calls, gates or {}, shield=True, waves=waves)
         except DurabilisError as exc:
             _log.error(event, idempotency_key=key, error=f"{type(exc).__name__}: {exc}")
             return False
@@ -670,8 +676,8 @@ class _LayerCore:
         if "cb" in at and replies.ran(at["cb"]) and req.dependency is not None:
             first.append(self._breakers.ops.release_probe(req.dependency, probe))
         if first:
-            try:
-                done = yield IO(first, shield=True)
+            try:  # Cluster: at once (one failing never holds back the other)
+                done = yield IO(first, shield=True, waves=[0] * len(first))
             except DurabilisError as exc:  # what is left is settled by recovery
                 _log.error("durability_claim_undo_failed", idempotency_key=req.key.value,
                            error=f"{type(exc).__name__}: {exc}")
@@ -723,7 +729,13 @@ class _LayerCore:
             elif probe is not None:
                 calls.append(self._breakers.ops.release_probe(dep, probe))
         calls.append(self._note("rem", [cl.member] if cl.member else [], **counts))
-        return (yield from self._best_effort(calls, "durability_release_failed", req.key.value))
+        # Cluster: the releases at once (one failing never holds back the other),
+        # the index entry only after them (a claim whose release failed stays
+        # listed, so recovery finds it).
+        waves = [0] * (len(calls) - 1) + [1]
+        return (yield from self._best_effort(
+            calls, "durability_release_failed", req.key.value, waves=waves,
+        ))
 
     def _duplicate(
         self, req: _Request, dup: Duplicate, member: str, wait_until: float | None

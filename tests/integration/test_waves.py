@@ -241,3 +241,34 @@ def test_on_cluster_the_layer_admits_from_the_breaker_cache_at_most_once_after_a
     finally:
         here.close()
         there.close()
+
+
+@pytest.mark.standalone_only  # the failure is injected in Store.run: the one-by-one path
+def test_a_release_that_fails_never_holds_back_the_probe_slot_s(
+    store: durabilis.Store, raw: Any
+) -> None:
+    """Found by an adversarial helper: the compensation went one call per wave, so
+    a claim release that failed kept the probe slot (every caller refused until
+    the probe timeout). Now the releases go at once, the index entry after them:
+    the claim whose release failed stays listed for recovery."""
+    store._fuse = False
+    layer = DurabilityLayer(store, fast_config())
+    layer.breakers.force_open("svc")
+    time.sleep(1.05)  # the next admission is the half-open probe
+    real = store.run
+    failed: list[str] = []
+
+    def flaky(call: ScriptCall) -> Any:
+        if call.name == "idem_release" and not failed:
+            failed.append(call.name)
+            raise StorageUnavailable("the claim's node is unreachable")
+        return real(call)
+
+    store.run = flaky  # type: ignore[method-assign]
+    with pytest.raises(durabilis.OperationError):
+        layer.execute("a1", "job", "p", Counter(["PERMISSION_DENIED"]))
+    del store.run
+    assert failed
+    assert raw.hlen(store.keys.breaker_probes("svc")) == 0
+    assert raw.zcard(store.keys.layer("inflight")) == 1  # kept: its claim is still out
+    assert layer.execute("a1", "job", "other", Counter(result="probe")) == "probe"
