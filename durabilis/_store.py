@@ -264,6 +264,28 @@ def _credentials(netloc: str) -> dict[str, str]:
     return found
 
 
+def _cancels() -> int:
+    """How many times the running task was asked to cancel (0 before Python 3.11)."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return int(cancelling()) if cancelling is not None else 0
+
+
+def _resurface(before: int) -> None:
+    """Raise the cancellation a redis-py call swallowed, if one did.
+
+    redis-py sends through ``asyncio.wait_for``, which on Python 3.11 returns
+    the inner result when a ``cancel()`` arrives as the send completes, and the
+    cancellation is lost: a poller's ``stop()`` then waited forever (seen under
+    CPU load on Cluster), and a caller's ``asyncio.timeout`` would not fire. A
+    cancellation asked for during the call and not raised is raised here, as if
+    it had come just after the reply (the outcome is then unknown to the caller,
+    as for any cancellation in flight).
+    """
+    if _cancels() > before:
+        raise asyncio.CancelledError
+
+
 def _cluster_max_connections(client: Any) -> int:
     """Connections per node of redis-py's async cluster client (its ``max_connections``)."""
     n = (getattr(client, "connection_kwargs", None) or {}).get("max_connections")
@@ -757,6 +779,12 @@ class AsyncStore(_StoreBase):
 
     async def run(self, call: ScriptCall) -> Any:
         """Run one script; redis-py errors become durabilis errors."""
+        before = _cancels()
+        reply = await self._run(call)
+        _resurface(before)
+        return reply
+
+    async def _run(self, call: ScriptCall) -> Any:
         try:
             if self.autopipe is not None:
                 # See Store.run: plain EVALSHA first; batched with the other
@@ -814,6 +842,12 @@ class AsyncStore(_StoreBase):
 
     async def run_many(self, calls: Sequence[ScriptCall]) -> list[Any]:
         """Run several scripts in ONE round trip (see :meth:`Store.run_many`)."""
+        before = _cancels()
+        replies = await self._run_many(calls)
+        _resurface(before)
+        return replies
+
+    async def _run_many(self, calls: Sequence[ScriptCall]) -> list[Any]:
         if self.autopipe is None:
             return _first_error_or(await self._wave(calls))
         try:
@@ -876,26 +910,31 @@ class AsyncStore(_StoreBase):
 
     async def command(self, *args: Any) -> Any:
         """Run a plain read-only Redis command with error mapping."""
+        before = _cancels()
         try:
             if self.autopipe is not None:
                 reply = await self.autopipe.execute(*args)
                 if isinstance(reply, Exception):
                     raise reply
-                return reply
-            async with self._slot():
-                await self._ready()
-                return await self.client.execute_command(*args)
+            else:
+                async with self._slot():
+                    await self._ready()
+                    reply = await self.client.execute_command(*args)
         except Exception as exc:
             raise map_error(exc) from exc
+        _resurface(before)
+        return reply
 
     async def scan_count(
         self, pattern: str, where: tuple[str, frozenset[bytes]] | None = None
     ) -> int:
         """See :meth:`Store.scan_count`."""
+        before = _cancels()
         try:
             await self._ready()
             n, batch = 0, []
             async for key in self.client.scan_iter(match=pattern, count=1000):
+                _resurface(before)  # (a long scan stops at the next page)
                 if where is None:
                     n += 1
                     continue
@@ -905,9 +944,10 @@ class AsyncStore(_StoreBase):
                     batch = []
             if batch and where is not None:
                 n += _count_in(await self._hget_all(batch, where[0]), where[1])
-            return n
         except Exception as exc:
             raise map_error(exc) from exc
+        _resurface(before)
+        return n
 
     async def _hget_all(self, keys: list[Any], field: str) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
@@ -916,11 +956,14 @@ class AsyncStore(_StoreBase):
         return list(await pipe.execute(raise_on_error=False))
 
     async def ping(self) -> bool:
+        before = _cancels()
         try:
             await self._ready()
-            return bool(await self.client.ping())
+            up = bool(await self.client.ping())
         except Exception as exc:
             raise map_error(exc) from exc
+        _resurface(before)
+        return up
 
     async def close(self) -> None:
         """Close the connection pool (once the batches that are out are back)."""

@@ -1351,7 +1351,9 @@ class AsyncConfigSync:
             self._core.recovered()
 
     async def _loop(self) -> None:
-        while True:
+        # Ends at its cancellation, or when it sees it is no longer the poller
+        # (stop() stays final should a cancellation ever be lost on the way).
+        while self._task is asyncio.current_task():
             await asyncio.sleep(self._core.interval)
             with contextlib.suppress(Exception):  # only the logging of a failure can get here
                 await self._poll_once()

@@ -669,7 +669,7 @@ class OrphanRecovery:
         await asyncio.gather(task, return_exceptions=True)
 
     async def _loop(self) -> None:
-        while True:
+        while not self._stopped:  # (stop() stays final should a cancellation be lost)
             try:
                 await self.run_once()
                 self.last_error = None

@@ -1,0 +1,140 @@
+"""A cancellation that redis-py loses is raised all the same.
+
+redis-py's asyncio client sends through ``asyncio.wait_for``, which on Python
+3.11 returns the finished result when a ``cancel()`` arrives as the send
+completes: the cancellation is gone. Under CPU load on Cluster, that made an
+``AsyncConfigSync.stop()`` wait forever (its poller went on polling). Here the
+client's entry point is wrapped so that it loses every cancellation that
+arrives while a command is out (it waits for the command and returns its
+reply, the effect of that race made certain); Redis itself is real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+import durabilis
+from durabilis import AsyncStore
+from durabilis.config import AsyncConfigSync
+from durabilis.layer import AsyncDurabilityLayer, OperationContext
+from tests.integration._layer_support import fast_config
+
+pytestmark = pytest.mark.skipif(
+    sys.version_info < (3, 11), reason="Task.cancelling() (how a lost one is seen) is 3.11+"
+)
+
+
+class Losing:
+    """Wraps the store's way into redis-py: a cancellation during a command is lost."""
+
+    def __init__(self, store: AsyncStore) -> None:
+        self.entered = asyncio.Event()
+        self.lost = 0
+        # When set, only a command sent by this task sets ``entered`` (on
+        # Cluster the calls of a wave go from tasks of their own, which the
+        # caller's cancellation does not reach).
+        self.watch: asyncio.Task[Any] | None = None
+        self.off = False  # (a failing test turns it off to end cleanly)
+        if store.autopipe is not None:  # standalone: every command goes through it
+            store.autopipe.execute = self._wrap(store.autopipe.execute)  # type: ignore[method-assign]
+            store.autopipe.execute_many = self._wrap(  # type: ignore[method-assign]
+                store.autopipe.execute_many
+            )
+        else:  # Cluster: commands and scripts alike
+            store.client.execute_command = self._wrap(store.client.execute_command)
+
+    def _wrap(self, inner: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            sent = asyncio.ensure_future(inner(*args, **kwargs))
+            if self.watch is None or asyncio.current_task() is self.watch:
+                self.entered.set()
+            try:
+                return await asyncio.shield(sent)
+            except asyncio.CancelledError:
+                if self.off:
+                    raise
+                self.lost += 1
+                return await sent  # the reply, and the cancellation dropped
+
+        return call
+
+
+def test_the_store_raises_a_cancellation_the_client_lost(redis_url: str, namespace: str) -> None:
+    async def main() -> None:
+        store = durabilis.connect_async(redis_url, namespace=namespace)
+        losing = Losing(store)
+        try:
+            assert await store.command("GET", f"{namespace}:plain") is None  # (connected)
+            losing.entered.clear()
+            task = asyncio.ensure_future(store.command("GET", f"{namespace}:plain"))
+            await losing.entered.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert losing.lost == 1  # the client did lose it
+        finally:
+            await store.close()
+
+    asyncio.run(main())
+
+
+def test_a_config_poller_stops_though_its_cancellation_is_lost(
+    redis_url: str, namespace: str
+) -> None:
+    async def main() -> None:
+        store = durabilis.connect_async(redis_url, namespace=namespace)
+        try:
+            sync = await AsyncConfigSync(store, interval_seconds=0.01).start()
+            losing = Losing(store)
+            await losing.entered.wait()  # a poll is out: stop() cancels it there
+            stopping = asyncio.ensure_future(sync.stop())
+            await asyncio.wait([stopping], timeout=10)
+            losing.off = True
+            assert stopping.done(), "stop() did not return: the poller went on polling"
+            assert losing.lost == 1
+        finally:
+            await store.close()
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_call_does_not_run_fn_though_the_client_lost_the_cancellation(
+    redis_url: str, namespace: str
+) -> None:
+    async def main() -> None:
+        store = durabilis.connect_async(redis_url, namespace=namespace)
+        layer = AsyncDurabilityLayer(store, fast_config(lease=1))
+        ran: list[str] = []
+
+        async def fn(ctx: OperationContext) -> str:
+            ran.append(ctx.idempotency_key)
+            return "done"
+
+        try:
+            await layer.execute("a", "write", {"n": 0}, fn, idempotency_key="warm-up")
+            ran.clear()
+            losing = Losing(store)
+            losing.entered.clear()
+            task = asyncio.ensure_future(
+                layer.execute("a", "write", {"n": 1}, fn, idempotency_key="k1")
+            )
+            losing.watch = task
+            await losing.entered.wait()  # a step before fn (the claim) is out
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert losing.lost >= 1
+            assert ran == []  # cancelled before fn: fn never ran
+            # The claim was released: the same key runs now, once.
+            assert await layer.execute("a", "write", {"n": 1}, fn, idempotency_key="k1") == "done"
+            assert len(ran) == 1
+        finally:
+            await layer.close()
+            await store.close()
+
+    asyncio.run(main())
