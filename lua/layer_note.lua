@@ -9,8 +9,10 @@ touches a newer owner's. The counters are the fleet-wide totals an operator
 
 KEYS[1]  in-flight sorted set        (<ns>:layer:{layer}:inflight)
 KEYS[2]  counters hash               (<ns>:layer:{layer}:stats)
-ARGV[1]  mode                        "add" | "rem" | "renew" | "at" | "none"
-ARGV[2]  lease_ms                    with "add"/"renew": the lease, counted from now;
+ARGV[1]  mode                        "add" | "list" | "rem" | "renew" | "at" | "none"
+                                     ("list": "add" without refreshing the index's
+                                     own expiry, which a process does once a minute)
+ARGV[2]  lease_ms                    with "add"/"list"/"renew": the lease, counted from now;
                                      with "at": the score itself (ms, when the lease ends)
 ARGV[3]  n                           how many members follow
 ARGV[4..3+n] members                 "<key>|<nonce>"
@@ -24,12 +26,12 @@ local mode = ARGV[1]
 local n = tonumber(ARGV[3])
 local done = 0
 ready()
-if mode == "add" or mode == "renew" then
+if mode == "add" or mode == "list" or mode == "renew" then
   local t = redis.call("TIME")
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local lease = tonumber(ARGV[2])
   for i = 4, 3 + n do
-    if mode == "add" then
+    if mode ~= "renew" then
       done = done + redis.call("ZADD", KEYS[1], now + lease, ARGV[i])
     else
       done = done + redis.call("ZADD", KEYS[1], "XX", "CH", now + lease, ARGV[i])
@@ -45,8 +47,9 @@ elseif mode == "at" then
     done = done + redis.call("ZADD", KEYS[1], "XX", "CH", tonumber(ARGV[2]), ARGV[i])
   end
 elseif mode == "rem" then
-  for i = 4, 3 + n do
-    done = done + redis.call("ZREM", KEYS[1], ARGV[i])
+  -- One ZREM per thousand members (a batch of a process's settled claims).
+  for first = 4, 3 + n, 1000 do
+    done = done + redis.call("ZREM", KEYS[1], unpack(ARGV, first, math.min(first + 999, 3 + n)))
   end
   if done == 0 and n > 0 then return 0 end
 end

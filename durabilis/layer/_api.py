@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -17,12 +18,30 @@ from durabilis.dlq import AsyncDeadLetterQueue, DeadLetterQueue, ReplayResult, R
 from durabilis.errors import DurabilisError, LayerClosed
 from durabilis.idempotency import AsyncIdempotencyGuard, IdempotencyGuard, IdempotencyKey
 from durabilis.layer._config import DurabilityConfig, LayerStats, OperationContext
-from durabilis.layer._plans import _LayerCore
+from durabilis.layer._plans import DUPLICATES_FLUSH_SECONDS, _LayerCore
 from durabilis.retry import AsyncRetryEngine, RetryEngine
 
 _log = get_logger()
 
 T = TypeVar("T")
+
+
+class _Ticks:
+    """The keep-alive's clock: it wakes every second at most (what waits in the
+    process, counts and index removals, goes once a second old) and renews the
+    leases held every ``renew_interval``."""
+
+    def __init__(self, renew_interval: float) -> None:
+        self.every = renew_interval
+        self.wait = min(renew_interval, DUPLICATES_FLUSH_SECONDS)
+        self._next = time.monotonic() + renew_interval
+
+    def renew_due(self) -> bool:
+        now = time.monotonic()
+        if now < self._next - self.wait / 2:  # (a tick that wakes a little early counts)
+            return False
+        self._next = now + self.every
+        return True
 
 
 def _payload_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -80,8 +99,9 @@ class DurabilityLayer:
 
     def _renew_loop(self) -> None:
         stop = threading.Event()
-        while not stop.wait(self.config.renew_interval):
-            if self._leases.busy():
+        ticks = _Ticks(self.config.renew_interval)
+        while not stop.wait(ticks.wait):
+            if ticks.renew_due() and self._leases.busy():
                 self._renew_once()
             last = self._closed and not self._leases.busy()  # then all of it goes
             try:  # idle too: what waits in the process still goes (after the leases)
@@ -326,9 +346,10 @@ class AsyncDurabilityLayer:
             self._renewers[loop] = loop.create_task(self._renew_loop())
 
     async def _renew_loop(self) -> None:
+        ticks = _Ticks(self.config.renew_interval)
         while True:
-            await asyncio.sleep(self.config.renew_interval)
-            if self._leases.busy():
+            await asyncio.sleep(ticks.wait)
+            if ticks.renew_due() and self._leases.busy():
                 await self._renew_once()
             last = self._closed and not self._leases.busy()  # then all of it goes
             try:  # idle too: what waits in the process still goes (after the leases)
