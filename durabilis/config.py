@@ -1304,6 +1304,7 @@ class AsyncConfigSync:
         )
         self.store: AsyncStore = self._core.store
         self._task: asyncio.Task[None] | None = None
+        self._run = 0  # bumped by start() and stop(): a poller runs while it is its own
 
     @property
     def interval_seconds(self) -> float:
@@ -1336,8 +1337,11 @@ class AsyncConfigSync:
         """See :meth:`ConfigSync.start` (the polling runs as a task of the running loop)."""
         if self._task is not None and not self._task.done():
             return self
+        self._run += 1
+        run = self._run
         await self._poll_once()
-        self._task = asyncio.get_running_loop().create_task(self._loop())
+        if run == self._run:  # (not stopped, nor started again, meanwhile)
+            self._task = asyncio.get_running_loop().create_task(self._loop(run))
         return self
 
     async def _poll_once(self) -> None:
@@ -1350,21 +1354,22 @@ class AsyncConfigSync:
         else:
             self._core.recovered()
 
-    async def _loop(self) -> None:
+    async def _loop(self, run: int) -> None:
         # Ends at its cancellation, or when it sees it is no longer the poller
         # (stop() stays final should a cancellation ever be lost on the way).
-        while self._task is asyncio.current_task():
+        while run == self._run:
             await asyncio.sleep(self._core.interval)
             with contextlib.suppress(Exception):  # only the logging of a failure can get here
                 await self._poll_once()
 
     async def stop(self) -> None:
         """See :meth:`ConfigSync.stop`."""
+        self._run += 1
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            # Its CancelledError is returned, not raised; the caller's own propagates.
+            await asyncio.gather(task, return_exceptions=True)
 
     async def __aenter__(self) -> AsyncConfigSync:
         return await self.start()

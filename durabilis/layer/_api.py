@@ -83,6 +83,7 @@ class DurabilityLayer:
             self.checkpoints._ops, self.dlq._ops,
         )
         self._leases = LeaseBook(on_hold=self._ensure_renewer)
+        self._core.on_wait = self._ensure_renewer  # (counts wait without a claim held too)
         self._renewer: threading.Thread | None = None
         self._renewer_lock = threading.Lock()
         self._closed = False
@@ -336,6 +337,7 @@ class AsyncDurabilityLayer:
             self.checkpoints._ops, self.dlq._ops,
         )
         self._leases = LeaseBook(on_hold=self._ensure_renewer)
+        self._core.on_wait = self._ensure_renewer  # (counts wait without a claim held too)
         self._renewers: dict[asyncio.AbstractEventLoop, asyncio.Task[None]] = {}
         self._closed = False
 

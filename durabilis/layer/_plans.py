@@ -262,6 +262,9 @@ class _LayerCore:
         # When this process last refreshed the index's own expiry (a week,
         # pushed back by a claim): once a minute is plenty, not every claim.
         self._index_ttl_at: float | None = None
+        # Called when counts or removals start waiting in this process: the
+        # twins start their keep-alive (which sends them), if not running.
+        self.on_wait: Callable[[], None] | None = None
 
     # -- request building: every check before any I/O --
 
@@ -389,13 +392,17 @@ class _LayerCore:
         """
         now = time.monotonic()
         with self._dups_lock:
-            if self._dups == 0:
+            first = self._dups == 0
+            if first:
                 self._dups_since = now
             self._dups += 1
             if now - self._dups_since < DUPLICATES_FLUSH_SECONDS:
-                return 0
-            n, self._dups = self._dups, 0
-            return n
+                n = 0
+            else:
+                n, self._dups = self._dups, 0
+        if first and n == 0 and self.on_wait is not None:
+            self.on_wait()
+        return n
 
     def _take_duplicates(self) -> int:
         with self._dups_lock:
@@ -416,11 +423,14 @@ class _LayerCore:
         and loses those counts (never a record).
         """
         with self._dups_lock:
-            if not self._gone and not self._gone_counts:
+            first = not self._gone and not self._gone_counts
+            if first:
                 self._gone_since = time.monotonic()
             self._gone.extend(m for m in members if m)
             for name, n in counts.items():
                 self._gone_counts[name] = self._gone_counts.get(name, 0) + n
+        if first and self.on_wait is not None:
+            self.on_wait()
 
     def _take_gone(self) -> tuple[list[str], dict[str, int]]:
         """The waiting removals and their counts, taken from the queue."""
@@ -429,12 +439,15 @@ class _LayerCore:
             self._gone, self._gone_counts = [], {}
         return taken
 
-    def _gone_note(self, gone: list[str], counts: dict[str, int]) -> ScriptCall | None:
-        """Removals and counts as one note (a removal sent twice is harmless; the
-        counts go only with a removal that happened)."""
+    def _gone_note(
+        self, gone: list[str], counts: dict[str, int], *, again: bool = False
+    ) -> ScriptCall | None:
+        """Removals and counts as one note. First sent (``leave``), the counts go
+        whatever recovery removed meanwhile; sent ``again`` (it may have landed),
+        they go only with a removal that happens now (``rem``)."""
         if not gone and not any(counts.values()):
             return None
-        return self._note("rem" if gone else "none", gone, **counts)
+        return self._note(("rem" if again else "leave") if gone else "none", gone, **counts)
 
     def _unsent(self, gone: list[str], counts: dict[str, int]) -> None:
         """A batch of removals that may not have landed waits apart; counts alone
@@ -460,8 +473,8 @@ class _LayerCore:
         if n:
             fresh.append(([], {"duplicates": n}))
         batches = [(b, True) for b in unsure] + [(b, False) for b in fresh]
-        for i, ((gone, counts), _) in enumerate(batches):
-            if (call := self._gone_note(gone, counts)) is None:
+        for i, ((gone, counts), again) in enumerate(batches):
+            if (call := self._gone_note(gone, counts, again=again)) is None:
                 continue
             try:  # not shielded: an interruption goes through at once (removals wait)
                 yield IO([call])

@@ -7,6 +7,7 @@ documented cluster figures there, round trips one after another and requests.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 import redis.connection
 
 import durabilis
+from durabilis import IdempotencyConfig
 from durabilis.layer import DurabilityLayer
 from durabilis.layer._plans import DUPLICATES_FLUSH_SECONDS
 from tests.integration._layer_support import Counter, fast_config
@@ -183,6 +185,60 @@ def test_cluster_removes_a_settled_claim_s_index_entry_later_never_before_its_re
         assert layer.recover_orphans() == []  # nothing parked: the claim is recorded
         assert raw.zcard(index) == 0
         assert layer.dlq.stats().total == 0
+    finally:
+        layer.close()
+        store.close()
+
+
+def test_counts_go_by_themselves_with_idempotency_off(
+    redis_url: str, namespace: str, raw: Any
+) -> None:
+    """Found by a review: with no claim held, no keep-alive ran, and a
+    completed call's counts waited in its process until stats() or close()."""
+    store = durabilis.connect(redis_url, namespace=namespace)
+    config = fast_config(idempotency=IdempotencyConfig(enabled=False))
+    layer = DurabilityLayer(store, config)
+    counted = lambda: int(raw.hget(store.keys.layer("stats"), "succeeded") or 0)  # noqa: E731
+    try:
+        assert layer.execute("a1", "job", "p", Counter()) == "done"
+        deadline = time.monotonic() + DUPLICATES_FLUSH_SECONDS + 5
+        while counted() == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)  # no stats(), no close(): the keep-alive sends it
+        assert counted() == 1
+    finally:
+        layer.close()
+        store.close()
+
+
+def test_an_index_a_removal_emptied_gets_its_expiry_back(
+    redis_url: str, namespace: str, raw: Any
+) -> None:
+    """Found by a review: a claim's entry that recreates an index emptied by a
+    batch of removals (mode ``list``, no expiry refresh) left an index without
+    expiry; the keep-alive's renewal of that claim gives it back."""
+    store = durabilis.connect(redis_url, namespace=namespace)
+    layer = DurabilityLayer(store, fast_config(lease=1))
+    index = store.keys.layer("inflight")
+    release = threading.Event()
+
+    def slow(_ctx: Any) -> str:
+        release.wait(10)
+        return "done"
+
+    try:
+        layer.execute("a1", "job", "p1", Counter())  # "add": the index's expiry set
+        layer.stats()  # its removal sent: the index emptied (deleted)
+        assert raw.exists(index) == 0
+        worker = threading.Thread(target=layer.execute, args=("a1", "job", "p2", slow))
+        worker.start()
+        try:
+            deadline = time.monotonic() + 5
+            while raw.pttl(index) < 0 and time.monotonic() < deadline:
+                time.sleep(0.02)  # recreated by "list": an expiry comes with the renewal
+            assert raw.zcard(index) == 1 and raw.pttl(index) > 0
+        finally:
+            release.set()
+            worker.join(10)
     finally:
         layer.close()
         store.close()

@@ -138,3 +138,24 @@ def test_a_cancelled_call_does_not_run_fn_though_the_client_lost_the_cancellatio
             await store.close()
 
     asyncio.run(main())
+
+
+def test_a_stop_during_the_first_poll_of_start_is_final(redis_url: str, namespace: str) -> None:
+    """Found by a review: stop() while start() awaited its first poll returned at
+    once, and start() then left a poller running until the next stop()."""
+
+    async def main() -> None:
+        store = durabilis.connect_async(redis_url, namespace=namespace)
+        try:
+            sync = AsyncConfigSync(store, interval_seconds=0.01)
+            starting = asyncio.ensure_future(sync.start())
+            await asyncio.sleep(0)  # start() is in its first poll (a Redis read)
+            assert not starting.done()
+            await sync.stop()
+            await starting
+            await asyncio.sleep(0.1)
+            assert sync._task is None  # no poller was left behind
+        finally:
+            await store.close()
+
+    asyncio.run(main())

@@ -259,6 +259,7 @@ class Simulation:
     def _layer(self, name: str) -> DurabilityLayer:
         layer = DurabilityLayer(self.store, self.config, replica_id=name)
         layer._core.clock = lambda: self.now
+        layer._core.on_wait = None  # (its keep-alive is simulated: _flush at its ticks)
         return layer
 
     def _actors(self) -> list[Actor]:
