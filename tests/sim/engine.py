@@ -38,7 +38,7 @@ import asyncio
 import itertools
 import logging
 import random
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -212,6 +212,9 @@ class Simulation:
         self.probe_owner: dict[str, tuple[str, int]] = {}  # probe nonce -> (actor, plan)
         self.graveyard: list[Any] = []  # abandoned plans (kept: no GeneratorExit cleanup)
         self.faults = True
+        # The counts the layers put in their per-process batches (_leave, and a
+        # duplicate's): in a run without faults, every one lands exactly once.
+        self.batched: Counter[str] = Counter()
         # One client and one set of registered scripts serve every run (runs
         # follow one another; the clock key is shared, set afresh by each run).
         shared = _shared(redis_url)
@@ -260,6 +263,20 @@ class Simulation:
         layer = DurabilityLayer(self.store, self.config, replica_id=name)
         layer._core.clock = lambda: self.now
         layer._core.on_wait = None  # (its keep-alive is simulated: _flush at its ticks)
+        core = layer._core
+        leave, count_duplicate = core._leave, core._count_duplicate
+
+        def tallied_leave(members: Any, counts: Any) -> None:
+            for counter, n in counts.items():
+                self.batched[counter] += n
+            leave(members, counts)
+
+        def tallied_duplicate() -> int:
+            self.batched["duplicates"] += 1
+            return count_duplicate()
+
+        core._leave = tallied_leave  # type: ignore[method-assign]
+        core._count_duplicate = tallied_duplicate  # type: ignore[method-assign]
         return layer
 
     def _actors(self) -> list[Actor]:
@@ -793,6 +810,7 @@ class Simulation:
         problems = list(self.violations)
         problems += self._check_outcomes()
         problems += self._check_nothing_stuck()
+        problems += self._check_batched_counts()
         if problems:
             raise Counterexample(self.report(problems))
 
@@ -921,6 +939,21 @@ class Simulation:
                 if status == b"pending":
                     out.append(f"{key}: completed, yet its DLQ record {dlq_id} is pending")
         return out
+
+    def _check_batched_counts(self) -> list[str]:
+        """Without faults (no crash, no lost reply), the counts batched in the
+        processes reach the fleet's counters, each once: ``duplicates`` (only
+        ever batched) equals what was batched, and ``succeeded`` too (only the
+        record step's batch carries it, and no record step fails here)."""
+        if self.knobs.fault_rate > 0 or any(a.crashed for a in self.actors):
+            return []
+        raw = self.raw.hgetall(self.store.keys.layer("stats"))
+        stored = {k.decode(): int(v) for k, v in raw.items()}
+        return [
+            f"counter {name}: {stored.get(name, 0)} in Redis, {self.batched[name]} batched"
+            for name in ("duplicates", "succeeded")
+            if stored.get(name, 0) != self.batched[name]
+        ]
 
     def _check_nothing_stuck(self) -> list[str]:
         out: list[str] = []
