@@ -9,13 +9,10 @@ touches a newer owner's. The counters are the fleet-wide totals an operator
 
 KEYS[1]  in-flight sorted set        (<ns>:layer:{layer}:inflight)
 KEYS[2]  counters hash               (<ns>:layer:{layer}:stats)
-ARGV[1]  mode                        "add" | "list" | "rem" | "leave" | "renew" | "at" | "none"
-                                     ("list": "add" without refreshing the index's
-                                     own expiry, which a process does once a minute;
-                                     "leave": a process's batch of settled claims'
-                                     removals, first sent: "rem" whose counts always
-                                     go, and which pushes the index's expiry back)
-ARGV[2]  lease_ms                    with "add"/"list"/"renew": the lease, counted from now;
+ARGV[1]  mode                        "add" | "rem" | "leave" | "renew" | "at" | "none"
+                                     ("leave": a process's batch of settled claims'
+                                     removals, first sent: "rem" whose counts always go)
+ARGV[2]  lease_ms                    with "add"/"renew": the lease, counted from now;
                                      with "at": the score itself (ms, when the lease ends)
 ARGV[3]  n                           how many members follow
 ARGV[4..3+n] members                 "<key>|<nonce>"
@@ -23,29 +20,24 @@ ARGV[4+n..] field, increment, ...    counters to add to; with "rem", only when
                                      an entry was removed (a "rem" sent again
                                      after a lost reply counts nothing twice)
 
-The index's own expiry (a week, or four leases) is pushed back by "add", by
-"leave" and by "renew" (each at most about once a second per process): a
-"list" may recreate an index that a removal emptied, without an expiry, until
-one of those runs (the next claim of a process that starts).
-
 Returns the number of entries added, removed or renewed.
 ]]
 local mode = ARGV[1]
 local n = tonumber(ARGV[3])
 local done = 0
 ready()
-if mode == "add" or mode == "list" or mode == "renew" then
+if mode == "add" or mode == "renew" then
   local t = redis.call("TIME")
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local lease = tonumber(ARGV[2])
   for i = 4, 3 + n do
-    if mode ~= "renew" then
+    if mode == "add" then
       done = done + redis.call("ZADD", KEYS[1], now + lease, ARGV[i])
     else
       done = done + redis.call("ZADD", KEYS[1], "XX", "CH", now + lease, ARGV[i])
     end
   end
-  if mode == "add" or (mode == "renew" and done > 0) then
+  if mode == "add" then
     -- Entries of workers that died are removed by recover_orphans; if nobody
     -- ever runs it, the whole index still goes a week after the last claim.
     redis.call("PEXPIRE", KEYS[1], math.max(lease * 4, 604800000))
@@ -59,13 +51,10 @@ elseif mode == "rem" or mode == "leave" then
   for first = 4, 3 + n, 1000 do
     done = done + redis.call("ZREM", KEYS[1], unpack(ARGV, first, math.min(first + 999, 3 + n)))
   end
-  if mode == "leave" then
-    -- (Its entries may have been dropped already by recover_orphans, with a
-    -- lease shorter than the batch's wait: its counts go all the same.)
-    redis.call("PEXPIRE", KEYS[1], math.max(tonumber(ARGV[2]) * 4, 604800000))
-  elseif done == 0 and n > 0 then
-    return 0
-  end
+  -- A batch first sent ("leave") counts whatever recover_orphans dropped of
+  -- it meanwhile (a lease shorter than the batch's wait); a "rem" sent again
+  -- after a lost reply counts only what it removes now.
+  if mode == "rem" and done == 0 and n > 0 then return 0 end
 end
 for i = 4 + n, #ARGV, 2 do
   redis.call("HINCRBY", KEYS[2], ARGV[i], tonumber(ARGV[i + 1]))

@@ -89,7 +89,6 @@ _CLAIM_AGAIN = object()
 _SETTLED_BY = "a later delivery"  # who finished a parked record its operation completed
 _GIVE_UP = object()
 DUPLICATES_FLUSH_SECONDS = 1.0  # how long a duplicate's count may wait in its process
-INDEX_TTL_EVERY = 60.0  # how often a process pushes the in-flight index's expiry back
 _REASON_ROOM = 96  # bytes kept in the DLQ payload cap for metadata added when parking
 _RECORD_BACKOFF = (0.05, 1.0)  # first and longest pause between tries of a record step
 _LATE_TRIES = 3  # tries of a record step after its lease's time ran out, before giving up
@@ -259,9 +258,6 @@ class _LayerCore:
         # Removals sent once whose outcome is unknown: each goes again alone,
         # never merged with newer ones (its counts go only with a removal).
         self._unsure: list[tuple[list[str], dict[str, int]]] = []
-        # When this process last refreshed the index's own expiry (a week,
-        # pushed back by a claim): once a minute is plenty, not every claim.
-        self._index_ttl_at: float | None = None
         # Called when counts or removals start waiting in this process: the
         # twins start their keep-alive (which sends them), if not running.
         self.on_wait: Callable[[], None] | None = None
@@ -370,16 +366,6 @@ class _LayerCore:
             if n:
                 args += [name, n]
         return ScriptCall("layer_note", [self._index, self._stats], args)
-
-    def _add_mode(self) -> str:
-        """``add`` (the entry, and the index's expiry pushed back) once a minute
-        per process, else ``list`` (the entry alone: a command fewer per call)."""
-        now = self.clock()
-        with self._dups_lock:
-            if self._index_ttl_at is not None and now - self._index_ttl_at < INDEX_TTL_EVERY:
-                return "list"
-            self._index_ttl_at = now
-        return "add"
 
     def _count_duplicate(self) -> int:
         """Count a duplicate in this process; how many to send now (0: they ride later).
@@ -597,7 +583,7 @@ class _LayerCore:
         gone: tuple[list[str], dict[str, int]] = ([], {})
         if dedup:
             at["note"] = len(calls)
-            calls.append(self._note(self._add_mode(), [member]))
+            calls.append(self._note("add", [member]))
             waves.append(0)
             if not self.fuses:
                 gone = self._take_gone()
