@@ -213,9 +213,9 @@ def test_counts_go_by_themselves_with_idempotency_off(
 def test_an_index_a_removal_emptied_gets_its_expiry_back(
     redis_url: str, namespace: str, raw: Any
 ) -> None:
-    """Found by a review: a claim's entry that recreates an index emptied by a
-    batch of removals (mode ``list``, no expiry refresh) left an index without
-    expiry; the keep-alive's renewal of that claim gives it back."""
+    """Found by a review: a claim's entry that recreated an index emptied by a
+    batch of removals left an index without expiry when claims pushed the
+    expiry back only once a minute; every claim pushes it back again."""
     store = durabilis.connect(redis_url, namespace=namespace)
     layer = DurabilityLayer(store, fast_config(lease=1))
     index = store.keys.layer("inflight")
@@ -234,7 +234,7 @@ def test_an_index_a_removal_emptied_gets_its_expiry_back(
         try:
             deadline = time.monotonic() + 5
             while raw.pttl(index) < 0 and time.monotonic() < deadline:
-                time.sleep(0.02)  # recreated by "list": an expiry comes with the renewal
+                time.sleep(0.02)  # recreated by the claim: its expiry with it
             assert raw.zcard(index) == 1 and raw.pttl(index) > 0
         finally:
             release.set()
