@@ -103,6 +103,14 @@ def test_happy_path_is_two_round_trips(
         store.close()
 
 
+def sent_by_the_keep_alive(counted: Any, seconds: float) -> int:
+    """The counter once it is no longer 0, or 0 after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while counted() == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return int(counted())
+
+
 def test_a_duplicate_s_count_waits_at_most_a_second_in_its_process(
     redis_url: str, namespace: str, raw: Any
 ) -> None:
@@ -145,10 +153,8 @@ def test_an_idle_process_s_waiting_duplicate_count_goes_with_the_keep_alive(
         layer.execute("a1", "job", "p", Counter())
         layer.execute("a1", "job", "p", Counter())
         assert counted() == 0  # waiting in this process
-        deadline = time.monotonic() + DUPLICATES_FLUSH_SECONDS + 3
-        while counted() == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)  # the process does nothing: its keep-alive sends it
-        assert counted() == 1
+        # The process does nothing: its keep-alive sends it.
+        assert sent_by_the_keep_alive(counted, DUPLICATES_FLUSH_SECONDS + 3) == 1
     finally:
         layer.close()
         store.close()
@@ -201,10 +207,8 @@ def test_counts_go_by_themselves_with_idempotency_off(
     counted = lambda: int(raw.hget(store.keys.layer("stats"), "succeeded") or 0)  # noqa: E731
     try:
         assert layer.execute("a1", "job", "p", Counter()) == "done"
-        deadline = time.monotonic() + DUPLICATES_FLUSH_SECONDS + 5
-        while counted() == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)  # no stats(), no close(): the keep-alive sends it
-        assert counted() == 1
+        # No stats(), no close(): the keep-alive sends it.
+        assert sent_by_the_keep_alive(counted, DUPLICATES_FLUSH_SECONDS + 5) == 1
     finally:
         layer.close()
         store.close()
