@@ -80,7 +80,7 @@ def lua_directory() -> Path:
     return directory
 
 
-_FUSED_PREFIX = "fused:"
+FUSED_PREFIX = "fused:"
 
 # Two phases make a fused step all-or-nothing. Phase 1 runs every body up to
 # its ready() (checks only, no writes). If a GATED body returned before
@@ -173,7 +173,7 @@ def fuse(calls: Sequence[ScriptCall], gated: Sequence[bool] | None = None) -> Sc
         counts += [len(c.keys), len(c.args), "1" if gated and gated[i] else "0"]
         keys.extend(c.keys)
         args.extend(c.args)
-    name = _FUSED_PREFIX + "+".join(c.name for c in calls)
+    name = FUSED_PREFIX + "+".join(c.name for c in calls)
     return ScriptCall(name, keys, counts + args)
 
 
@@ -236,8 +236,8 @@ class ScriptRegistry:
         script = self._scripts.get(name)
         if script is None:
             try:
-                if name.startswith(_FUSED_PREFIX):
-                    source = fused_source(tuple(name[len(_FUSED_PREFIX):].split("+")))
+                if name.startswith(FUSED_PREFIX):
+                    source = fused_source(tuple(name[len(FUSED_PREFIX):].split("+")))
                 else:
                     source = sources()[name]
             except KeyError:

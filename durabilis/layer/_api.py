@@ -68,9 +68,11 @@ class DurabilityLayer:
         *,
         replica_id: str | None = None,
     ) -> None:
-        self.store = store
         self.config = config or DurabilityConfig()
         cfg = self.config
+        if cfg.acks is not None:
+            store = store.with_acks(cfg.acks, cfg.acks_timeout_seconds)
+        self.store = store
         self.idempotency = IdempotencyGuard(store, cfg.idempotency)
         self.retry = RetryEngine.empty(store)
         for policy in cfg.policies:
@@ -320,9 +322,11 @@ class AsyncDurabilityLayer:
         *,
         replica_id: str | None = None,
     ) -> None:
-        self.store = store
         self.config = config or DurabilityConfig()
         cfg = self.config
+        if cfg.acks is not None:
+            store = store.with_acks(cfg.acks, cfg.acks_timeout_seconds)
+        self.store = store
         self.idempotency = AsyncIdempotencyGuard(store, cfg.idempotency)
         self.retry = AsyncRetryEngine.empty(store)
         for policy in cfg.policies:

@@ -9,6 +9,7 @@ from types import MappingProxyType
 from typing import Any
 
 from durabilis._steps import CURRENT
+from durabilis._store import DEFAULT_ACKS_TIMEOUT, parse_acks
 from durabilis.breaker import DEFAULT_BREAKER_CONFIGS, CircuitBreakerConfig
 from durabilis.checkpoint import CheckpointConfig
 from durabilis.dlq import DlqConfig
@@ -60,6 +61,13 @@ class DurabilityConfig:
             overrides it); types not listed run without a breaker.
         renew_every_seconds: How often a live worker renews its leases;
             ``None``: a third of the lease.
+        acks: When a write counts as done: ``"primary"`` (once the primary ran
+            it) or ``"replicas:N"`` (once N replicas confirmed it, ``WAIT``; fewer
+            within ``acks_timeout_seconds`` fail the step, its outcome unknown:
+            a claim is not used, nothing runs). ``None``: the store's level
+            (``connect(acks=...)``, ``"primary"`` by default). docs/operations.md,
+            "Acknowledgements", gives what each level survives and costs.
+        acks_timeout_seconds: How long ``"replicas:N"`` waits for the replicas.
     """
 
     idempotency: IdempotencyConfig = field(default_factory=IdempotencyConfig)
@@ -69,6 +77,8 @@ class DurabilityConfig:
     dlq: DlqConfig = field(default_factory=DlqConfig)
     dependencies: Mapping[str, str] = field(default_factory=dict)
     renew_every_seconds: float | None = None
+    acks: str | None = None
+    acks_timeout_seconds: float = DEFAULT_ACKS_TIMEOUT
 
     @classmethod
     def seed(cls, **overrides: Any) -> DurabilityConfig:
@@ -128,6 +138,8 @@ class DurabilityConfig:
             for k, v in self.dependencies.items()
         ):
             raise ConfigError("dependencies", "must map operation types to breaker names (str)")
+        if self.acks is not None or self.acks_timeout_seconds != DEFAULT_ACKS_TIMEOUT:
+            parse_acks(self.acks or "primary", self.acks_timeout_seconds)
         renew = self.renew_every_seconds
         if renew is not None and (
             isinstance(renew, bool)

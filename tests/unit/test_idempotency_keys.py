@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import pytest
 
@@ -103,11 +104,49 @@ def test_overlong_key_is_rejected_before_any_redis_call() -> None:
         guard.check_and_record("k" * 16)
 
 
-def test_unknown_url_scheme_and_sentinel_are_clear_errors() -> None:
-    with pytest.raises(durabilis.UnsupportedUrl, match="not supported yet"):
-        durabilis.connect("redis+sentinel://127.0.0.1:26379/mymaster")
+def test_unknown_url_scheme_and_bad_sentinel_urls_are_clear_errors() -> None:
+    for bad in ("redis+sentinel://127.0.0.1:26379", "redis+sentinel://127.0.0.1:26379/",
+                "redis+sentinel://127.0.0.1:26379/mymaster/x",
+                "redis+sentinel://127.0.0.1:26379/mymaster/0/1",
+                "redis+sentinel://127.0.0.1/mymaster"):
+        with pytest.raises(durabilis.UnsupportedUrl, match="redis\\+sentinel://"):
+            durabilis.connect(bad)
     with pytest.raises(durabilis.UnsupportedUrl, match="unknown scheme"):
         durabilis.connect("postgres://x")
+
+
+def test_a_sentinel_url_names_its_sentinels_service_db_and_credentials() -> None:
+    # No I/O: redis-py asks the Sentinels for the primary on the first command.
+    store = durabilis.connect(
+        "redis+sentinel://app:s%40cret@127.0.0.1:26379,[::1]:26380/cache/3", namespace="t"
+    )
+    pool = store.client.connection_pool
+    assert pool.service_name == "cache"
+    assert pool.connection_kwargs["db"] == 3
+    assert (pool.connection_kwargs["username"], pool.connection_kwargs["password"]) == (
+        "app", "s@cret")
+    sentinels = pool.sentinel_manager.sentinels
+    assert [(s.connection_pool.connection_kwargs["host"],
+             s.connection_pool.connection_kwargs["port"]) for s in sentinels] == [
+        ("127.0.0.1", 26379), ("::1", 26380)]
+    # the Sentinels get the socket timeouts, never the data nodes' password
+    assert sentinels[0].connection_pool.connection_kwargs["socket_timeout"] == 5.0
+    assert sentinels[0].connection_pool.connection_kwargs.get("password") is None
+    assert "s@cret" not in repr(store)
+    store.close()
+
+
+@pytest.mark.parametrize(
+    ("acks", "timeout"),
+    [("replicas", 1.0), ("replicas:0", 1.0), ("replicas:x", 1.0), ("all", 1.0),
+     ("replicas:65", 1.0), ("replicas:1", 0.0), ("replicas:1", 61.0), (1, 1.0)],
+)
+def test_an_invalid_acks_level_is_a_config_error(acks: Any, timeout: float) -> None:
+    with pytest.raises(ConfigError) as info:
+        durabilis.connect("redis://127.0.0.1:1/0", acks=acks, acks_timeout=timeout)
+    assert info.value.field in ("acks", "acks_timeout")
+    with pytest.raises(ConfigError):
+        durabilis.DurabilityConfig(acks=acks, acks_timeout_seconds=timeout)
 
 
 def test_invalid_namespace_is_a_config_error() -> None:
