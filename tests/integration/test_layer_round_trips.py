@@ -28,12 +28,13 @@ from tests.integration._layer_support import Counter, fast_config
 # cache (confirmed by the previous call); the record and the report (the
 # checkpoint first); a duplicate: the index entry, then the claim; a retry adds
 # the failure report with the retry's count, and the next admission.
-EXPECTED = {
+EXPECTED: dict[str, dict[str, tuple[int, int]]] = {
     "standalone": {"happy": (2, 2), "checkpoint": (2, 2), "duplicate": (1, 1),
                    "one_retry": (4, 4)},
     "cluster": {"happy": (3, 5), "checkpoint": (4, 6), "duplicate": (2, 3),
                 "one_retry": (5, 8)},
 }
+EXPECTED["sentinel"] = EXPECTED["standalone"]  # (the primary the Sentinels name)
 
 
 class Sends:
