@@ -625,6 +625,15 @@ class _Stepping:
         return replies
 
 
+def _wait_reply(target: Any, conn: Any) -> Any:
+    """``WAIT``'s reply, or its error reply (a node demoted to replica refuses WAIT:
+    then the script before it was refused too, or its write counts as unconfirmed)."""
+    try:
+        return target.parse_response(conn, "WAIT")
+    except redis.exceptions.ResponseError as exc:
+        return exc
+
+
 def _drain(redis_node: Any, conn: Any, replies: int = 1) -> None:
     """Read and drop the ``replies`` written to ``conn`` (a script, its WAIT), then give
     ``conn`` back (disconnected if a reply did not come)."""
@@ -729,7 +738,7 @@ class Store(_StoreBase):
                 reply = target.parse_response(conn, command[0])
             except redis.exceptions.ResponseError as exc:
                 reply = exc
-            return reply, target.parse_response(conn, "WAIT")
+            return reply, _wait_reply(target, conn)
         except BaseException:
             conn.disconnect()
             raise
@@ -887,7 +896,7 @@ class Store(_StoreBase):
                 reply = redis_node.parse_response(conn, "EVALSHA")
             except redis.exceptions.ResponseError as exc:
                 reply = exc
-            acked = redis_node.parse_response(conn, "WAIT") if self._waits(call) else None
+            acked = _wait_reply(redis_node, conn) if self._waits(call) else None
         except Exception as exc:  # lost on the way: the outcome is unknown
             conn.disconnect()
             pool.release(conn)
@@ -1062,7 +1071,10 @@ class AsyncStore(_StoreBase):
                 reply = await node.parse_response(conn, command[0])
             except redis.exceptions.ResponseError as exc:
                 reply = exc
-            acked = await node.parse_response(conn, "WAIT")
+            try:
+                acked = await node.parse_response(conn, "WAIT")
+            except redis.exceptions.ResponseError as exc:
+                acked = exc  # see _wait_reply
         except BaseException as exc:
             await conn.disconnect()
             if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):

@@ -4,7 +4,7 @@ Checks, each ``ok``, ``info``, ``warn`` or ``fail``:
 
 - ``connection``: PING answers.
 - ``version``: Redis >= 6.2 on every primary (durabilis uses no newer command).
-- ``mode``: standalone or Cluster (and the cluster's state).
+- ``mode``: standalone, Sentinel or Cluster (and the cluster's state).
 - ``persistence``: AOF on (``appendonly yes``); ``appendfsync always`` or
   ``everysec`` (up to a second of acknowledged writes lost in a crash).
 - ``eviction``: ``maxmemory-policy noeviction``. Every durabilis record carries
@@ -12,6 +12,10 @@ Checks, each ``ok``, ``info``, ``warn`` or ``fail``:
   idempotency record runs an operation twice; an evicted DLQ record is a lost
   operation), and an ``allkeys-*`` policy evicts them too.
 - ``memory``: used memory under 90 % of ``maxmemory`` (writes fail above it under noeviction).
+- ``replication``: each primary's replicas, their offsets and lag (bytes behind
+  the primary); fails when fewer are online than ``acks="replicas:N"`` needs.
+- ``sentinel`` (``redis+sentinel://`` only): the primary the Sentinels name,
+  its flags, how many Sentinels answer, the quorum and ``SENTINEL CKQUORUM``.
 - ``scripts``: every Lua script loads (``SCRIPT LOAD`` each, SHA1 checked).
 - ``latency``: median and worst of N PINGs.
 - ``keys``: keys of the namespace per pillar (one SCAN).
@@ -182,12 +186,70 @@ def check_version(versions: Mapping[str, str]) -> Check:
 def check_mode(mode: str, nodes: int, cluster_state: str | None) -> Check:
     """Standalone or Cluster; a Cluster whose state is not ``ok`` fails."""
     details: dict[str, Any] = {"mode": mode, "primaries": nodes}
+    if mode == "sentinel":
+        return Check("mode", INFO, "the primary Redis Sentinel names (see sentinel)", details)
     if mode != "cluster":
         return Check("mode", INFO, f"{mode} server", details)
     details["cluster_state"] = cluster_state
     if cluster_state != "ok":
         return Check("mode", FAIL, f"Redis Cluster in state {cluster_state!r}", details)
     return Check("mode", INFO, f"Redis Cluster, {nodes} primaries, state ok", details)
+
+
+def check_replication(
+    replicas: Mapping[str, Mapping[str, Any]], acks_replicas: int, *, failover: bool
+) -> Check:
+    """The replicas of each primary (``{primary: {replica: {state, offset, lag_bytes,
+    lag_s}}}``), against the replicas ``acks="replicas:N"`` asks for.
+
+    Replication is asynchronous: a primary lost in a failover takes with it what
+    its replicas did not have yet (``lag_bytes``), unless writes wait for them
+    (``acks="replicas:N"``, docs/operations.md). Fails when fewer replicas are
+    online than ``acks`` asks for (every write would fail); warns when a primary
+    has no replica online where failovers happen (``failover``: Sentinel, Cluster).
+    """
+    online = {p: sum(1 for r in rs.values() if r.get("state") == "online")
+              for p, rs in replicas.items()}
+    details: dict[str, Any] = {"replicas": {p: dict(rs) for p, rs in replicas.items()},
+                               "acks_replicas": acks_replicas}
+    fewest = min(online.values(), default=0)
+    lag = max((int(r.get("lag_bytes") or 0) for rs in replicas.values() for r in rs.values()),
+              default=0)
+    summary = (f"{fewest} replica(s) online per primary (fewest), replication lag up to "
+               f"{lag} bytes")
+    if acks_replicas and fewest < acks_replicas:
+        return Check("replication", FAIL, summary + f": acks=\"replicas:{acks_replicas}\" "
+                     "needs more; every write would fail (NotReplicated)", details)
+    if fewest == 0:
+        if not failover:
+            return Check("replication", INFO, "no replica: what survives rests on this "
+                         "server's AOF (see persistence)", details)
+        return Check("replication", WARN, summary + ": a primary without a replica online "
+                     "cannot be failed over, and its disk holds the only copy", details)
+    if not acks_replicas:
+        return Check("replication", INFO, summary + "; acks=\"primary\": a failover loses "
+                     "what the replicas did not have yet (docs/operations.md)", details)
+    return Check("replication", OK, summary, details)
+
+
+def check_sentinel(facts: Mapping[str, Any]) -> Check:
+    """What the Sentinels say (``{service, primary, sentinels, reachable, quorum,
+    ckquorum, flags}``): a failover needs ``quorum`` Sentinels to agree it is down
+    and a majority of them reachable to authorize it."""
+    details = dict(facts)
+    known, reachable = int(facts.get("sentinels") or 0), int(facts.get("reachable") or 0)
+    quorum = int(facts.get("quorum") or 0)
+    where = f"service {facts.get('service')!r}: primary {facts.get('primary')}"
+    flags = str(facts.get("flags") or "")
+    if not facts.get("primary") or any(f in flags for f in ("s_down", "o_down")):
+        return Check("sentinel", FAIL, f"{where}, flags {flags or '?'}", details)
+    ckquorum = str(facts.get("ckquorum") or "")
+    summary = (f"{where}, {reachable} of {known} Sentinel(s) reachable, quorum {quorum}"
+               f"{'' if ckquorum.startswith('OK') else f': {ckquorum}'}")
+    if not ckquorum.startswith("OK") or reachable < known or known < 3:
+        return Check("sentinel", WARN, summary + (
+            " (fewer than 3 Sentinels: one lost blocks failovers)" if known < 3 else ""), details)
+    return Check("sentinel", OK, summary, details)
 
 
 def check_persistence(nodes: Mapping[str, Mapping[str, Any]]) -> Check:
@@ -469,13 +531,70 @@ def _info_checks(store: Store) -> list[Check]:
             "appendfsync": fsync.get(n)}
         for n, i in infos.items()
     }
-    return [
+    checks = [
         check_version({n: str(i.get("redis_version", "?")) for n, i in infos.items()}),
-        check_mode(mode, len(infos), state),
+        check_mode(mode if not _is_sentinel(store) else "sentinel", len(infos), state),
         check_persistence(persistence),
         check_eviction(infos),
         check_memory(infos),
+        check_replication(
+            {n: replicas_of(i) for n, i in infos.items()}, int(getattr(store, "_replicas", 0)),
+            failover=store.is_cluster or _is_sentinel(store),
+        ),
     ]
+    if _is_sentinel(store):
+        checks.append(check_sentinel(_sentinel_facts(store)))
+    return checks
+
+
+def _is_sentinel(store: Store) -> bool:
+    return hasattr(store.client.connection_pool, "sentinel_manager")
+
+
+def replicas_of(info: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """A primary's replicas from its ``INFO`` (``slaveN`` fields, as redis-py parses
+    them): ``{host:port: {state, offset, lag_bytes, lag_s}}``."""
+    top = int(info.get("master_repl_offset") or 0)
+    out: dict[str, dict[str, Any]] = {}
+    for name, value in info.items():
+        if not (str(name).startswith("slave") and str(name)[5:].isdigit()
+                and isinstance(value, Mapping)):
+            continue
+        offset = int(value.get("offset") or 0)
+        out[f"{value.get('ip')}:{value.get('port')}"] = {
+            "state": value.get("state"), "offset": offset,
+            "lag_bytes": max(0, top - offset), "lag_s": value.get("lag"),
+        }
+    return out
+
+
+def _sentinel_facts(store: Store) -> dict[str, Any]:
+    pool = store.client.connection_pool
+    service = pool.service_name
+    sentinels = pool.sentinel_manager.sentinels
+    facts: dict[str, Any] = {"service": service, "sentinels": len(sentinels), "reachable": 0}
+    for sentinel in sentinels:
+        try:
+            state = sentinel.sentinel_master(service)
+        except (redis.RedisError, OSError) as exc:
+            facts.setdefault("errors", []).append(f"{type(exc).__name__}: {exc}")
+            continue
+        facts["reachable"] += 1
+        if "primary" in facts:
+            continue
+        facts.update({
+            "primary": f"{state.get('ip')}:{state.get('port')}",
+            "quorum": state.get("quorum"), "flags": state.get("flags"),
+            "other_sentinels": state.get("num-other-sentinels"),
+            "replicas_known": state.get("num-slaves"),
+        })
+        try:
+            facts["ckquorum"] = _text(sentinel.execute_command("SENTINEL", "CKQUORUM", service))
+        except redis.RedisError as exc:
+            facts["ckquorum"] = str(exc)
+    if "primary" in facts:  # the Sentinels that know of others, plus itself
+        facts["sentinels"] = max(len(sentinels), int(facts.get("other_sentinels") or 0) + 1)
+    return facts
 
 
 def _script_check(store: Store) -> Check:

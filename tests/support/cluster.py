@@ -69,6 +69,9 @@ class LocalCluster:
         replicas: Replicas per primary.
         node_timeout_ms: ``cluster-node-timeout``. Generous by default: on a busy
             2-core machine a short one makes nodes declare each other failed.
+        appendonly: Nodes keep an AOF: a node :meth:`kill` ed comes back by
+            :meth:`restart` with what it had applied.
+        extra: More ``--option value`` pairs for every node.
     """
 
     def __init__(
@@ -78,11 +81,15 @@ class LocalCluster:
         primaries: int = 3,
         replicas: int = 1,
         node_timeout_ms: int = 5000,
+        appendonly: bool = False,
+        extra: list[str] | None = None,
     ) -> None:
         self.base_dir = Path(base_dir)
         self.primaries = primaries
         self.replicas = replicas
         self.node_timeout_ms = node_timeout_ms
+        self.appendonly = appendonly
+        self.extra = list(extra or [])
         self.nodes: list[RedisServer] = []
 
     # --- lifecycle -----------------------------------------------------------
@@ -112,7 +119,9 @@ class LocalCluster:
                         "--cluster-config-file", str(node_dir / "nodes.conf"),
                         "--cluster-node-timeout", str(self.node_timeout_ms),
                         "--repl-diskless-sync-delay", "0",
+                        *self.extra,
                     ],
+                    appendonly=self.appendonly,
                 )
                 self.nodes.append(node.start())
             subprocess.run(
@@ -257,6 +266,20 @@ class LocalCluster:
         raise ClusterNotReady(f"cluster not healthy after {timeout}s: {problems}")
 
     # --- faults --------------------------------------------------------------
+
+    def _server(self, port: int) -> RedisServer:
+        for node in self.nodes:
+            if node.port == port:
+                return node
+        raise KeyError(f"no node on port {port}")
+
+    def kill(self, port: int) -> None:
+        """SIGKILL the node on ``port`` (its AOF, if any, keeps what it had applied)."""
+        self._server(port).stop(kill=True)
+
+    def restart(self, port: int, timeout: float = 20.0) -> None:
+        """Start a killed node again: same port, data dir and nodes.conf."""
+        self._server(port).start(timeout)
 
     def failover(self, replica: int, timeout: float = 20.0) -> int:
         """Promote ``replica`` with a coordinated ``CLUSTER FAILOVER``; return the old primary.

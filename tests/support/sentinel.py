@@ -191,6 +191,8 @@ class LocalSentinel:
         down_after_ms: ``down-after-milliseconds``: silence before a node is deemed down.
         failover_timeout_ms: ``failover-timeout`` (also: a failed failover is retried after
             twice this).
+        appendonly: Data nodes keep an AOF (``appendfsync everysec``): a killed node
+            comes back by :meth:`restart` with what it had applied.
     """
 
     def __init__(
@@ -203,6 +205,7 @@ class LocalSentinel:
         quorum: int = 2,
         down_after_ms: int = 1000,
         failover_timeout_ms: int = 4000,
+        appendonly: bool = False,
     ) -> None:
         if replicas < 0 or sentinels < 1 or not 1 <= quorum <= sentinels:
             raise ValueError("need replicas >= 0, sentinels >= 1 and 1 <= quorum <= sentinels")
@@ -213,6 +216,7 @@ class LocalSentinel:
         self.quorum = quorum
         self.down_after_ms = down_after_ms
         self.failover_timeout_ms = failover_timeout_ms
+        self.appendonly = appendonly
         self.nodes: dict[int, RedisServer] = {}
         self.sentinel_processes: list[SentinelProcess] = []
         self._paused: set[int] = set()
@@ -280,7 +284,8 @@ class LocalSentinel:
 
     def _start_node(self, port: int, primary_port: int | None, deadline: float) -> RedisServer:
         node = RedisServer(
-            self.base_dir / f"node-{port}", port=port, extra=self._node_extra(primary_port)
+            self.base_dir / f"node-{port}", port=port, extra=self._node_extra(primary_port),
+            appendonly=self.appendonly,
         )
         self.nodes[port] = node
         node.start(max(1.0, deadline - time.monotonic()))
@@ -402,7 +407,7 @@ class LocalSentinel:
         It comes back with ``--replicaof`` the current primary, so it never serves writes
         as a second primary; the sentinels already list it as a replica. If the sentinels
         still name this very node as the primary (no failover happened), it comes back as
-        the primary (empty: no persistence).
+        the primary (empty, unless ``appendonly``).
         """
         node = self.node(port)
         if self.alive(port):
