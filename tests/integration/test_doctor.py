@@ -22,9 +22,12 @@ from durabilis.doctor import (
     check_memory,
     check_mode,
     check_persistence,
+    check_replication,
+    check_sentinel,
     check_version,
     count_keys,
     hide_password,
+    replicas_of,
 )
 from durabilis.testing import RedisServer, free_port
 from tests.support.acl import ROOT, documented_setuser, rules_for
@@ -231,3 +234,35 @@ def test_passwords_are_hidden_in_the_reported_url() -> None:
     assert hide_password("redis://u:secret@h:1/0") == "redis://u:***@h:1/0"
     assert hide_password("redis://h:1/0") == "redis://h:1/0"
     assert hide_password("redis+cluster://u:s@h:1,h:2") == "redis+cluster://u:***@h:1,h:2"
+
+
+def test_replication_rules() -> None:
+    info = {"master_repl_offset": 1000,
+            "slave0": {"ip": "10.0.0.2", "port": 6380, "state": "online", "offset": 990, "lag": 0},
+            "slave1": {"ip": "10.0.0.3", "port": 6380, "state": "wait_bgsave", "offset": 0,
+                       "lag": 3},
+            "slaves_output": 7}  # (not a replica: no number after "slave")
+    seen = replicas_of(info)
+    assert seen == {
+        "10.0.0.2:6380": {"state": "online", "offset": 990, "lag_bytes": 10, "lag_s": 0},
+        "10.0.0.3:6380": {"state": "wait_bgsave", "offset": 0, "lag_bytes": 1000, "lag_s": 3},
+    }
+    one_online = {"p": seen}
+    assert check_replication(one_online, 0, failover=True).status == INFO  # acks=primary
+    assert check_replication(one_online, 1, failover=True).status == OK
+    refused = check_replication(one_online, 2, failover=True)  # only one is online
+    assert refused.status == FAIL and "NotReplicated" in refused.summary
+    assert check_replication({"p": {}}, 0, failover=True).status == WARN
+    assert check_replication({"p": {}}, 0, failover=False).status == INFO  # plain + AOF
+    assert check_replication({"p": {}}, 1, failover=False).status == FAIL
+
+
+def test_sentinel_rules() -> None:
+    healthy = {"service": "s", "primary": "h:1", "flags": "master", "sentinels": 3,
+               "reachable": 3, "quorum": 2, "ckquorum": "OK 3 usable Sentinels."}
+    assert check_sentinel(healthy).status == OK
+    assert check_sentinel({**healthy, "reachable": 2}).status == WARN
+    assert check_sentinel({**healthy, "sentinels": 1, "reachable": 1}).status == WARN
+    assert check_sentinel({**healthy, "ckquorum": "NOQUORUM 1 usable"}).status == WARN
+    assert check_sentinel({**healthy, "flags": "master,o_down"}).status == FAIL
+    assert check_sentinel({k: v for k, v in healthy.items() if k != "primary"}).status == FAIL
