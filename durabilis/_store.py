@@ -101,28 +101,49 @@ drops those entries with one look each, and a count is a count)."""
 _NOTE_UNCONFIRMED = frozenset({"rem", "leave", "none"})
 
 
-def parse_acks(acks: str, timeout: float) -> tuple[int, int]:
-    """``(replicas, timeout_ms)`` of an acknowledgement level: ``"primary"`` (0 replicas:
-    a write counts once the primary ran it) or ``"replicas:N"`` (N >= 1 replicas must
-    confirm it within ``timeout`` seconds).
+def parse_acks(acks: str, timeout: float) -> tuple[int, bool, int]:
+    """``(replicas, fsync, timeout_ms)`` of an acknowledgement level.
+
+    ``"primary"``: a write counts once the primary ran it. ``"replicas:N"``: once
+    N >= 1 replicas confirmed it within ``timeout`` seconds (``WAIT``). Either with
+    ``"+fsync"``: once the primary (and those replicas) also wrote it to their AOF
+    with fsync (``WAITAOF``, Redis >= 7.2, AOF on).
 
     Raises:
         ConfigError: Any other value.
     """
     if not isinstance(acks, str):
         raise ConfigError("acks", f"must be 'primary' or 'replicas:N', not {acks!r}")
-    kind, sep, n = acks.partition(":")
-    if acks == "primary":
+    level, plus, option = acks.partition("+")
+    kind, sep, n = level.partition(":")
+    if plus and option != "fsync":
+        raise ConfigError("acks", f"the only option is '+fsync', not {acks!r}")
+    if level == "primary":
         replicas = 0
     elif kind == "replicas" and sep and n.isdigit() and 1 <= int(n) <= 64:
         replicas = int(n)
     else:
-        raise ConfigError("acks", f"must be 'primary' or 'replicas:N' (1 <= N <= 64), not {acks!r}")
+        raise ConfigError(
+            "acks", f"must be 'primary' or 'replicas:N' (1 <= N <= 64), optionally "
+            f"'+fsync', not {acks!r}")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (
         0.001 <= timeout <= 60
     ):
         raise ConfigError("acks_timeout", f"must be seconds in [0.001, 60], not {timeout!r}")
-    return replicas, max(1, round(timeout * 1000))
+    return replicas, bool(plus), max(1, round(timeout * 1000))
+
+
+WAITAOF_SINCE = (7, 2)
+"""The first Redis version with ``WAITAOF`` (``acks="...+fsync"``)."""
+
+
+def _version(info: Mapping[str, Any]) -> tuple[int, ...]:
+    """``(major, minor)`` of an ``INFO server`` reply (the oldest node's, per node)."""
+    if "redis_version" not in info and info and all(isinstance(v, Mapping)
+                                                    for v in info.values()):
+        return min(_version(v) for v in info.values())
+    text = str(info.get("redis_version", "0"))
+    return tuple(int(p) for p in text.split(".")[:2] if p.isdigit())
 
 
 def resolve_url(url: str | None) -> str:
@@ -484,17 +505,31 @@ class _StoreBase:
         self._fuse = not is_cluster
         self.acks = "primary"
         self._replicas = 0  # replicas that must confirm each script's writes (WAIT)
+        self._fsync = False  # ...and the AOF's fsync (WAITAOF)
+        self._fsync_checked = False  # the server was found to have WAITAOF
         self._wait_ms = round(DEFAULT_ACKS_TIMEOUT * 1000)
 
     def _acking(self, acks: str, timeout: float) -> Any:
-        replicas, wait_ms = parse_acks(acks, timeout)
+        replicas, fsync, wait_ms = parse_acks(acks, timeout)
         twin = copy.copy(self)  # the same client, scripts and batching
-        twin.acks, twin._replicas, twin._wait_ms = acks, replicas, wait_ms
+        twin.acks, twin._replicas, twin._fsync, twin._wait_ms = acks, replicas, fsync, wait_ms
+        twin._fsync_checked = False
         return twin
+
+    def _fsync_unsupported(self, info: Mapping[str, Any]) -> ConfigError | None:
+        """The refusal of ``+fsync`` by a server without ``WAITAOF`` (checked once, before
+        the first script: nothing is written when it is refused)."""
+        if _version(info) >= WAITAOF_SINCE:
+            self._fsync_checked = True
+            return None
+        return ConfigError("acks", (
+            f"{self.acks!r} needs WAITAOF (Redis >= 7.2); this server is Redis "
+            f"{info.get('redis_version', '?')}: use acks without '+fsync', and "
+            "appendfsync always on the server for a local fsync of every write"))
 
     def _waits(self, call: ScriptCall) -> bool:
         """Whether ``call`` is followed by ``WAIT`` (see :data:`UNCONFIRMED_SCRIPTS`)."""
-        if not self._replicas:
+        if not (self._replicas or self._fsync):
             return False
         name = call.name
         if name.startswith(FUSED_PREFIX):  # (a fused in-flight "add" is always beside a claim)
@@ -507,12 +542,20 @@ class _StoreBase:
         return name not in UNCONFIRMED_SCRIPTS
 
     def _wait(self) -> tuple[Any, ...]:
+        if self._fsync:
+            return ("WAITAOF", 1, self._replicas, self._wait_ms)
         return ("WAIT", self._replicas, self._wait_ms)
 
     def _confirmed(self, acked: Any, call: ScriptCall | None) -> None:
-        """Raise NotReplicated when ``WAIT`` counted fewer replicas than asked for."""
-        if not isinstance(acked, int) or acked < self._replicas:
+        """Raise NotReplicated when ``WAIT`` counted fewer replicas than asked for
+        (``WAITAOF``: or the primary's own fsync did not happen in time)."""
+        local = 1
+        if self._fsync and isinstance(acked, (list, tuple)) and len(acked) == 2:
+            local, acked = acked
+        if not isinstance(acked, int) or acked < self._replicas or local != 1:
             where = f" (script {call.name})" if call is not None else ""
+            if local != 1:
+                where += ", not fsynced by the primary"
             raise NotReplicated(
                 acked if isinstance(acked, int) else 0, self._replicas, self._wait_ms, where
             )
@@ -668,8 +711,15 @@ class Store(_StoreBase):
         twin: Store = self._acking(acks, timeout)
         return twin
 
+    def _check_fsync(self) -> None:
+        if self._fsync and not self._fsync_checked:
+            refused = self._fsync_unsupported(self.command("INFO", "server"))
+            if refused is not None:
+                raise refused
+
     def run(self, call: ScriptCall) -> Any:
         """Run one script; redis-py errors become durabilis errors."""
+        self._check_fsync()
         try:
             if self._waits(call):
                 return self._run_acked(call)
@@ -774,6 +824,7 @@ class Store(_StoreBase):
         Raises:
             DurabilisError: The first call that failed (every call was still tried).
         """
+        self._check_fsync()
         if self.is_cluster:
             return _first_error_or(self._wave(calls))
         try:
@@ -816,6 +867,7 @@ class Store(_StoreBase):
                 ran before it (on Cluster) or ``?`` for all (standalone).
         """
         n = len(calls)
+        self._check_fsync()
         if self._fuse:
             if n == 1:
                 try:
@@ -1011,9 +1063,16 @@ class AsyncStore(_StoreBase):
         twin: AsyncStore = self._acking(acks, timeout)
         return twin
 
+    async def _check_fsync(self) -> None:
+        if self._fsync and not self._fsync_checked:
+            refused = self._fsync_unsupported(await self.command("INFO", "server"))
+            if refused is not None:
+                raise refused
+
     async def run(self, call: ScriptCall) -> Any:
         """Run one script; redis-py errors become durabilis errors."""
         before = _cancels()
+        await self._check_fsync()
         reply = await self._run(call)
         _resurface(before)
         return reply
@@ -1126,6 +1185,7 @@ class AsyncStore(_StoreBase):
     async def run_many(self, calls: Sequence[ScriptCall]) -> list[Any]:
         """Run several scripts in ONE round trip (see :meth:`Store.run_many`)."""
         before = _cancels()
+        await self._check_fsync()
         replies = await self._run_many(calls)
         _resurface(before)
         return replies
@@ -1157,6 +1217,7 @@ class AsyncStore(_StoreBase):
     ) -> Replies:
         """See :meth:`Store.run_step`."""
         n = len(calls)
+        await self._check_fsync()
         if self._fuse:
             if n == 1:
                 try:

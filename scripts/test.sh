@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Run the whole test suite on a fresh Debian/Ubuntu machine with Python >= 3.10:
 # makes .venv, installs durabilis with its test extras, installs redis-server via
-# apt when it is missing, then runs ruff, mypy --strict and pytest twice:
+# apt when it is missing, then runs ruff, mypy --strict and pytest three times:
 #   1. standalone: every suite (unit, integration, faults, hostile) against
 #      redis-server processes the tests start on free loopback ports;
 #   2. Redis Cluster: the suites below against a local cluster of 3 primaries +
 #      3 replicas the tests build from redis-server processes (--backend=cluster),
-#      plus the cluster faults of tests/cluster/ (resharding, failover).
-# With arguments, runs `pytest "$@"` once instead (add --backend=cluster yourself).
+#      plus the cluster faults of tests/cluster/ (resharding, failovers, acks);
+#   3. Redis Sentinel: the integration suite through a redis+sentinel:// URL (a
+#      local primary, 2 replicas, 3 Sentinels: --backend=sentinel), plus the
+#      failovers of tests/sentinel/ (acks, doctor).
+# With arguments, runs `pytest "$@"` once instead (add --backend=... yourself).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -53,3 +56,5 @@ echo "== pytest: standalone Redis"
 .venv/bin/pytest
 echo "== pytest: Redis Cluster (3 primaries + 3 replicas)"
 .venv/bin/pytest --backend=cluster "${CLUSTER_SUITES[@]}"
+echo "== pytest: Redis Sentinel (a primary, 2 replicas, 3 Sentinels)"
+.venv/bin/pytest --backend=sentinel tests/integration tests/sentinel

@@ -17,6 +17,7 @@ import pytest
 import durabilis
 from durabilis import AsyncDurabilityLayer, DurabilityLayer, NotReplicated
 from tests.integration._layer_support import Counter, fast_config
+from tests.support.backends import keys_matching
 
 REPLICAS = {"standalone": 0, "cluster": 1, "sentinel": 2}
 """Replicas of each key's primary on each test backend."""
@@ -156,3 +157,38 @@ def test_the_async_twin_fails_closed_and_confirms_alike(
             await store.close()
 
     assert len(asyncio.run(main())) == (50 if have else 0)
+
+
+def test_fsync_acks_on_a_redis_without_waitaof_is_refused_before_any_write(
+    redis_url: str, namespace: str, raw: Any
+) -> None:
+    """``+fsync`` (``WAITAOF``) needs Redis >= 7.2: on an older server the first call
+    is refused with the reason, before a script is sent; on a newer one it runs."""
+    store = durabilis.connect(redis_url, namespace=namespace, acks="primary+fsync")
+    op = Counter()
+    version = tuple(int(p) for p in str(raw.info("server")["redis_version"]).split(".")[:2])
+    try:
+        layer = DurabilityLayer(store, fast_config())
+        if version >= (7, 2):  # (not this machine's Redis: 7.0)
+            layer.execute("a1", "job", "p", op)
+            assert len(op.calls) == 1
+            return
+        with pytest.raises(durabilis.ConfigError, match=r"WAITAOF \(Redis >= 7.2\)"):
+            layer.execute("a1", "job", "p", op)
+        assert op.calls == []
+        assert keys_matching(raw, f"{namespace}:*") == []  # nothing written
+
+        async def twin() -> None:
+            astore = durabilis.connect_async(redis_url, namespace=namespace,
+                                             acks="replicas:1+fsync")
+            try:
+                with pytest.raises(durabilis.ConfigError, match="WAITAOF"):
+                    await AsyncDurabilityLayer(astore, fast_config()).execute(
+                        "a1", "job", "p", op)
+            finally:
+                await astore.close()
+
+        asyncio.run(twin())
+        assert op.calls == [] and keys_matching(raw, f"{namespace}:*") == []
+    finally:
+        store.close()

@@ -139,7 +139,8 @@ def test_a_sentinel_url_names_its_sentinels_service_db_and_credentials() -> None
 @pytest.mark.parametrize(
     ("acks", "timeout"),
     [("replicas", 1.0), ("replicas:0", 1.0), ("replicas:x", 1.0), ("all", 1.0),
-     ("replicas:65", 1.0), ("replicas:1", 0.0), ("replicas:1", 61.0), (1, 1.0)],
+     ("replicas:65", 1.0), ("replicas:1", 0.0), ("replicas:1", 61.0), (1, 1.0),
+     ("replicas:1+aof", 1.0), ("primary+", 1.0), ("fsync", 1.0)],
 )
 def test_an_invalid_acks_level_is_a_config_error(acks: Any, timeout: float) -> None:
     with pytest.raises(ConfigError) as info:
