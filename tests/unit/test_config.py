@@ -250,6 +250,9 @@ def test_environment_overrides_win_and_are_read_as_toml_values(tmp_path: Path) -
         ("[dependencies]\npayments = 'nope'\n", "dependencies", "payments"),
         ("[layer]\nrenew_every_seconds = 600\n", "layer", "renew_every_seconds"),
         ("[layer]\nrenew = 1\n", "layer", "renew"),
+        ("[layer]\nacks = 'replicas'\n", "layer", "acks"),
+        ("[layer]\nacks = 'replicas:1'\nacks_timeout_seconds = 0\n", "layer",
+         "acks_timeout"),
         ("[retries]\nx = 1\n", "retries", ""),
     ],
 )
@@ -433,3 +436,10 @@ def test_a_rejected_entry_is_reported_once_and_others_still_apply() -> None:
     assert first.retry_policies == ("memory_write",)
     assert engine.get_policy("memory_write") == good
     assert applier.apply(2, entries).rejected == {}  # the same bad text: not again
+
+
+def test_the_layer_section_sets_the_acknowledgement_level(tmp_path: Path) -> None:
+    text = "[layer]\nacks = 'replicas:2'\nacks_timeout_seconds = 0.25\n"
+    cfg = load_config(write(tmp_path, text), environ=NO_ENV)
+    assert (cfg.acks, cfg.acks_timeout_seconds) == ("replicas:2", 0.25)
+    assert load_config(write(tmp_path, ""), environ=NO_ENV).acks is None  # the store's level
