@@ -136,6 +136,14 @@ def parse_acks(acks: str, timeout: float) -> tuple[int, bool, int]:
 WAITAOF_SINCE = (7, 2)
 """The first Redis version with ``WAITAOF`` (``acks="...+fsync"``)."""
 
+WAIT_SINCE = (7, 0)
+"""The first Redis version ``acks="replicas:N"`` runs on: from 7.0 every command
+(a read, a script that writes nothing) moves its connection's replication offset
+to the server's, so ``WAIT`` after a script sent again that finds its work done
+waits for everything the server wrote, the first send's write included. Before
+7.0 only the connection's own writes counted, and that ``WAIT`` answered at once
+(``tests/sentinel/test_sentinel_acks.py``)."""
+
 
 def _version(info: Mapping[str, Any]) -> tuple[int, ...]:
     """``(major, minor)`` of an ``INFO server`` reply (the oldest node's, per node)."""
@@ -506,26 +514,36 @@ class _StoreBase:
         self.acks = "primary"
         self._replicas = 0  # replicas that must confirm each script's writes (WAIT)
         self._fsync = False  # ...and the AOF's fsync (WAITAOF)
-        self._fsync_checked = False  # the server was found to have WAITAOF
+        self._acks_checked = False  # the server's version was found to be recent enough
         self._wait_ms = round(DEFAULT_ACKS_TIMEOUT * 1000)
 
     def _acking(self, acks: str, timeout: float) -> Any:
         replicas, fsync, wait_ms = parse_acks(acks, timeout)
         twin = copy.copy(self)  # the same client, scripts and batching
         twin.acks, twin._replicas, twin._fsync, twin._wait_ms = acks, replicas, fsync, wait_ms
-        twin._fsync_checked = False
+        twin._acks_checked = False
         return twin
 
-    def _fsync_unsupported(self, info: Mapping[str, Any]) -> ConfigError | None:
-        """The refusal of ``+fsync`` by a server without ``WAITAOF`` (checked once, before
-        the first script: nothing is written when it is refused)."""
-        if _version(info) >= WAITAOF_SINCE:
-            self._fsync_checked = True
-            return None
-        return ConfigError("acks", (
-            f"{self.acks!r} needs WAITAOF (Redis >= 7.2); this server is Redis "
-            f"{info.get('redis_version', '?')}: use acks without '+fsync', and "
-            "appendfsync always on the server for a local fsync of every write"))
+    @property
+    def _acks_unchecked(self) -> bool:
+        return (self._replicas > 0 or self._fsync) and not self._acks_checked
+
+    def _acks_unsupported(self, info: Mapping[str, Any]) -> ConfigError | None:
+        """The refusal of this store's ``acks`` by a server too old for it (checked
+        once, before the first script: nothing is written when it is refused)."""
+        version = _version(info)
+        shown = info.get("redis_version", "?") if "redis_version" in info else "?"
+        if self._fsync and version < WAITAOF_SINCE:
+            return ConfigError("acks", (
+                f"{self.acks!r} needs WAITAOF (Redis >= 7.2); this server is Redis {shown}: "
+                "use acks without '+fsync', and appendfsync always on the server for a "
+                "local fsync of every write"))
+        if version < WAIT_SINCE:
+            return ConfigError("acks", (
+                f"{self.acks!r} needs Redis >= 7.0 (before it, WAIT after a step sent "
+                f"again could confirm a write no replica has); this server is Redis {shown}"))
+        self._acks_checked = True
+        return None
 
     def _waits(self, call: ScriptCall) -> bool:
         """Whether ``call`` is followed by ``WAIT`` (see :data:`UNCONFIRMED_SCRIPTS`)."""
@@ -556,6 +574,8 @@ class _StoreBase:
             where = f" (script {call.name})" if call is not None else ""
             if local != 1:
                 where += ", not fsynced by the primary"
+            if isinstance(acked, Exception):
+                where += f" [{type(acked).__name__}: {acked}]"
             raise NotReplicated(
                 acked if isinstance(acked, int) else 0, self._replicas, self._wait_ms, where
             )
@@ -711,15 +731,15 @@ class Store(_StoreBase):
         twin: Store = self._acking(acks, timeout)
         return twin
 
-    def _check_fsync(self) -> None:
-        if self._fsync and not self._fsync_checked:
-            refused = self._fsync_unsupported(self.command("INFO", "server"))
+    def _check_acks(self) -> None:
+        if self._acks_unchecked:
+            refused = self._acks_unsupported(self.command("INFO", "server"))
             if refused is not None:
                 raise refused
 
     def run(self, call: ScriptCall) -> Any:
         """Run one script; redis-py errors become durabilis errors."""
-        self._check_fsync()
+        self._check_acks()
         try:
             if self._waits(call):
                 return self._run_acked(call)
@@ -824,7 +844,7 @@ class Store(_StoreBase):
         Raises:
             DurabilisError: The first call that failed (every call was still tried).
         """
-        self._check_fsync()
+        self._check_acks()
         if self.is_cluster:
             return _first_error_or(self._wave(calls))
         try:
@@ -867,7 +887,7 @@ class Store(_StoreBase):
                 ran before it (on Cluster) or ``?`` for all (standalone).
         """
         n = len(calls)
-        self._check_fsync()
+        self._check_acks()
         if self._fuse:
             if n == 1:
                 try:
@@ -1063,16 +1083,16 @@ class AsyncStore(_StoreBase):
         twin: AsyncStore = self._acking(acks, timeout)
         return twin
 
-    async def _check_fsync(self) -> None:
-        if self._fsync and not self._fsync_checked:
-            refused = self._fsync_unsupported(await self.command("INFO", "server"))
+    async def _check_acks(self) -> None:
+        if self._acks_unchecked:
+            refused = self._acks_unsupported(await self.command("INFO", "server"))
             if refused is not None:
                 raise refused
 
     async def run(self, call: ScriptCall) -> Any:
         """Run one script; redis-py errors become durabilis errors."""
         before = _cancels()
-        await self._check_fsync()
+        await self._check_acks()
         reply = await self._run(call)
         _resurface(before)
         return reply
@@ -1185,7 +1205,7 @@ class AsyncStore(_StoreBase):
     async def run_many(self, calls: Sequence[ScriptCall]) -> list[Any]:
         """Run several scripts in ONE round trip (see :meth:`Store.run_many`)."""
         before = _cancels()
-        await self._check_fsync()
+        await self._check_acks()
         replies = await self._run_many(calls)
         _resurface(before)
         return replies
@@ -1217,7 +1237,7 @@ class AsyncStore(_StoreBase):
     ) -> Replies:
         """See :meth:`Store.run_step`."""
         n = len(calls)
-        await self._check_fsync()
+        await self._check_acks()
         if self._fuse:
             if n == 1:
                 try:
