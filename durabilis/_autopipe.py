@@ -49,13 +49,31 @@ DEFAULT_SENDERS = 4
 
 
 class _Entry:
-    __slots__ = ("args", "future", "taken")
+    __slots__ = ("args", "confirm", "future", "taken")
 
-    def __init__(self, args: tuple[Any, ...], future: asyncio.Future[Any]) -> None:
+    def __init__(
+        self, args: tuple[Any, ...], future: asyncio.Future[Any], confirm: bool = False
+    ) -> None:
         self.args = args
+        # A confirmation (WAIT / WAITAOF): not sent itself; its batch ends with ONE
+        # command of its kind (the most asked of), whose reply it gets.
+        self.confirm = confirm
         self.future = future
         # Set when a sender takes it (it will be sent): done once its batch is over.
         self.taken: asyncio.Future[None] | None = None
+
+
+def _merged(confirms: Sequence[_Entry]) -> list[tuple[Any, ...]]:
+    """One confirmation command per kind for a batch: the most replicas (and local
+    fsyncs) and the longest timeout any entry asked for. It follows every command
+    of the batch on the same connection, so it covers every write of theirs."""
+    out: dict[Any, tuple[Any, ...]] = {}
+    for e in confirms:
+        name, *numbers = e.args
+        have = out.get(name)
+        out[name] = (name, *numbers) if have is None else (
+            name, *(max(int(a), int(b)) for a, b in zip(have[1:], numbers, strict=True)))
+    return list(out.values())
 
 
 async def _outcome(entries: Sequence[_Entry]) -> list[Any]:
@@ -102,14 +120,24 @@ class AutoPipeline:
         """
         return await self._enqueue(args)
 
-    async def execute_many(self, commands: list[tuple[Any, ...]]) -> list[Any]:
-        """Several commands, queued together (one batch when a sender is free)."""
+    async def execute_many(
+        self, commands: list[tuple[Any, ...]], confirm: tuple[Any, ...] | None = None
+    ) -> list[Any]:
+        """Several commands, queued together (one batch when a sender is free).
+
+        ``confirm``: a ``WAIT``/``WAITAOF`` command; its reply is appended to the
+        replies. The batch that takes these commands ends with one confirmation
+        for all its callers (not one per caller: Redis would run them one after
+        another, a replica round trip each, holding up the rest of the batch).
+        """
         entries = [self._push(args) for args in commands]
+        if confirm is not None:
+            entries.append(self._push(confirm, confirm=True))
         self._wake()
         return await _outcome(entries)
 
-    def _push(self, args: tuple[Any, ...]) -> _Entry:
-        entry = _Entry(args, asyncio.get_running_loop().create_future())
+    def _push(self, args: tuple[Any, ...], confirm: bool = False) -> _Entry:
+        entry = _Entry(args, asyncio.get_running_loop().create_future(), confirm)
         self._queue.append(entry)
         return entry
 
@@ -165,22 +193,25 @@ class AutoPipeline:
             if not isinstance(exc, Exception):
                 raise
             return
-        read = 0
+        sent = [e for e in batch if not e.confirm]
+        confirms = [e for e in batch if e.confirm]
+        closing = _merged(confirms)
         try:
-            await conn.send_packed_command(_pack(conn, [e.args for e in batch]))
-            for entry in batch:
-                try:
-                    reply = await client.parse_response(conn, entry.args[0])
-                except ResponseError as exc:
-                    reply = exc  # this command's own error
-                read += 1
+            await conn.send_packed_command(_pack(conn, [*(e.args for e in sent), *closing]))
+            for entry in sent:
+                reply = await _reply(client, conn, entry.args[0])
                 if not entry.future.done():
                     entry.future.set_result(reply)
+            for command in closing:
+                reply = await _reply(client, conn, command[0])
+                for entry in confirms:
+                    if entry.args[0] == command[0] and not entry.future.done():
+                        entry.future.set_result(reply)
         except BaseException as exc:
             # The connection is out of step (or gone): drop it. Every command not
             # answered yet has an unknown outcome; its caller gets the error.
             await conn.disconnect(nowait=True)
-            _fail(batch[read:], exc)
+            _fail(batch, exc)
             if not isinstance(exc, Exception):
                 raise
         finally:
@@ -201,6 +232,14 @@ def _pack(conn: Any, commands: Sequence[tuple[Any, ...]]) -> Any:
             pass  # an argument hiredis does not take: redis-py's encoder decides
     packer: Callable[..., Any] = conn.pack_commands
     return packer(commands)
+
+
+async def _reply(client: Any, conn: Any, command: Any) -> Any:
+    """One reply, through the client's parser; a command's own error is returned."""
+    try:
+        return await client.parse_response(conn, command)
+    except ResponseError as exc:
+        return exc
 
 
 def _fail(entries: Sequence[_Entry], exc: BaseException) -> None:

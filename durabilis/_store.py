@@ -435,6 +435,14 @@ def _sentinel_client(lib: Any, url: str, options: dict[str, Any]) -> Any:
 class _SentinelPool(redis.sentinel.SentinelConnectionPool, redis.BlockingConnectionPool):
     """redis-py's Sentinel pool, waiting for a free connection past its limit."""
 
+    def release(self, connection: Any) -> None:
+        # A connection to a primary that is one no more is dropped and replaced by
+        # a placeholder; forget it too, or every failover leaves dead ones behind.
+        if not self.owns_connection(connection):  # type: ignore[no-untyped-call]
+            with contextlib.suppress(ValueError):
+                self._connections.remove(connection)
+        super().release(connection)  # type: ignore[no-untyped-call]
+
 
 class _AsyncSentinelPool(
     redis.asyncio.sentinel.SentinelConnectionPool, redis.asyncio.BlockingConnectionPool
@@ -511,6 +519,7 @@ class _StoreBase:
         self.is_cluster = is_cluster
         self.scripts = ScriptRegistry(client)
         self._fuse = not is_cluster
+        self.socket_timeout: float | None = None  # (connect() sets it: acks_timeout < it)
         self.acks = "primary"
         self._replicas = 0  # replicas that must confirm each script's writes (WAIT)
         self._fsync = False  # ...and the AOF's fsync (WAITAOF)
@@ -519,6 +528,11 @@ class _StoreBase:
 
     def _acking(self, acks: str, timeout: float) -> Any:
         replicas, fsync, wait_ms = parse_acks(acks, timeout)
+        socket = self.socket_timeout
+        if (replicas or fsync) and socket is not None and timeout >= socket:
+            raise ConfigError("acks_timeout", (
+                f"{timeout:g} s must be shorter than the connection's socket_timeout "
+                f"({socket:g} s): a WAIT longer than it ends as a lost connection"))
         twin = copy.copy(self)  # the same client, scripts and batching
         twin.acks, twin._replicas, twin._fsync, twin._wait_ms = acks, replicas, fsync, wait_ms
         twin._acks_checked = False
@@ -1057,13 +1071,14 @@ class AsyncStore(_StoreBase):
 
     def __init__(self, client: Any, *, url: str, namespace: str, is_cluster: bool) -> None:
         super().__init__(client, url=url, namespace=namespace, is_cluster=is_cluster)
-        self._init_lock: asyncio.Lock | None = None
+        # (made here, not on first use: a with_acks twin shares them)
+        self._init_lock = asyncio.Lock()
         # Standalone: the scripts of concurrent operations leave in batches
         # (durabilis/_autopipe.py). Cluster: redis-py's cluster pipelines refuse
         # EVALSHA, so calls go one by one, at most as many at once as a node's
         # pool holds (past that they wait instead of failing).
         self.autopipe = None if is_cluster else AutoPipeline(client)
-        self._slots: asyncio.Semaphore | None = None
+        self._slots = asyncio.Semaphore(_cluster_max_connections(client))
         self._loading: dict[str, asyncio.Future[None]] = {}  # sha -> its SCRIPT LOAD
 
     async def _ready(self) -> None:
@@ -1072,8 +1087,6 @@ class AsyncStore(_StoreBase):
         # connections. Let one do it while the others wait.
         if not (self.is_cluster and getattr(self.client, "_initialize", False)):
             return
-        if self._init_lock is None:
-            self._init_lock = asyncio.Lock()
         async with self._init_lock:
             if getattr(self.client, "_initialize", False):
                 await self.client.initialize()
@@ -1122,7 +1135,7 @@ class AsyncStore(_StoreBase):
         command: tuple[Any, ...] = tuple(self._evalsha(call))
         for tries in range(5):
             if self.autopipe is not None:
-                reply, acked = await self.autopipe.execute_many([command, self._wait()])
+                reply, acked = await self.autopipe.execute_many([command], self._wait())
             else:
                 async with self._slot():
                     await self._ready()
@@ -1198,8 +1211,6 @@ class AsyncStore(_StoreBase):
 
     def _slot(self) -> asyncio.Semaphore:
         """A place among the calls this Cluster store has out at once (waits when full)."""
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(_cluster_max_connections(self.client))
         return self._slots
 
     async def run_many(self, calls: Sequence[ScriptCall]) -> list[Any]:
@@ -1215,10 +1226,8 @@ class AsyncStore(_StoreBase):
             return _first_error_or(await self._wave(calls))
         commands = [tuple(self._evalsha(c)) for c in calls]
         waits = any(self._waits(c) for c in calls)
-        if waits:  # (one WAIT after them all: they share the batch's connection)
-            commands.append(self._wait())
-        try:
-            replies = await self.autopipe.execute_many(commands)
+        try:  # (one WAIT after them all: they share the batch's connection)
+            replies = await self.autopipe.execute_many(commands, self._wait() if waits else None)
         except Exception as exc:
             raise map_error(exc, calls[0] if len(calls) == 1 else None) from exc
         acked = replies.pop() if waits else None
@@ -1349,6 +1358,11 @@ class AsyncStore(_StoreBase):
         await self.close()
 
 
+def _socket_timeout(options: Mapping[str, Any]) -> float | None:
+    value = {**DEFAULT_SOCKET_OPTIONS, **options}.get("socket_timeout")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
 def connect(
     url: str | None = None, *, namespace: str = "durabilis", acks: str = "primary",
     acks_timeout: float = DEFAULT_ACKS_TIMEOUT, **options: Any,
@@ -1378,6 +1392,7 @@ def connect(
     resolved = resolve_url(url)
     client, is_cluster = make_client(resolved, options, asyncio=False)
     store = Store(client, url=resolved, namespace=keys.namespace, is_cluster=is_cluster)
+    store.socket_timeout = _socket_timeout(options)
     return store.with_acks(acks, acks_timeout) if acks != "primary" else store
 
 
@@ -1391,4 +1406,5 @@ def connect_async(
     resolved = resolve_url(url)
     client, is_cluster = make_client(resolved, options, asyncio=True)
     store = AsyncStore(client, url=resolved, namespace=keys.namespace, is_cluster=is_cluster)
+    store.socket_timeout = _socket_timeout(options)
     return store.with_acks(acks, acks_timeout) if acks != "primary" else store

@@ -43,7 +43,7 @@ import redis
 
 from durabilis._mask import mask_url
 from durabilis._scripts import sources
-from durabilis._store import Store, map_error
+from durabilis._store import Store, map_error, parse_acks
 from durabilis.errors import DurabilisError, StorageUnavailable
 
 __all__ = [
@@ -510,7 +510,7 @@ def _gather_config(store: Store, name: str) -> dict[str, str | None]:
             for n, r in replies.items()}
 
 
-def _info_checks(store: Store) -> list[Check]:
+def _info_checks(store: Store, acks_replicas: int) -> list[Check]:
     infos, refused = _gather_info(store)
     if refused is not None:
         return [Check(
@@ -538,7 +538,7 @@ def _info_checks(store: Store) -> list[Check]:
         check_eviction(infos),
         check_memory(infos),
         check_replication(
-            {n: replicas_of(i) for n, i in infos.items()}, int(getattr(store, "_replicas", 0)),
+            {n: replicas_of(i) for n, i in infos.items()}, acks_replicas,
             failover=store.is_cluster or _is_sentinel(store),
         ),
     ]
@@ -548,7 +548,8 @@ def _info_checks(store: Store) -> list[Check]:
 
 
 def _is_sentinel(store: Store) -> bool:
-    return hasattr(store.client.connection_pool, "sentinel_manager")
+    pool = None if store.is_cluster else getattr(store.client, "connection_pool", None)
+    return hasattr(pool, "sentinel_manager")
 
 
 def replicas_of(info: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -770,7 +771,10 @@ def run_doctor(
         "connection", OK, "PING answered",
         {"first_ping_ms": round((time.perf_counter() - began) * 1000.0, 3)},
     ))
-    checks += _info_checks(store)
+    acks_replicas = int(getattr(store, "_replicas", 0))
+    if config is not None and getattr(config, "acks", None):  # the layer's own level
+        acks_replicas = max(acks_replicas, parse_acks(config.acks, config.acks_timeout_seconds)[0])
+    checks += _info_checks(store, acks_replicas)
     checks.append(_script_check(store))
     checks.append(_latency_check(store, max(1, pings)))
     keys = _keys_check(store, max(1, scan_limit))

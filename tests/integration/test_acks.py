@@ -126,9 +126,11 @@ def test_dlq_records_and_checkpoints_wait_for_the_replicas_too(
 
 
 def test_the_async_twin_fails_closed_and_confirms_alike(
-    redis_url: str, namespace: str, backend: str
+    redis_url: str, namespace: str, backend: str, raw: Any
 ) -> None:
     have = REPLICAS[backend]
+    waits_before = _waits(raw, backend)
+    batches: list[int] = []
 
     async def main() -> list[str]:
         store = durabilis.connect_async(redis_url, namespace=namespace)
@@ -146,10 +148,13 @@ def test_the_async_twin_fails_closed_and_confirms_alike(
             assert ran == []
             if have:
                 layer = AsyncDurabilityLayer(store, fast_config(acks=f"replicas:{have}"))
-                # many at once: each script and its WAIT share one batched connection
+                # many at once: the scripts of a batch share ONE WAIT at its end
+                sent = store.autopipe.batches if store.autopipe is not None else 0
                 done = await asyncio.gather(
                     *(layer.execute("a1", "job", f"p{i}", op) for i in range(50)))
                 assert done == ["done"] * 50
+                if store.autopipe is not None:
+                    batches.append(store.autopipe.batches - sent)
                 await layer.close()
             return ran
         finally:
@@ -157,6 +162,10 @@ def test_the_async_twin_fails_closed_and_confirms_alike(
             await store.close()
 
     assert len(asyncio.run(main())) == (50 if have else 0)
+    if batches:  # standalone / Sentinel (auto-pipelined): at most one WAIT a batch
+        waited = _waits(raw, backend) - waits_before
+        assert 0 < waited <= batches[0] + 1  # (+1: the refused call's)
+        assert waited < 100  # 50 calls, 2 confirmed steps each
 
 
 def test_fsync_acks_on_a_redis_without_waitaof_is_refused_before_any_write(

@@ -266,3 +266,16 @@ def test_sentinel_rules() -> None:
     assert check_sentinel({**healthy, "ckquorum": "NOQUORUM 1 usable"}).status == WARN
     assert check_sentinel({**healthy, "flags": "master,o_down"}).status == FAIL
     assert check_sentinel({k: v for k, v in healthy.items() if k != "primary"}).status == FAIL
+
+
+def test_doctor_on_the_session_backend_reports_its_mode_and_replication(
+    redis_url: str, backend: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same run on a server, on Cluster and through Sentinel (CI runs all three)."""
+    main(["doctor", "--url", redis_url, "--json", "--pings", "3"])
+    checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    assert checks["mode"]["details"]["mode"] == backend
+    replicas = checks["replication"]["details"]["replicas"]
+    per_primary = {"standalone": 0, "cluster": 1, "sentinel": 2}[backend]
+    assert replicas and all(len(r) == per_primary for r in replicas.values())
+    assert ("sentinel" in checks) == (backend == "sentinel")

@@ -7,7 +7,10 @@ import json
 
 import pytest
 
+import durabilis
+from durabilis import DurabilityConfig
 from durabilis.cli import EXIT_OK, main
+from durabilis.doctor import run_doctor
 from tests.support.sentinel import LocalSentinel
 
 
@@ -44,3 +47,18 @@ def test_doctor_exit_code_is_that_of_a_healthy_topology(
     bad = {c["name"] for c in report["checks"] if c["status"] in ("warn", "fail")}
     assert bad <= {"persistence", "namespace"}
     assert (code == EXIT_OK) == (not bad)
+
+
+def test_doctor_fails_replication_when_the_layer_asks_for_more_replicas_than_answer(
+    redis_url: str, redis_sentinel: LocalSentinel
+) -> None:
+    redis_sentinel.wait_healthy(30)
+    store = durabilis.connect(redis_url)
+    try:
+        wants_three = run_doctor(store, pings=1, config=DurabilityConfig(acks="replicas:3"))
+        wants_two = run_doctor(store, pings=1, config=DurabilityConfig(acks="replicas:2"))
+    finally:
+        store.close()
+    verdict = {c.name: c for c in wants_three.checks}["replication"]
+    assert verdict.status == "fail" and "NotReplicated" in verdict.summary
+    assert {c.name: c for c in wants_two.checks}["replication"].status == "ok"

@@ -154,3 +154,18 @@ def test_invalid_namespace_is_a_config_error() -> None:
     with pytest.raises(ConfigError) as info:
         durabilis.connect("memory://", namespace="bad ns with spaces")
     assert info.value.field == "namespace"
+
+
+def test_an_acks_timeout_must_be_shorter_than_the_socket_timeout() -> None:
+    """A WAIT outlasting the socket timeout would end as a lost connection."""
+    with pytest.raises(ConfigError) as info:
+        durabilis.connect("redis://127.0.0.1:1/0", acks="replicas:1", acks_timeout=5.0)
+    assert info.value.field == "acks_timeout" and "socket_timeout" in str(info.value)
+    store = durabilis.connect("redis://127.0.0.1:1/0", acks="replicas:1", acks_timeout=5.0,
+                              socket_timeout=10)
+    assert store.acks == "replicas:1"
+    plain = durabilis.connect("redis://127.0.0.1:1/0", socket_timeout=0.5)
+    with pytest.raises(ConfigError):
+        durabilis.DurabilityLayer(plain, durabilis.DurabilityConfig(acks="replicas:1"))
+    store.close()
+    plain.close()
