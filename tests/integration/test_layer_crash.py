@@ -1,6 +1,7 @@
 """The core promise under SIGKILL: nothing lost, nothing doubled after its record,
 never two workers at once — over 20 runs of 4 workers and 500 operations, on a
-server and on Redis Cluster (``DURABILIS_CRASH_RUNS`` sets another count)."""
+server and on Redis Cluster, 5 through Sentinel (``DURABILIS_CRASH_RUNS`` sets
+another count)."""
 
 from __future__ import annotations
 
