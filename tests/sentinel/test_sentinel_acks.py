@@ -30,7 +30,7 @@ def test_a_write_sent_again_is_not_confirmed_by_a_wait_that_measures_nothing(
         redis_sentinel.wait_healthy(30)
         # a write the replicas confirm, on the one connection (a fresh topology's
         # first confirmation can take longer than 0.2 s)
-        DeadLetterQueue(confirming.with_acks("replicas:1", 5.0)).enqueue(
+        DeadLetterQueue(confirming.with_acks("replicas:1", 3.0)).enqueue(
             "a1", "job", {"x": 0}, 3, "boom", dlq_id="earlier")
         ports = redis_sentinel.replica_ports()
         for port in ports:

@@ -10,15 +10,25 @@ the count.
 a write the primary acknowledged may not be on any replica yet. To make that
 certain rather than a matter of luck, both replicas are SIGKILLed while the
 load goes on (the primary keeps acknowledging writes no replica has), then the
-primary is SIGKILLed, and the replicas come back from their own AOF, i.e.
-with what they had applied. The Sentinels promote one of them. Then every
+primary is SIGKILLed, and the replicas come back from their own AOF
+(``appendfsync always``), i.e. with everything they had confirmed. The Sentinels promote one of them. Then every
 operation attempted is delivered again (as a client that got no answer, or
 any at-least-once queue, would), and the runs per operation are counted:
 
 - ``acks="primary"``: what completed on the old primary after the replicas
   died is gone from the new one, so it runs again (the documented risk);
-- ``acks="replicas:1"``: nothing the layer acknowledged was lost: no operation
-  runs twice, and every DLQ record and checkpoint it acknowledged is there.
+- ``acks="replicas:2"`` (every replica): nothing the layer acknowledged was
+  lost: no operation runs twice, and every DLQ record and checkpoint it
+  acknowledged is there.
+
+Why every replica here: a replica restarted from its AOF has lost its
+replication offset, so the Sentinels cannot tell which one is the most up to
+date and promote either. With ``replicas:1`` a write confirmed by one only can
+then be lost with the other's promotion (seen while writing this test: one or
+two operations ran twice in 2 of 3 runs). In a failover that leaves the replicas running (the last
+test: the primary SIGKILLed under load), Sentinel promotes the replica with the
+greatest offset, which has every write any replica confirmed, and
+``replicas:1`` suffices. docs/operations.md, "The guarantee, precisely".
 """
 
 from __future__ import annotations
@@ -67,7 +77,10 @@ def _kill_the_primary(topology: LocalSentinel, *, replicas_lag: bool) -> Callabl
         for port in replicas:  # back from their AOF: what they had applied
             topology.restart(port)
     topology.wait_for_failover(old, timeout=40)
-    return lambda: topology.restart(old[1])
+    # The old primary back at once, as a replica of the new one (what an operator
+    # does; until it has synced, acks on every replica refuse every write)
+    topology.restart(old[1])
+    return lambda: topology.wait_healthy(30)
 
 
 def _through_a_failover(
@@ -98,16 +111,16 @@ def test_with_acks_primary_a_failover_can_run_operations_twice(
 
 
 @pytest.mark.parametrize("repetition", range(3))
-def test_with_acks_replicas_1_nothing_acknowledged_is_lost(
+def test_with_acks_on_every_replica_nothing_acknowledged_is_lost(
     topology: LocalSentinel, namespace: str, repetition: int
 ) -> None:
     load, layer, store = _through_a_failover(
-        topology, namespace, "replicas:1", replicas_lag=True)
+        topology, namespace, "replicas:2", replicas_lag=True)
     try:
         missing_dlq, missing_ckpt = missing_acknowledged(layer, load)
         assert deliver_again(layer, load) == 0
         doubled = sorted(key for key, runs in load.runs.items() if runs > 1)
-        record("sentinel", "replicas lag", "replicas:1", load, len(doubled),
+        record("sentinel", "replicas lag", "replicas:2", load, len(doubled),
                missing_dlq + missing_ckpt)
         assert doubled == []
         assert (missing_dlq, missing_ckpt) == (0, 0)
@@ -120,11 +133,13 @@ def test_with_acks_replicas_1_nothing_acknowledged_is_lost(
         store.close()
 
 
+@pytest.mark.parametrize("repetition", range(2))
 def test_a_failover_mid_load_fails_closed_then_resumes_by_itself(
-    topology: LocalSentinel, namespace: str
+    topology: LocalSentinel, namespace: str, repetition: int
 ) -> None:
-    """SIGKILL of the primary alone: errors while the Sentinels elect, then the same
-    layer goes on with the new primary (no restart, no reconnect by hand)."""
+    """SIGKILL of the primary alone, ``acks="replicas:1"``: errors while the Sentinels
+    elect, then the same layer goes on with the new primary (no restart, no
+    reconnect by hand); nothing run twice, nothing acknowledged lost."""
     load, layer, store = _through_a_failover(
         topology, namespace, "replicas:1", replicas_lag=False)
     try:

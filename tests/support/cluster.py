@@ -69,8 +69,9 @@ class LocalCluster:
         replicas: Replicas per primary.
         node_timeout_ms: ``cluster-node-timeout``. Generous by default: on a busy
             2-core machine a short one makes nodes declare each other failed.
-        appendonly: Nodes keep an AOF: a node :meth:`kill` ed comes back by
-            :meth:`restart` with what it had applied.
+        appendonly: Nodes keep an AOF with ``appendfsync always``: a node
+            :meth:`kill` ed comes back by :meth:`restart` with everything it had
+            confirmed.
         extra: More ``--option value`` pairs for every node.
     """
 
@@ -121,7 +122,7 @@ class LocalCluster:
                         "--repl-diskless-sync-delay", "0",
                         *self.extra,
                     ],
-                    appendonly=self.appendonly,
+                    appendonly=self.appendonly, appendfsync="always",
                 )
                 self.nodes.append(node.start())
             subprocess.run(

@@ -191,8 +191,10 @@ class LocalSentinel:
         down_after_ms: ``down-after-milliseconds``: silence before a node is deemed down.
         failover_timeout_ms: ``failover-timeout`` (also: a failed failover is retried after
             twice this).
-        appendonly: Data nodes keep an AOF (``appendfsync everysec``): a killed node
-            comes back by :meth:`restart` with what it had applied.
+        appendonly: Data nodes keep an AOF with ``appendfsync always``: a killed node
+            comes back by :meth:`restart` with everything it had confirmed (a replica
+            confirms to WAIT only what it wrote and fsynced; with ``everysec`` a
+            confirmed write may still be in its memory only, and die with it).
     """
 
     def __init__(
@@ -285,7 +287,7 @@ class LocalSentinel:
     def _start_node(self, port: int, primary_port: int | None, deadline: float) -> RedisServer:
         node = RedisServer(
             self.base_dir / f"node-{port}", port=port, extra=self._node_extra(primary_port),
-            appendonly=self.appendonly,
+            appendonly=self.appendonly, appendfsync="always",
         )
         self.nodes[port] = node
         node.start(max(1.0, deadline - time.monotonic()))
