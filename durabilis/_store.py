@@ -578,6 +578,23 @@ class _StoreBase:
             return ("WAITAOF", 1, self._replicas, self._wait_ms)
         return ("WAIT", self._replicas, self._wait_ms)
 
+    def _acked_next(
+        self, call: ScriptCall, command: tuple[Any, ...], reply: Any, acked: Any, tries: int
+    ) -> tuple[str, Any]:
+        """What an acked send's replies mean (sync and async twins): ``("done",
+        reply)``; ``("again", command)``: NOSCRIPT (nothing ran), send it as EVAL;
+        ``("reroute", command)``: a redirect or failover reply on Cluster (nothing
+        ran), send it again once the slot map is read again. Raises the script's
+        error, or NotReplicated."""
+        if isinstance(reply, redis.exceptions.NoScriptError):
+            return "again", ("EVAL", *self._eval(call))
+        if isinstance(reply, _NOT_RUN) and self.is_cluster and tries < 4:
+            return "reroute", command
+        if isinstance(reply, Exception):
+            raise reply
+        self._confirmed(acked, call)
+        return "done", reply
+
     def _confirmed(self, acked: Any, call: ScriptCall | None) -> None:
         """Raise NotReplicated when ``WAIT`` counted fewer replicas than asked for
         (``WAITAOF``: or the primary's own fsync did not happen in time)."""
@@ -798,17 +815,12 @@ class Store(_StoreBase):
                 if node is not None:
                     self._reread_slots(node)
                 raise
-            if isinstance(reply, redis.exceptions.NoScriptError):
-                command = ("EVAL", *self._eval(call))
-                continue
-            if isinstance(reply, _NOT_RUN) and node is not None and tries < 4:
+            step, command = self._acked_next(call, command, reply, acked, tries)
+            if step == "done":
+                return command
+            if step == "reroute" and node is not None:
                 self._reread_slots(node)
                 time.sleep(0.05 * (tries + 1))
-                continue
-            if isinstance(reply, Exception):
-                raise reply
-            self._confirmed(acked, call)
-            return reply
         raise StorageUnavailable(f"script {call.name} was not run: {reply!r}")
 
     def _send_waited(self, target: Any, command: tuple[Any, ...]) -> tuple[Any, Any]:
@@ -1140,17 +1152,12 @@ class AsyncStore(_StoreBase):
                 async with self._slot():
                     await self._ready()
                     reply, acked = await self._node_waited(call, command)
-            if isinstance(reply, redis.exceptions.NoScriptError):
-                command = ("EVAL", *self._eval(call))
-                continue
-            if isinstance(reply, _NOT_RUN) and self.autopipe is None and tries < 4:
+            step, command = self._acked_next(call, command, reply, acked, tries)
+            if step == "done":
+                return command
+            if step == "reroute":
                 self.client._initialize = True  # the slot map is read again first
                 await asyncio.sleep(0.05 * (tries + 1))
-                continue
-            if isinstance(reply, Exception):
-                raise reply
-            self._confirmed(acked, call)
-            return reply
         raise StorageUnavailable(f"script {call.name} was not run: {reply!r}")
 
     async def _node_waited(self, call: ScriptCall, command: tuple[Any, ...]) -> tuple[Any, Any]:
