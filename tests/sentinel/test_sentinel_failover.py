@@ -11,9 +11,10 @@ a write the primary acknowledged may not be on any replica yet. To make that
 certain rather than a matter of luck, both replicas are SIGKILLed while the
 load goes on (the primary keeps acknowledging writes no replica has), then the
 primary is SIGKILLed, and the replicas come back from their own AOF
-(``appendfsync always``), i.e. with everything they had confirmed. The Sentinels promote one of them. Then every
-operation attempted is delivered again (as a client that got no answer, or
-any at-least-once queue, would), and the runs per operation are counted:
+(``appendfsync always``), i.e. with everything they had confirmed. The
+Sentinels promote one of them. Then every operation attempted is delivered
+again (as a client that got no answer, or any at-least-once queue, would), and
+the runs per operation are counted:
 
 - ``acks="primary"``: what completed on the old primary after the replicas
   died is gone from the new one, so it runs again (the documented risk);
