@@ -29,11 +29,14 @@ def test_the_documented_acl_grants_every_command_a_lua_script_calls() -> None:
 
 # Sent to the Sentinels (doctor), never to a data node: their users are their own.
 TO_SENTINELS = {"sentinel"}
+# Unknown to Redis 7.0, whose ACL SETUSER refuses the name: granted on >= 7.2 as
+# the bullet under the line says (acks="...+fsync").
+FROM_7_2 = {"waitaof"}
 
 
 def test_the_documented_acl_grants_what_the_stores_pillars_and_cluster_client_send() -> None:
     _, rules = documented_setuser()
-    sent = STORE_COMMANDS | CLUSTER_CLIENT_COMMANDS | (plain_commands() - TO_SENTINELS)
+    sent = STORE_COMMANDS | CLUSTER_CLIENT_COMMANDS | (plain_commands() - TO_SENTINELS - FROM_7_2)
     missing = sent - granted(rules)
     assert not missing, f"add {sorted(missing)} to the ACL line in docs/operations.md"
 
