@@ -119,7 +119,7 @@ if nonce ~= "" and f[10] == nonce then
   -- Our own claim, sent again after its reply was lost: the same claim.
   ready()
   redis.call("HSET", key, "le", now + lease)
-  redis.call("PEXPIREAT", key, math.max(ts + stored_window, now + lease))
+  redis.call("PEXPIREAT", key, math.max(ts + stored_window, now + lease, int(f[11]) or 0))
   return {"new", tok, ts, ts + stored_window, 0, ""}
 end
 if now < le then

@@ -29,7 +29,7 @@ local function int(v)
   if n and n == n and n > -1e16 and n < 1e16 and n == math.floor(n) then return n end
   return nil
 end
-local f = redis.call("HMGET", key, "s", "tok", "le", "pl", "ts", "w", "cn")
+local f = redis.call("HMGET", key, "s", "tok", "le", "pl", "ts", "w", "cn", "hd")
 if f[1] == "d" then return {"skip", "done"} end
 if f[1] == "x" then return {"skip", "none"} end
 local le, ts, window, prev = int(f[3]), int(f[5]), int(f[6]), int(f[2])
@@ -45,5 +45,6 @@ if prev >= tok then tok = prev + 1 end
 local token = string.format("%d", tok)
 ready()
 redis.call("HSET", key, "tok", token, "le", now + lease)
-redis.call("PEXPIREAT", key, math.max(ts + window, now + lease))
+-- Never before its hold ("hd": a parked operation's DLQ record still names it).
+redis.call("PEXPIREAT", key, math.max(ts + window, now + lease, int(f[8]) or 0))
 return {"reclaimed", token, f[4] or "", f[2], ts}

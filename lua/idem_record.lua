@@ -40,6 +40,14 @@ local function outcome()
   return "r", ARGV[1]
 end
 
+-- A stored millisecond count, or nil: tonumber() alone also accepts "inf",
+-- "nan" and fractions, which would poison every comparison and TTL below.
+local function int(v)
+  local n = tonumber(v)
+  if n and n == n and n > -1e15 and n < 1e15 and n == math.floor(n) then return n end
+  return nil
+end
+
 -- One read for the checks and for the fields a done record keeps. A key of
 -- another type answers an error here; only then is TYPE asked, to name it.
 local f = redis.pcall("HMGET", key, "s", "tok", "ts", "w", "cn", "fp", "to", "hd")
@@ -53,20 +61,17 @@ if missing or state == "x" then
   if token ~= "" then return {"lost"} end
   local window = tonumber(ARGV[3])
   local field, value = outcome()
+  -- A tombstone's hold (a parked operation's DLQ record) is kept, as below.
+  local held = state == "x" and int(f[8]) or nil
   ready()
   if state == "x" then redis.call("DEL", key) end
-  redis.call("HSET", key, "s", "d", "tok", "", "ts", now, "w", window, field, value)
-  redis.call("PEXPIREAT", key, now + window)
+  local fields = {"s", "d", "tok", "", "ts", now, "w", window, field, value}
+  if held then fields[#fields + 1] = "hd"; fields[#fields + 1] = held end
+  redis.call("HSET", key, unpack(fields))
+  redis.call("PEXPIREAT", key, math.max(now + window, held or 0))
   return {"ok", now, now + window}
 end
 
--- A stored millisecond count, or nil: tonumber() alone also accepts "inf",
--- "nan" and fractions, which would poison every comparison and TTL below.
-local function int(v)
-  local n = tonumber(v)
-  if n and n == n and n > -1e15 and n < 1e15 and n == math.floor(n) then return n end
-  return nil
-end
 local tok, ts, window = f[2], int(f[3]), int(f[4])
 if (state ~= "p" and state ~= "d") or not ts or not window then
   return {"corrupt", "record hash without a valid state, claim time or window"}
@@ -94,7 +99,10 @@ end
 redis.call("DEL", key)
 redis.call("HSET", key, unpack(fields))
 -- The window counts from the claim; a result recorded after the window has
--- already passed (a very slow operation) is still kept for one second.
-local expires = math.max(ts + window, now + 1000)
+-- already passed (a very slow operation) is still kept for one second. A
+-- record held for a parked operation ("hd") lasts as long as its DLQ record:
+-- should the settle that follows the record be lost (Cluster: a step of its
+-- own), a replay after the window still finds the operation done.
+local expires = math.max(ts + window, now + 1000, int(f[8]) or 0)
 redis.call("PEXPIREAT", key, expires)
 return {"ok", ts, ts + window}

@@ -32,13 +32,14 @@ ready()  -- nothing to refuse: renewing is best effort, key by key
 for i, key in ipairs(KEYS) do
   out[i] = 0
   if redis.call("TYPE", key)["ok"] == "hash" then
-    local f = redis.call("HMGET", key, "s", field, "ts", "w")
+    local f = redis.call("HMGET", key, "s", field, "ts", "w", "hd")
     local ts, window = int(f[3]), int(f[4])
     -- A record with garbage times is left as it is (foreign data): not renewed.
     if f[1] == "p" and f[2] == ARGV[i] and ARGV[i] ~= "" and ts and window then
       -- PEXPIREAT first: it does not count as growing memory, so under
-      -- maxmemory (noeviction) the renewal still goes through.
-      redis.call("PEXPIREAT", key, math.max(ts + window, now + lease))
+      -- maxmemory (noeviction) the renewal still goes through. Never before
+      -- the hold ("hd": a parked operation's DLQ record still names the key).
+      redis.call("PEXPIREAT", key, math.max(ts + window, now + lease, int(f[5]) or 0))
       redis.call("HSET", key, "le", now + lease)
       out[i] = 1
     end

@@ -316,3 +316,73 @@ def test_a_completed_record_is_rewritten_compact_keeping_only_what_a_done_record
     assert isinstance(dup, Duplicate) and dup.original_result == {"ok": True}
     guard.record(key, {"ok": True}, claim.token)  # sent again (a lost reply): accepted
     assert raw.hgetall(name) == after
+
+
+def test_a_record_held_for_a_parked_operation_lasts_as_long_as_the_hold(
+    any_store: durabilis.Store,
+) -> None:
+    """A key released with a hold (its operation parked in the DLQ) is claimed
+    and completed again. No write to it may bring its expiry before the hold:
+    not the claim sent again, not the keep-alive's renewal, not recovery's
+    reclaim, not the record. (On Cluster the DLQ record is settled in a step
+    after the record; should that step be lost, a replay after the dedup window
+    must still find the operation done, not run it again.)"""
+    from durabilis.idempotency import _IdemOps
+
+    config = IdempotencyConfig(dedup_window_seconds=60, in_progress_ttl_seconds=5)
+    ops = _IdemOps(any_store.keys, config)
+    k = key("held")
+    rkey = any_store.keys.idem(k.value)
+    raw = any_store.run
+    hold_ms = 3_600_000  # an hour: far past the 60 s window and the 5 s lease
+
+    def expires_in() -> int:
+        return int(any_store.command("PTTL", rkey))
+
+    first = ops.decode_claim(k, raw(ops.claim(k, None, nonce="n1")))
+    assert isinstance(first, New)
+    assert raw(ops.release(k, first.token, hold_ms=hold_ms)) == 1  # parked: held
+    assert expires_in() > 3_000_000
+
+    again = ops.decode_claim(k, raw(ops.claim(k, None, nonce="n2")))
+    assert isinstance(again, New) and again.token
+    assert expires_in() > 3_000_000
+    raw(ops.claim(k, None, nonce="n2"))  # the same claim, sent again (lost reply)
+    assert expires_in() > 3_000_000, "a claim sent again cut the hold short"
+    assert raw(ops.renew(k, again.token, 5000)) == [1]
+    assert expires_in() > 3_000_000, "a renewal cut the hold short"
+    raw(ops.record(k, {"ok": 1}, again.token))
+    assert any_store.command("HGET", rkey, "s") in (b"d", "d")
+    assert expires_in() > 3_000_000, "the record cut the hold short"
+
+
+def test_recovery_s_reclaim_keeps_the_hold(any_store: durabilis.Store) -> None:
+    from durabilis.idempotency import _IdemOps
+
+    config = IdempotencyConfig(dedup_window_seconds=60, in_progress_ttl_seconds=1)
+    ops = _IdemOps(any_store.keys, config)
+    k = key("reclaimed")
+    rkey = any_store.keys.idem(k.value)
+    first = ops.decode_claim(k, any_store.run(ops.claim(k, None, nonce="n1")))
+    assert isinstance(first, New)
+    assert any_store.run(ops.release(k, first.token, hold_ms=3_600_000)) == 1
+    second = ops.decode_claim(k, any_store.run(ops.claim(k, None, nonce="n2", lease_ms=1)))
+    assert isinstance(second, New)
+    time.sleep(0.01)  # its 1 ms lease is over: an orphan
+    reply = any_store.run(ops.reclaim(k.value, 1000, "n2"))
+    assert reply[0] in (b"reclaimed", "reclaimed")
+    assert int(any_store.command("PTTL", rkey)) > 3_000_000, "the reclaim cut the hold short"
+
+
+def test_a_record_without_a_token_over_a_held_tombstone_keeps_the_hold(
+    any_store: durabilis.Store,
+) -> None:
+    from durabilis.idempotency import _IdemOps
+
+    ops = _IdemOps(any_store.keys, IdempotencyConfig(dedup_window_seconds=60))
+    k = key("tombstoned")
+    any_store.run(ops.tombstone(k, 3_600_000))  # parked without a claim
+    IdempotencyGuard(any_store, IdempotencyConfig(dedup_window_seconds=60)).record(k, "r")
+    rkey = any_store.keys.idem(k.value)
+    assert any_store.command("HGET", rkey, "s") in (b"d", "d")
+    assert int(any_store.command("PTTL", rkey)) > 3_000_000
