@@ -77,10 +77,15 @@ def test_layer_under_a_2s_sigstop_fails_closed_in_time_then_recovers_with_nothin
                    worker=run_layer_ops, effects_url=redis_url, hot="paused-hot",
                    socket_timeout=SOCKET_TIMEOUT, lease_s=4.0, work_s=0.003, deadline_s=25)
     spans = res.unavailable
-    assert spans, "the pause was not felt: " + res.summary()
-    assert max(e - s for s, e in spans) <= SOCKET_TIMEOUT + SLACK, res.summary()  # no hang
+    # The pause hit work in progress. As for the kill below, callers may see no
+    # StorageUnavailable at all: a worker inside its (shielded) record step sends
+    # it again until Redis answers (one CI run had every caller there).
+    assert res.spanned_the_fault, "the load ended before the pause did: " + res.summary()
+    longest = max((e - s for s, e in spans), default=0.0)
+    assert longest <= SOCKET_TIMEOUT + SLACK, res.summary()  # no hang
     _, resumed = res.fault_window
-    assert max(s for s, _ in spans) <= resumed + SLACK, res.summary()  # then service is back
+    last = max((s for s, _ in spans), default=resumed)
+    assert last <= resumed + SLACK, res.summary()  # then service is back
     problems = assert_layer_held(private_redis.url, namespace, res, redis_url)
     note_layer("layer: SIGSTOP 2 s", "standalone", res, problems)
 
