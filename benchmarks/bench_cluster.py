@@ -10,8 +10,9 @@ times, interleaved call by call, on fresh idempotency keys:
   server; on Cluster redis-py refuses EVALSHA in pipelines, so they are sent
   concurrently, each to its node (``Store._wave``);
 - the durable call (``benchmarks.bench_layer``'s ``durable_sync`` and
-  ``durable_async``, one call in flight): 2 round trips on a standalone server,
-  3 one after another on Cluster (docs/layer.md, "Steps and round trips").
+  ``durable_async``, one call in flight): 2 round trips one after another on
+  both (on Cluster the claim goes with its birth entry, beside the in-flight
+  entry: docs/layer.md, "Steps and round trips"; 3 before).
 
 Absolute figures vary by machine; the ratios are the result. The Targets block
 compares the durable call's rate on Cluster with the standalone one.

@@ -4,7 +4,9 @@ Rules (DESIGN §3):
 - every key starts with the namespace, so an ACL user can be limited to
   ``<namespace>:*`` and two apps can share one Redis;
 - all keys one script touches share ONE hash tag (the ``{...}`` part), so
-  every script runs on Redis Cluster;
+  every script runs on Redis Cluster. One exception, by construction: a
+  claim's birth-index bucket (:meth:`KeySpace.inflight_bucket`) has a tag of
+  its own chosen to hash to the claim's slot, which is what Cluster requires;
 - names are readable in ``redis-cli``: ``durabilis:cb:{memory_service}``.
 
 Free-form parts (task ids, agent ids) are percent-escaped so that ``:`` inside
@@ -13,6 +15,7 @@ a part can never make two different tuples build the same key.
 
 from __future__ import annotations
 
+import binascii
 import re
 
 from durabilis.errors import ConfigError
@@ -126,7 +129,79 @@ class KeySpace:
         tail = ":".join(escape_part(p) for p in parts)
         return f"{self.namespace}:layer:{{layer}}:{tail}"
 
+    def inflight_bucket(self, tag: str) -> str:
+        """One bucket of the in-flight "birth" index (unfused stores, i.e. Cluster):
+        ``<ns>:layer:inflight:{<tag>}``, the tag chosen to share its hash slot
+        with the claims it lists (see :func:`bucket_tags`)."""
+        return f"{self.namespace}:layer:inflight:{{{tag}}}"
+
+    def inflight_bucket_pattern(self) -> str:
+        return f"{self.namespace}:layer:inflight:{{*"
+
     def config(self, *parts: str) -> str:
         """A key of the fleet-wide configuration: ``<ns>:config:{config}:<part>...``."""
         tail = ":".join(escape_part(p) for p in parts)
         return f"{self.namespace}:config:{{config}}:{tail}"
+
+
+CLUSTER_SLOTS = 16384
+"""Redis Cluster's hash slots."""
+
+
+def hash_slot(key: str) -> int:
+    """The Redis Cluster hash slot of ``key`` (CRC16 of its hash tag, if any)."""
+    data = key.encode("utf-8", "surrogatepass")
+    start = data.find(b"{")
+    if start >= 0:
+        end = data.find(b"}", start + 1)
+        if end > start + 1:
+            data = data[start + 1:end]
+    return binascii.crc_hqx(data, 0) % CLUSTER_SLOTS
+
+
+_TAG_CHARS = 5  # (on 4 characters the low nibbles reach only part of the CRC values)
+
+
+def _slot_basis() -> list[tuple[int, int, int]]:
+    """CRC16 (XMODEM, Cluster's) of a tag of :data:`_TAG_CHARS` characters of
+    ``@A-O`` is an affine function of their low-nibble bits: a basis (pivot bit,
+    CRC part, tag bits) to solve for the tag of any slot in 16 steps."""
+    base = bytes([0x40] * _TAG_CHARS)
+    c0 = binascii.crc_hqx(base, 0)
+    basis: dict[int, tuple[int, int]] = {}
+    for j in range(4 * _TAG_CHARS):
+        bits = bytearray(base)
+        bits[j // 4] |= 1 << (j % 4)
+        image, pre = binascii.crc_hqx(bytes(bits), 0) ^ c0, 1 << j
+        for bit in sorted(basis, reverse=True):
+            if image >> bit & 1:
+                image ^= basis[bit][0]
+                pre ^= basis[bit][1]
+        if image:
+            basis[image.bit_length() - 1] = (image, pre)
+    if len(basis) != 16:  # (it is: checked by tests/unit/test_keys.py)
+        raise RuntimeError("CRC16 does not reach every value on these tags")
+    return [(bit, image, pre) for bit, (image, pre) in sorted(basis.items(), reverse=True)]
+
+
+_BASIS = _slot_basis()
+_BASE_CRC = binascii.crc_hqx(bytes([0x40] * _TAG_CHARS), 0)
+
+
+def bucket_tag(index: int, buckets: int) -> str:
+    """The hash tag of bucket ``index`` of the in-flight birth index.
+
+    With :data:`CLUSTER_SLOTS` buckets (Cluster), bucket ``s``'s tag hashes to
+    slot ``s`` (five characters of ``@A-O``, solved for, not searched), so a
+    claim's entry lives in its claim's own slot and one script writes both.
+    With fewer (the fault simulator's unfused standalone store), the tags are
+    plain names: ``b0``, ``b1``...
+    """
+    if buckets != CLUSTER_SLOTS:
+        return f"b{index}"
+    want, tag = (index % CLUSTER_SLOTS) ^ _BASE_CRC, 0
+    for bit, image, pre in _BASIS:
+        if want >> bit & 1:
+            want ^= image
+            tag ^= pre
+    return bytes(0x40 | (tag >> 4 * i & 0xF) for i in range(_TAG_CHARS)).decode()

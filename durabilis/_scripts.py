@@ -177,6 +177,22 @@ def fuse(calls: Sequence[ScriptCall], gated: Sequence[bool] | None = None) -> Sc
     return ScriptCall(name, keys, counts + args)
 
 
+def unfuse(call: ScriptCall) -> list[ScriptCall]:
+    """The calls :func:`fuse` made ``call`` of (``[call]`` for a call not fused)."""
+    if not call.name.startswith(FUSED_PREFIX):
+        return [call]
+    names = call.name[len(FUSED_PREFIX):].split("+")
+    n = int(call.args[0])
+    counts = call.args[1:1 + 3 * n]
+    args, keys = list(call.args[1 + 3 * n:]), list(call.keys)
+    out = []
+    for i, name in enumerate(names):
+        nk, na = int(counts[3 * i]), int(counts[3 * i + 1])
+        out.append(ScriptCall(name, keys[:nk], args[:na]))
+        keys, args = keys[nk:], args[na:]
+    return out
+
+
 class Replies(list[Any]):
     """The replies of one step's calls, in call order, with what each call did.
 

@@ -58,7 +58,9 @@ local function claim(taken_over, previous, hd)
   local held = int(hd) or 0
   ready()
   -- The HSET is this script's first write: under maxmemory (noeviction)
-  -- Redis refuses it, and a refused claim writes nothing.
+  -- Redis refuses it, and a refused claim writes nothing. (Fused with its
+  -- birth entry on Cluster, the entry's ZADD comes first: refused the same
+  -- way, it leaves nothing either.)
   local fields = {"s", "p", "tok", token, "ts", now, "le", now + lease, "w", window}
   local drop = {}
   local function opt(name, value)

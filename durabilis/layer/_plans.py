@@ -33,9 +33,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from durabilis import _codec
+from durabilis._keys import CLUSTER_SLOTS, bucket_tag, hash_slot
 from durabilis._log import get_logger
 from durabilis._retry_core import NON_RETRYABLE, TESTING, RetryDecision, decide
-from durabilis._scripts import Replies, ScriptCall
+from durabilis._scripts import Replies, ScriptCall, fuse
 from durabilis._steps import INTERRUPTS, IO, Defer, Deferred, Hold, LeaseBook, Plan, Run, Sleep
 from durabilis._store import AsyncStore, Store
 from durabilis.breaker import (
@@ -89,6 +90,10 @@ _CLAIM_AGAIN = object()
 _SETTLED_BY = "a later delivery"  # who finished a parked record its operation completed
 _GIVE_UP = object()
 DUPLICATES_FLUSH_SECONDS = 1.0  # how long a duplicate's count may wait in its process
+SIM_BUCKETS = 16  # birth-index buckets of an unfused standalone store (the fault simulator)
+_WALK = 32  # birth-index buckets recovery reads at once (one wave)
+_WALK_PER_PASS = 512  # birth-index buckets one recovery pass reads (Cluster: a 32nd of them)
+_WALK_KEEP_MS = 7 * 24 * 3600 * 1000  # the fleet's walk counter lasts a week after a pass
 _REASON_ROOM = 96  # bytes kept in the DLQ payload cap for metadata added when parking
 _RECORD_BACKOFF = (0.05, 1.0)  # first and longest pause between tries of a record step
 _LATE_TRIES = 3  # tries of a record step after its lease's time ran out, before giving up
@@ -126,6 +131,29 @@ def _tag(reply: Any) -> str:
 # own "returned before ready()" (see durabilis/_scripts.py).
 def _claim_refused(reply: Any) -> bool:
     return _tag(reply) != "new"
+
+
+def _born_claim_refused(reply: Any) -> bool:
+    """The claim fused with its birth entry (unfused stores): refused as the claim."""
+    try:
+        inner = reply[2]
+    except (TypeError, IndexError, KeyError):
+        return False  # garbage: decoded (and refused) by the plan
+    return _claim_refused(inner)
+
+
+def _unwrap_born_claim(replies: Replies, i: int) -> Replies:
+    """The step's replies with call ``i`` (the claim fused with its birth entry)
+    answering as the claim alone."""
+    if replies.status[i] not in "cr":
+        return replies
+    try:
+        inner = replies[i][2]
+    except (TypeError, IndexError, KeyError):
+        return replies  # garbage: decode_claim names it
+    out = Replies(replies, replies.status)
+    out[i] = inner
+    return out
 
 
 def _breaker_refused(reply: Any) -> bool:
@@ -241,6 +269,14 @@ class _LayerCore:
         self._dlq = dlq_ops
         self._budget = _BudgetOps(store.keys)
         self._index = store.keys.layer("inflight")
+        # Unfused stores (Cluster): a claim's "birth" entry, written by the
+        # claim's own script in an index bucket of the claim's hash slot, lists
+        # it until its entry in the index above is known to have landed (the
+        # two go in one wave: a claim step of one round trip).
+        self._buckets = 0 if store.fuses else (
+            CLUSTER_SLOTS if store.is_cluster else SIM_BUCKETS
+        )
+        self._walk = store.keys.layer("walk")  # whose slice of the birth index is next
         self._stats = store.keys.layer("stats")
         self._key_secret = config.idempotency.content_key_secret
         self._lease_s = float(config.idempotency.in_progress_ttl_seconds)
@@ -366,6 +402,19 @@ class _LayerCore:
             if n:
                 args += [name, n]
         return ScriptCall("layer_note", [self._index, self._stats], args)
+
+    def _bucket(self, key: str) -> str:
+        """The birth-index bucket of ``key``'s claims (its hash slot's, on Cluster)."""
+        n = self._buckets
+        return self._keys.inflight_bucket(bucket_tag(hash_slot(self._keys.idem(key)) % n, n))
+
+    def _birth(
+        self, mode: str, index: str, members: Sequence[str | bytes], *, at: int | None = None
+    ) -> ScriptCall:
+        """A note on one birth-index bucket: entries only, never counts (the
+        counters live in another slot)."""
+        args: list[Any] = [mode, self._lease_ms if at is None else at, len(members), *members]
+        return ScriptCall("layer_note", [index, index], args)
 
     def _count_duplicate(self) -> int:
         """Count a duplicate in this process; how many to send now (0: they ride later).
@@ -568,14 +617,16 @@ class _LayerCore:
         member = self.member(req.key.value, nonce) if dedup else ""
         probe = f"{nonce}.0"
         # On Cluster these go in waves (Store.run_step), and no wave is sent
-        # after a refusal. First the index entry (a worker killed just after
-        # its claim must already be listed for recover_orphans; an entry
-        # without its claim is dropped there) and the breaker's registration;
-        # then the claim (a duplicate asks nothing else: it gets its result
-        # while the circuit is open, and never takes a probe slot); then the
-        # breaker and the budget (charged only for a new claim). A healthy
-        # breaker admits from its cache without a call (CircuitBreakerRegistry
-        # cached_admission_seconds): then the claim is the last wave.
+        # after a refusal. First the index entry (an entry without its claim
+        # is dropped by recover_orphans), the breaker's registration and the
+        # claim, fused with its birth entry in its own slot's index bucket: a
+        # worker killed just after its claim is listed there even if the
+        # index entry beside it never landed (a duplicate writes neither, and
+        # asks nothing else: it gets its result while the circuit is open, and
+        # never takes a probe slot); then the breaker and the budget (charged
+        # only for a new claim). A healthy breaker admits from its cache
+        # without a call (CircuitBreakerRegistry cached_admission_seconds):
+        # then the claim's is the only wave.
         calls: list[ScriptCall] = []
         at: dict[str, int] = {}
         gates: dict[int, Callable[[Any], bool]] = {}
@@ -592,9 +643,16 @@ class _LayerCore:
                     calls.append(note)
                     waves.append(0)
             at["claim"] = len(calls)
-            gates[len(calls)] = _claim_refused
-            calls.append(self._idem.claim(req.key, None, req.envelope, nonce))
-            waves.append(1)
+            claim_call = self._idem.claim(req.key, None, req.envelope, nonce)
+            if self._buckets:  # with its birth entry, beside the index entry
+                gates[len(calls)] = _born_claim_refused
+                birth = self._birth("add", self._bucket(req.key.value), [member])
+                calls.append(fuse([birth, claim_call], [False, True]))
+                waves.append(0)
+            else:
+                gates[len(calls)] = _claim_refused
+                calls.append(claim_call)
+                waves.append(1)
         cached = None if self.fuses or dep is None else self._breakers._cached(dep)
         if dep is not None and cached is None:
             at["cb"] = len(calls)
@@ -628,6 +686,8 @@ class _LayerCore:
                 self._unsent(*gone)
             yield from self._undo_begin(req, nonce, member, probe, unknown, at)
             raise
+        if "claim" in at and self._buckets:
+            replies = _unwrap_born_claim(replies, at["claim"])
         if register is not None and dep is not None and replies.status[at["register"]] == "c":
             self._breakers.mark_registered(dep)
 
@@ -701,10 +761,12 @@ class _LayerCore:
                     "durability_claim_undo_failed", req.key.value, gates={0: _missed},
                 )
                 return
-        if listed:
-            yield from self._best_effort(
-                [self._note("rem", [member])], "durability_claim_undo_failed", req.key.value
-            )
+        gone = [self._note("rem", [member])] if listed else []
+        if claimed and self._buckets:  # its birth entry (recovery drops it otherwise)
+            gone.append(self._birth("rem", self._bucket(req.key.value), [member]))
+        if gone:
+            yield from self._best_effort(gone, "durability_claim_undo_failed", req.key.value,
+                                         waves=[0] * len(gone))
 
     def _merge_key(self, key: str) -> str | None:
         """Parkings of one operation share a DLQ record (when operations have keys)."""
@@ -723,6 +785,8 @@ class _LayerCore:
             ),
             self._idem.release(req.key, None, nonce, hold_ms=self._dlq.ttl_ms(None)),
             self._note("rem", [member] if member else [], recovered=1, parked=1),
+            *([self._birth("rem", self._bucket(req.key.value), [self.member(req.key.value, nonce)])]
+              if self._buckets else []),
         ]
 
     def _abandon(
@@ -741,11 +805,15 @@ class _LayerCore:
                 calls.append(self._breakers.ops.release(dep, permit))
             elif probe is not None:
                 calls.append(self._breakers.ops.release_probe(dep, probe))
+        released = len(calls)
         calls.append(self._note("rem", [cl.member] if cl.member else [], **counts))
+        if self._buckets and cl.token and self.config.idempotency.enabled:
+            calls.append(self._birth("rem", self._bucket(req.key.value), [
+                self.member(req.key.value, cl.nonce)]))
         # Cluster: the releases at once (one failing never holds back the other),
-        # the index entry only after them (a claim whose release failed stays
+        # the index entries only after them (a claim whose release failed stays
         # listed, so recovery finds it).
-        waves = [0] * (len(calls) - 1) + [1]
+        waves = [0] * released + [1] * (len(calls) - released)
         return (yield from self._best_effort(
             calls, "durability_release_failed", req.key.value, waves=waves,
         ))
@@ -955,6 +1023,10 @@ class _LayerCore:
             except CorruptData:
                 raise
             except DurabilisError as exc:
+                # A birth entry's removal goes once, whatever came of it: left
+                # behind, recovery drops it with one look; it never holds back
+                # (nor fails) the outcome's record.
+                pending.pop("birth", None)
                 if exc.partial is not None:
                     for i, name in enumerate(names):
                         if exc.partial.status[i] == "c":
@@ -975,6 +1047,7 @@ class _LayerCore:
                 yield Sleep(delay * (0.5 + random.random() / 2), shield=True)
                 delay = min(delay * 2, _RECORD_BACKOFF[1])
                 continue
+            pending.pop("birth", None)  # (once, as above)
             for i, name in enumerate(names):
                 if replies.status[i] != "n":  # "n": aborted by another's refusal: again
                     _settle(name, replies[i], pending, gates, on_reply)
@@ -1014,6 +1087,11 @@ class _LayerCore:
             )
         if (settle := self._settle_call(req, cl)) is not None:
             calls["settle"] = settle
+        if self._buckets and cl.member and cl.token:
+            # The birth entry is no longer needed once the index entry landed
+            # (cl.member): beside the record, no round trip of its own. (Not
+            # listed there, it stays until recovery finds the record done.)
+            calls["birth"] = self._birth("rem", self._bucket(req.key.value), [cl.member])
         counts = {"started": 1, "succeeded": 1}
         # Standalone: one atomic step; the record goes first, its first write
         # frees memory, so maxmemory never refuses it. Cluster, in waves: the
@@ -1023,9 +1101,9 @@ class _LayerCore:
         # the outcome is recorded. On both, the index entry is removed later,
         # with the counts, in a batch (_leave): three commands fewer per call.
         order = ("record", "save", "settle", "report") if self.fuses else (
-            "save", "record", "report", "settle"
+            "save", "record", "report", "birth", "settle"
         )
-        waves = {"save": 0, "record": 1, "report": 1, "settle": 2}
+        waves = {"save": 0, "record": 1, "report": 1, "birth": 1, "settle": 2}
         lost = False
         misses: list[str] = []
 
@@ -1168,6 +1246,9 @@ class _LayerCore:
         calls["note"] = self._note(
             "rem", [cl.member] if cl.member else [], parked=0 if req.replay else 1, **counts
         )
+        if self._buckets and cl.token and self.config.idempotency.enabled:
+            calls["birth"] = self._birth("rem", self._bucket(req.key.value), [
+                self.member(req.key.value, cl.nonce)])
 
         def on_reply(name: str, reply: Any) -> Any:
             nonlocal dlq_id
@@ -1181,8 +1262,9 @@ class _LayerCore:
 
         try:
             yield from self._persist(
-                req.key.value, calls, ("enqueue", "release", "note"),
+                req.key.value, calls, ("enqueue", "release", "note", "birth"),
                 {"enqueue": _missed} if "enqueue" in calls else {}, on_reply,
+                {"enqueue": 0, "release": 1, "note": 2, "birth": 2},
             )
         except _Unsent as unsent:
             yield from self._defer(req, cl, unsent)
@@ -1217,7 +1299,11 @@ class _LayerCore:
     # -- crash recovery --
 
     def recover_plan(self, limit: int) -> Plan[list[str]]:
-        """Park every operation whose lease ended (its worker died), at most ``limit``."""
+        """Park every operation whose lease ended (its worker died), at most ``limit``.
+
+        Unfused stores (Cluster) also read a slice of the birth index per pass
+        (:meth:`_walk_births`): a claim listed only there is found within a
+        cycle of passes (32 on Cluster), fleet-wide."""
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ConfigError("limit", f"must be an integer >= 1, got {limit!r}")
         parked: list[str] = []
@@ -1228,22 +1314,74 @@ class _LayerCore:
             members = list(replies[0] or ())
             for raw in members:
                 seen += 1
-                dlq_id = yield from self._recover_one(raw)
+                dlq_id = yield from self._recover_one(raw, self._index)
                 if dlq_id is not None:
                     parked.append(dlq_id)
             if len(members) < batch:
                 break
+        if seen < limit:
+            yield from self._walk_births(limit - seen, parked)
         return parked
 
-    def _recover_one(self, raw: Any) -> Plan[str | None]:
+    def _walk_births(self, room: int, parked: list[str]) -> Plan[None]:
+        """Recovery's look at the birth index (unfused stores), at most ``room`` entries."""
+        # Unfused stores: then a slice of _WALK_PER_PASS buckets of the birth
+        # index, handed out in turn fleet-wide (layer_walk: on Cluster every
+        # bucket once in 32 passes), _WALK per wave. An entry found only there
+        # is a claim whose worker died before its index entry landed, hence
+        # before fn (fn runs only once both are written): it is parked
+        # (WORKER_LOST) all the same, to be replayed. The rest are birth
+        # entries left by settled claims: dropped, one look each. A bucket
+        # whose node does not answer is read again next cycle.
+        n = self._buckets
+        if not n:
+            return
+        seen = 0
+        span = min(n, _WALK_PER_PASS)
+        reply = (yield IO([ScriptCall("layer_walk", [self._walk], [_WALK_KEEP_MS])]))[0]
+        start = (_codec.as_int(reply, key=self._walk, field="pass") - 1) * span % n
+        buckets = [self._keys.inflight_bucket(bucket_tag((start + i) % n, n))
+                   for i in range(span)]
+        for first in range(0, len(buckets), _WALK):
+            if seen >= room:
+                break
+            chunk = buckets[first:first + _WALK]
+            batch = min(room - seen, 100)
+            calls = [ScriptCall("layer_orphans", [b], [batch]) for b in chunk]
+            try:
+                replies = yield IO(calls, waves=[0] * len(chunk))
+            except DurabilisError as exc:
+                _log.warning("durability_birth_index_unread", buckets=len(chunk),
+                             error=f"{type(exc).__name__}: {exc}")
+                replies = exc.partial or Replies([None] * len(chunk), "?" * len(chunk))
+            for i, index in enumerate(chunk):
+                if replies.status[i] != "c":
+                    continue
+                for raw in list(replies[i] or ())[:max(0, room - seen)]:
+                    seen += 1
+                    dlq_id = yield from self._recover_one(raw, index)
+                    if dlq_id is not None:
+                        parked.append(dlq_id)
+
+    def _entry_note(
+        self, index: str, mode: str, members: Sequence[str | bytes], *, at: int | None = None,
+        **counts: int,
+    ) -> list[ScriptCall]:
+        """A note on the entry recovery found in ``index`` (the in-flight index or a
+        birth-index bucket, whose notes carry no counts: they go by the batch)."""
+        if index == self._index:
+            return [self._note(mode, members, at=at, **counts)]
+        return [self._birth(mode, index, members, at=at)]
+
+    def _recover_one(self, raw: Any, index: str) -> Plan[str | None]:
         try:
-            member = _codec.as_text(raw, key=self._index, field="member")
+            member = _codec.as_text(raw, key=index, field="member")
         except CorruptData:
             member = ""
         key, sep, nonce = member.rpartition("|")
         if not sep or not key or not nonce:  # foreign data in the index: drop it
             _log.error("durability_orphan_index_corrupt", member=repr(raw)[:200])
-            yield IO([self._note("rem", [raw])])
+            yield IO(self._entry_note(index, "rem", [raw]))
             return None
         rkey = self._keys.idem(key)
         reply = (yield IO([self._idem.reclaim(key, self._lease_ms, nonce)]))[0]
@@ -1252,11 +1390,11 @@ class _LayerCore:
             why = _codec.as_text(reply[1], key=rkey, field="reason") if tag == "skip" else "?"
             if why == "alive":  # its lease was renewed: look again when it ends
                 at = _codec.as_int(reply[2], key=rkey, field="le")
-                yield IO([self._note("at", [member], at=at)])
+                yield IO(self._entry_note(index, "at", [member], at=at))
                 return None
             if why == "corrupt":
                 _log.error("durability_orphan_record_corrupt", idempotency_key=key)
-            yield IO([self._note("rem", [member])])
+            yield IO(self._entry_note(index, "rem", [member]))
             return None
         token = _codec.as_text(reply[1], key=rkey, field="tok")
         env: dict[str, Any] = {}
@@ -1267,10 +1405,11 @@ class _LayerCore:
             env = unpacked
         except CorruptData:
             _log.exception("durability_orphan_payload_unreadable", idempotency_key=key)
-        return (yield from self._park_orphan(key, nonce, token, member, env))
+        return (yield from self._park_orphan(key, nonce, token, member, env, index))
 
-    def _park_orphan(
-        self, key: str, nonce: str, token: str, member: str, env: Mapping[str, Any]
+    def _park_orphan(  # noqa: PLR0917  (what recovery found, one by one)
+        self, key: str, nonce: str, token: str, member: str, env: Mapping[str, Any],
+        index: str,
     ) -> Plan[str | None]:
         """Park a reclaimed orphan and release its claim, as one step."""
         prepared = self._prepare_orphan(key, env)
@@ -1281,7 +1420,7 @@ class _LayerCore:
                 merge_key=self._merge_key(key),
             ),
             self._idem.release(IdempotencyKey(key), token, hold_ms=self._dlq.ttl_ms(None)),
-            self._note("rem", [member], recovered=1, parked=1),
+            *self._entry_note(index, "rem", [member], recovered=1, parked=1),
         ]
         # The release is gated: if the claim is no longer the one reclaimed (its
         # worker came back and recorded the outcome by its nonce, or another
@@ -1306,9 +1445,11 @@ class _LayerCore:
                 dup = self._idem.decode_check(IdempotencyKey(key), state)
                 if made.created and dup is not None and not dup.in_progress:
                     yield IO([self._dlq.finish(made.dlq_id, DlqStatus.REPLAYED, by="its worker")])
-            yield IO([self._note("rem", [member])])
+            yield IO(self._entry_note(index, "rem", [member]))
             return None
         dlq_id: str = self._dlq.decode_enqueue(calls[0], out[0]).dlq_id
+        if index != self._index:  # (a bucket's note carries no counts)
+            self._leave([], {"recovered": 1, "parked": 1})
         _log.warning(
             "durability_orphan_recovered", idempotency_key=key, dlq_id=dlq_id,
             operation_type=prepared.operation_type, agent_id=prepared.agent_id,

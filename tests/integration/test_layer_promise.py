@@ -323,6 +323,45 @@ def test_an_old_owner_never_removes_the_new_owners_in_flight_entry(
     assert state_of(raw, store, req.key.value) in (None, b"x")
 
 
+def test_a_worker_killed_before_its_index_entry_landed_is_found_by_its_birth_entry(
+    store: durabilis.Store, raw: Any
+) -> None:
+    """Cluster (and the unfused path on standalone): the claim goes in the same
+    wave as its in-flight index entry, on another node. A worker killed after
+    the claim was written but before the index entry was (or whose index entry
+    failed) is still found: the claim's own script wrote its birth entry, in an
+    index bucket of its slot. Here the index entry is never sent at all."""
+    store._fuse = False  # the scripts of a step in waves, as on Cluster
+    layer = DurabilityLayer(store, fast_config(lease=0.3))
+    req = layer._core.request("a1", "job", {"n": 7}, dependency=None, idempotency_key=None,
+                              task_id=None, phase=None, wait=None, park_on_open=False,
+                              deadline_seconds=None)
+    run = Stepper(layer._core.execute_plan(req, Counter()))
+    while type(run.step) is not IO:
+        run.send(None)  # the keep-alive's Hold
+    step = run.step
+    assert step.waves is not None
+    claim_wave = [i for i, c in enumerate(step.calls) if "idem_claim" in c.name]
+    assert len(claim_wave) == 1 and step.waves[claim_wave[0]] == 0  # one wave: no wait
+    index = store.keys.layer("inflight")
+    assert all(index not in c.keys for c in step.calls[claim_wave[0]:claim_wave[0] + 1])
+    store.run(step.calls[claim_wave[0]])  # only the claim lands; then the worker dies
+    assert raw.zcard(index) == 0
+    time.sleep(0.4)  # its lease ends
+    parked: list[str] = []
+    for _ in range(32):  # each pass reads 512 buckets: every one within 32 (Cluster)
+        parked += layer.recover_orphans()
+        if parked:
+            break
+    assert len(parked) == 1, "a claim whose index entry never landed was not found"
+    record = layer.dlq.get(parked[0])
+    assert record is not None and record.last_error == "WORKER_LOST"
+    rkey = store.keys.idem(req.key.value)
+    assert raw.hget(rkey, "s") == b"x"  # released (held for the DLQ record), not stuck
+    assert not list(raw.scan_iter(match=store.keys.inflight_bucket_pattern()))
+    layer.close()
+
+
 def step_plan_continue(run: Stepper, store: durabilis.Store) -> None:
     try:
         while not run.done:

@@ -18,7 +18,7 @@ import redis
 
 import durabilis
 from durabilis import CorruptData, IdempotencyGuard, StorageUnavailable
-from durabilis._scripts import ScriptCall
+from durabilis._scripts import ScriptCall, unfuse
 from durabilis.layer import DurabilityLayer
 from tests.integration._layer_support import Counter, fast_config
 
@@ -211,7 +211,8 @@ def test_a_duplicate_never_asks_the_breaker(
 
     def watch(calls: Any, gates: Any = None, waves: Any = None) -> Any:
         replies = real(calls, gates, waves)
-        sent.extend(c.name for c, st in zip(calls, replies.status, strict=True) if st != "n")
+        sent.extend(part.name for c, st in zip(calls, replies.status, strict=True) if st != "n"
+                    for part in unfuse(c))  # (Cluster: the claim fused with its birth entry)
         return replies
 
     store.run_step = watch  # type: ignore[method-assign]

@@ -57,7 +57,7 @@ from durabilis import (
     RetryPolicy,
     StorageUnavailable,
 )
-from durabilis._scripts import Replies, ScriptCall
+from durabilis._scripts import Replies, ScriptCall, unfuse
 from durabilis._steps import (
     IO,
     Command,
@@ -588,7 +588,7 @@ class Simulation:
         return [*core._gone, *(m for gone, _ in core._unsure for m in gone)]
 
     def _note_probes(self, actor: Actor, calls: list[ScriptCall]) -> None:
-        for call in calls:
+        for call in (part for fused in calls for part in unfuse(fused)):
             if call.name == "cb_before" and len(call.args) > 1 and call.args[1]:
                 nonce = str(call.args[1]).split(".", 1)[0]
                 self.probe_owner[nonce] = (actor.name, actor.plan_no)
@@ -962,6 +962,9 @@ class Simulation:
         members = self.raw.zrange(index, 0, -1)
         if members:
             out.append(f"in-flight index not empty after recovery: {members[:5]}")
+        for bucket in self.raw.scan_iter(match=keys.inflight_bucket_pattern(), count=1000):
+            if members := self.raw.zrange(bucket, 0, -1):  # unfused runs: birth entries
+                out.append(f"birth index {bucket!r} not empty after recovery: {members[:5]}")
         for rkey in self.raw.scan_iter(match=keys.idem_pattern(), count=1000):
             if self.raw.type(rkey) == b"hash" and self.raw.hget(rkey, "s") == b"p":
                 out.append(f"claim {rkey!r} still in progress after recovery")

@@ -39,3 +39,30 @@ def test_a_caller_supplied_brace_cannot_move_a_record_to_another_key_or_slot() -
     # Braces are escaped, so "{tag}" is its own record, not one tagged "tag".
     assert KEYS.idem("{tag}") != KEYS.idem("tag")
     assert KEYS.idem("{tag}").count("{") == 1
+
+
+def test_each_birth_bucket_tag_hashes_to_its_own_slot() -> None:
+    """Solved, not searched: a claim and its birth entry share one Cluster slot."""
+    import redis.crc
+
+    from durabilis._keys import CLUSTER_SLOTS, bucket_tag, hash_slot
+
+    for slot in range(CLUSTER_SLOTS):
+        tag = bucket_tag(slot, CLUSTER_SLOTS)
+        assert "{" not in tag and "}" not in tag
+        key = KEYS.inflight_bucket(tag)
+        assert hash_slot(key) == slot == redis.crc.key_slot(key.encode())
+    for key in HOSTILE_KEYS:
+        assert hash_slot(key) == redis.crc.key_slot(key.encode())
+    assert bucket_tag(3, 16) == "b3"
+
+
+@pytest.mark.parametrize("key", HOSTILE_KEYS)
+def test_the_claim_fused_with_its_birth_entry_keeps_one_slot(key: str) -> None:
+    from durabilis._keys import CLUSTER_SLOTS, bucket_tag, hash_slot
+    from durabilis._scripts import fuse
+
+    ik = IdempotencyKey.from_raw(key)
+    bucket = KEYS.inflight_bucket(bucket_tag(hash_slot(KEYS.idem(ik.value)), CLUSTER_SLOTS))
+    birth = ScriptCall("layer_note", [bucket, bucket], ["add", 1000, 1, f"{key}|n"])
+    assert one_slot(fuse([birth, IDEM.claim(ik, None)], [False, True]).keys)
