@@ -57,6 +57,7 @@ from durabilis import (
     RetryPolicy,
     StorageUnavailable,
 )
+from durabilis._keys import bucket_tag
 from durabilis._scripts import Replies, ScriptCall, unfuse
 from durabilis._steps import (
     IO,
@@ -962,8 +963,15 @@ class Simulation:
         members = self.raw.zrange(index, 0, -1)
         if members:
             out.append(f"in-flight index not empty after recovery: {members[:5]}")
-        for bucket in self.raw.scan_iter(match=keys.inflight_bucket_pattern(), count=1000):
-            if members := self.raw.zrange(bucket, 0, -1):  # unfused runs: birth entries
+        # Unfused runs: the birth index's buckets (read by name: a SCAN per seed
+        # walks the shared server's whole keyspace).
+        pipe = self.raw.pipeline(transaction=False)
+        buckets = [keys.inflight_bucket(bucket_tag(i, _plans.SIM_BUCKETS))
+                   for i in range(_plans.SIM_BUCKETS)]
+        for bucket in buckets:
+            pipe.zrange(bucket, 0, -1)
+        for bucket, members in zip(buckets, pipe.execute(), strict=True):
+            if members:
                 out.append(f"birth index {bucket!r} not empty after recovery: {members[:5]}")
         for rkey in self.raw.scan_iter(match=keys.idem_pattern(), count=1000):
             if self.raw.type(rkey) == b"hash" and self.raw.hget(rkey, "s") == b"p":
