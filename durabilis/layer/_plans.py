@@ -416,6 +416,10 @@ class _LayerCore:
         args: list[Any] = [mode, self._lease_ms if at is None else at, len(members), *members]
         return ScriptCall("layer_note", [index, index], args)
 
+    def _birth_gone(self, key: str, nonce: str) -> ScriptCall:
+        """The removal of the birth entry of ``key``'s claim ``nonce``."""
+        return self._birth("rem", self._bucket(key), [self.member(key, nonce)])
+
     def _count_duplicate(self) -> int:
         """Count a duplicate in this process; how many to send now (0: they ride later).
 
@@ -763,7 +767,7 @@ class _LayerCore:
                 return
         gone = [self._note("rem", [member])] if listed else []
         if claimed and self._buckets:  # its birth entry (recovery drops it otherwise)
-            gone.append(self._birth("rem", self._bucket(req.key.value), [member]))
+            gone.append(self._birth_gone(req.key.value, nonce))
         if gone:
             yield from self._best_effort(gone, "durability_claim_undo_failed", req.key.value,
                                          waves=[0] * len(gone))
@@ -785,8 +789,7 @@ class _LayerCore:
             ),
             self._idem.release(req.key, None, nonce, hold_ms=self._dlq.ttl_ms(None)),
             self._note("rem", [member] if member else [], recovered=1, parked=1),
-            *([self._birth("rem", self._bucket(req.key.value), [self.member(req.key.value, nonce)])]
-              if self._buckets else []),
+            *([self._birth_gone(req.key.value, nonce)] if self._buckets else []),
         ]
 
     def _abandon(
@@ -808,8 +811,7 @@ class _LayerCore:
         released = len(calls)
         calls.append(self._note("rem", [cl.member] if cl.member else [], **counts))
         if self._buckets and cl.token and self.config.idempotency.enabled:
-            calls.append(self._birth("rem", self._bucket(req.key.value), [
-                self.member(req.key.value, cl.nonce)]))
+            calls.append(self._birth_gone(req.key.value, cl.nonce))
         # Cluster: the releases at once (one failing never holds back the other),
         # the index entries only after them (a claim whose release failed stays
         # listed, so recovery finds it).
@@ -1091,7 +1093,7 @@ class _LayerCore:
             # The birth entry is no longer needed once the index entry landed
             # (cl.member): beside the record, no round trip of its own. (Not
             # listed there, it stays until recovery finds the record done.)
-            calls["birth"] = self._birth("rem", self._bucket(req.key.value), [cl.member])
+            calls["birth"] = self._birth_gone(req.key.value, cl.nonce)
         counts = {"started": 1, "succeeded": 1}
         # Standalone: one atomic step; the record goes first, its first write
         # frees memory, so maxmemory never refuses it. Cluster, in waves: the
@@ -1247,8 +1249,7 @@ class _LayerCore:
             "rem", [cl.member] if cl.member else [], parked=0 if req.replay else 1, **counts
         )
         if self._buckets and cl.token and self.config.idempotency.enabled:
-            calls["birth"] = self._birth("rem", self._bucket(req.key.value), [
-                self.member(req.key.value, cl.nonce)])
+            calls["birth"] = self._birth_gone(req.key.value, cl.nonce)
 
         def on_reply(name: str, reply: Any) -> Any:
             nonlocal dlq_id
