@@ -261,6 +261,9 @@ class _LayerCore:
         self.config = config
         self.fuses = store.fuses
         self.clock: Callable[[], float] = time.monotonic
+        # What waits in the process (counts, Cluster index removals) goes by this
+        # clock; a test freezes it so that the keep-alive's tick cannot race it.
+        self.waits_clock: Callable[[], float] = time.monotonic
         self._keys = store.keys
         self._idem = idem_ops
         self._retry = retry
@@ -429,7 +432,7 @@ class _LayerCore:
         itself once the oldest waiting count is DUPLICATES_FLUSH_SECONDS old.
         A process killed meanwhile loses those counts (never a record).
         """
-        now = time.monotonic()
+        now = self.waits_clock()
         with self._dups_lock:
             first = self._dups == 0
             if first:
@@ -464,7 +467,7 @@ class _LayerCore:
         with self._dups_lock:
             first = not self._gone and not self._gone_counts
             if first:
-                self._gone_since = time.monotonic()
+                self._gone_since = self.waits_clock()
             self._gone.extend(m for m in members if m)
             for name, n in counts.items():
                 self._gone_counts[name] = self._gone_counts.get(name, 0) + n
@@ -500,7 +503,7 @@ class _LayerCore:
         process: the keep-alive's tick (``due_only``: only those whose oldest is
         DUPLICATES_FLUSH_SECONDS old), ``stats()`` and ``close()``. A batch that
         fails or is interrupted waits again (``_unsent``), then the step raises."""
-        now = time.monotonic()
+        now = self.waits_clock()
         with self._dups_lock:
             n = 0
             if not due_only or now - self._dups_since >= DUPLICATES_FLUSH_SECONDS:

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 import redis
-import structlog
 
 import durabilis
 from durabilis.breaker import (
@@ -20,6 +19,7 @@ from durabilis.breaker import (
     StateTransition,
 )
 from durabilis.idempotency import IdempotencyConfig, IdempotencyKey, _IdemOps
+from tests.support.logs import own_logs
 
 CLOSED, OPEN, HALF_OPEN = BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN
 RESET = 1.0  # seconds: every timeout in these tests is the shortest the config allows
@@ -309,7 +309,7 @@ def test_a_raising_callback_is_logged_never_raised_and_others_still_run(
 
     registry.on_transition(broken)
     registry.on_transition(seen.append)
-    with structlog.testing.capture_logs() as logs:
+    with own_logs() as logs:
         trip(registry)  # no exception reaches the caller
     assert len(seen) == 1
     failures = [e for e in logs if e["event"] == "durability_transition_callback_failed"]
@@ -318,7 +318,7 @@ def test_a_raising_callback_is_logged_never_raised_and_others_still_run(
 
 def test_structlog_events_for_opened_and_recovered(store: durabilis.Store) -> None:
     registry = make(store, cfg(probe_success_required=1))
-    with structlog.testing.capture_logs() as logs:
+    with own_logs() as logs:
         probe = half_open(registry)
         registry.after_call("dep", True, probe)
     events = {e["event"]: e for e in logs}
@@ -708,7 +708,7 @@ def test_a_stale_probe_is_rearmed_even_with_a_free_slot_and_its_late_report_is_n
     registry = make(store, cfg(probe_success_required=2))
     stuck = half_open(registry)
     time.sleep(RESET + 0.05)  # the newest (only) probe is now probe_timeout old
-    with structlog.testing.capture_logs() as logs:
+    with own_logs() as logs:
         fresh = registry.before_call("dep")
     assert fresh.is_probe and fresh.rearmed and fresh.probe_id != stuck.probe_id
     assert [e["event"] for e in logs] == ["durability_circuit_probes_rearmed"]

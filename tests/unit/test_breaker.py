@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 
 import durabilis
 from durabilis import breaker as cb
@@ -22,6 +21,7 @@ from durabilis.breaker import (
     admission,
     outcome_code,
 )
+from tests.support.logs import own_logs
 
 LUA = Path(__file__).resolve().parents[2] / "lua"
 
@@ -391,7 +391,7 @@ def test_fire_transition_logs_a_raising_callback_and_runs_the_others() -> None:
         raise RuntimeError("bug in a callback")
 
     reg.on_transition(seen.append)
-    with structlog.testing.capture_logs() as logs:
+    with own_logs() as logs:
         reg.fire_transition(transition)
     assert seen == [transition]
     assert [e["event"] for e in logs] == [
@@ -437,7 +437,7 @@ class FlakyStore(NoIO):
 def test_a_report_lost_after_the_call_ran_is_logged_and_the_result_returned() -> None:
     reg = CircuitBreakerRegistry(FlakyStore(), [CircuitBreakerConfig("dep")])  # type: ignore[arg-type]
     empty: dict[str, int] = {}
-    with structlog.testing.capture_logs() as logs:
+    with own_logs() as logs:
         assert reg.call("dep", lambda: 42) == 42
         with pytest.raises(KeyError):
             reg.call("dep", empty.__getitem__, "missing")  # the call's own error wins

@@ -7,7 +7,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
-from structlog.testing import capture_logs
 
 import durabilis
 from durabilis._keys import KeySpace
@@ -24,6 +23,7 @@ from durabilis.retry import (
     retry,
 )
 from durabilis.testing import instant_retries
+from tests.support.logs import own_logs
 
 
 class FakeTime:
@@ -237,7 +237,7 @@ def test_async_cancellation_propagates() -> None:
 @MODES
 def test_each_retry_logs_an_event_and_exhaustion_logs_one_too(mode: str) -> None:
     t = FakeTime()
-    with capture_logs() as logs:
+    with own_logs() as logs:
         run(mode, "mcp_call", script(NT, NT, NT), time=t, policies=NO_JITTER)
     assert [e["event"] for e in logs] == [
         "durability_retry_attempt", "durability_retry_attempt", "durability_retry_exhausted",
@@ -256,14 +256,14 @@ def test_each_retry_logs_an_event_and_exhaustion_logs_one_too(mode: str) -> None
 
 @MODES
 def test_success_logs_nothing(mode: str) -> None:
-    with capture_logs() as logs:
+    with own_logs() as logs:
         run(mode, "mcp_call", script("ok"), time=FakeTime())
     assert logs == []
 
 
 @MODES
 def test_a_non_retryable_stop_logs_its_own_event(mode: str) -> None:
-    with capture_logs() as logs:
+    with own_logs() as logs:
         run(mode, "mcp_call", script(OperationError("NOT_FOUND")), time=FakeTime())
     assert [(e["event"], e["reason"]) for e in logs] == [
         ("durability_retry_non_retryable", NON_RETRYABLE),
@@ -399,7 +399,7 @@ def test_the_decorator_refuses_an_engine_of_the_wrong_kind() -> None:
 @MODES
 def test_instant_retries_skip_sleeping_but_keep_the_decisions(mode: str) -> None:
     t = FakeTime()
-    with capture_logs() as logs, instant_retries():
+    with own_logs() as logs, instant_retries():
         outcome = run(mode, "mcp_call", script(NT, NT, "ok"), time=t, policies=NO_JITTER)
     assert outcome.attempts == 3 and t.sleeps == []
     assert [e["delay_ms"] for e in logs] == [500.0, 1000.0]
