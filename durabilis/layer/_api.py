@@ -111,11 +111,13 @@ class DurabilityLayer:
                 drive(self._core.flush_plan(due_only=not last), self.store)
             except DurabilisError as exc:
                 _log.warning("durability_counts_not_sent", error=f"{type(exc).__name__}: {exc}")
-            if last:
-                with self._renewer_lock:  # an operation held meanwhile keeps it going
-                    if not self._leases.busy():
-                        self._renewer = None
-                        return
+            # Idle (nothing held, nothing waiting) or closed, it ends: a layer left
+            # unclosed keeps no thread. An operation held or a count waiting
+            # meanwhile keeps it going; one held after it ends starts another.
+            with self._renewer_lock:
+                if not self._leases.busy() and (last or not self._core.waiting()):
+                    self._renewer = None
+                    return
 
     def _renew_once(self) -> None:
         try:
@@ -362,8 +364,8 @@ class AsyncDurabilityLayer:
                 await adrive(self._core.flush_plan(due_only=not last), self.store)
             except DurabilisError as exc:
                 _log.warning("durability_counts_not_sent", error=f"{type(exc).__name__}: {exc}")
-            if last and not self._leases.busy():  # none held during the flush
-                return
+            if not self._leases.busy() and (last or not self._core.waiting()):
+                return  # idle or closed (see DurabilityLayer._renew_loop)
 
     async def _renew_once(self) -> None:
         try:

@@ -497,6 +497,15 @@ class _LayerCore:
         if gone:
             with self._dups_lock:
                 self._unsure.append((gone, counts))
+            if self.on_wait is not None:
+                self.on_wait()
+
+    def waiting(self) -> bool:
+        """Counts or index removals wait in this process: the keep-alive has work."""
+        with self._dups_lock:
+            return bool(
+                self._dups or self._gone or self._unsure or any(self._gone_counts.values())
+            )
 
     def flush_plan(self, *, due_only: bool = False) -> Plan[None]:
         """Send the counts (and, on Cluster, the index removals) waiting in this

@@ -202,6 +202,35 @@ def test_a_live_worker_keeps_its_lease_beyond_the_lease_time(store: durabilis.St
     assert other.execute("a1", "job", "p", Counter()) == "slow but alive"
 
 
+def test_an_idle_layer_s_keep_alive_ends_and_the_next_claim_starts_it_again(
+    store: durabilis.Store,
+) -> None:
+    """A layer left unclosed kept its keep-alive thread (and so itself) for the
+    life of the process; now the thread ends once nothing is held or waits."""
+    layer = DurabilityLayer(store, fast_config(lease=0.6))
+    other = DurabilityLayer(store, fast_config(lease=0.6))
+    layer.execute("a1", "job", "p-1", Counter())
+    first = layer._renewer
+    assert first is not None and first.is_alive()  # its counts wait in the process
+    first.join(5)
+    assert not first.is_alive() and layer._renewer is None
+    assert int(store.command("HGET", store.keys.layer("stats"), "succeeded") or 0) == 1
+
+    def slow(ctx: OperationContext) -> str:
+        time.sleep(1.8)  # three leases long: renewed by a new keep-alive
+        return "slow but alive"
+
+    thread = threading.Thread(target=layer.execute, args=("a1", "job", "p-2", slow))
+    thread.start()
+    time.sleep(1.2)
+    with pytest.raises(OperationInProgress):
+        other.execute("a1", "job", "p-2", Counter())
+    thread.join(10)
+    assert other.execute("a1", "job", "p-2", Counter()) == "slow but alive"
+    other.close()
+    layer.close()
+
+
 def test_success_with_a_phase_saves_the_checkpoint(layer: DurabilityLayer) -> None:
     layer.execute("a1", "job", "fetch", Counter(result={"rows": 3}), task_id="t1", phase="fetch")
     checkpoint = layer.checkpoints.restore("t1", "a1")

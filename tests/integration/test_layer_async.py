@@ -107,6 +107,31 @@ def test_async_decorator_and_lease_renewal(redis_url: str, namespace: str) -> No
     run(redis_url, namespace, body)
 
 
+def test_an_idle_async_layer_s_keep_alive_ends_and_the_next_claim_starts_it_again(
+    redis_url: str, namespace: str
+) -> None:
+    async def body(layer: AsyncDurabilityLayer) -> None:
+        await layer.execute("a1", "job", "p-1", Counter())
+        [first] = layer._renewers.values()
+        assert not first.done()  # its counts wait in the process
+        await asyncio.wait_for(asyncio.shield(first), 5)
+        stored = await layer.store.command("HGET", layer.store.keys.layer("stats"), "succeeded")
+        assert int(stored or 0) == 1
+
+        async def slow(ctx: OperationContext) -> str:
+            await asyncio.sleep(2.5)  # 2.5 leases: renewed by a new keep-alive
+            return "slow but alive"
+
+        task = asyncio.create_task(layer.execute("a1", "job", "p-2", slow))
+        await asyncio.sleep(1.6)
+        assert layer._renewers[asyncio.get_running_loop()] is not first
+        with pytest.raises(OperationInProgress):
+            await layer.execute("a1", "job", "p-2", Counter())
+        assert await task == "slow but alive"
+
+    run(redis_url, namespace, body)
+
+
 def test_closing_an_idle_layer_stops_its_keep_alive_at_once(
     redis_url: str, namespace: str
 ) -> None:
