@@ -98,7 +98,11 @@ class DurabilityLayer:
                 self._renewer = threading.Thread(
                     target=self._renew_loop, name="durabilis-lease-renewer", daemon=True
                 )
-                self._renewer.start()
+                try:
+                    self._renewer.start()
+                except RuntimeError as exc:  # at interpreter shutdown (a close() from atexit)
+                    self._renewer = None
+                    _log.warning("durability_keep_alive_not_started", error=str(exc))
 
     def _renew_loop(self) -> None:
         stop = threading.Event()
@@ -494,12 +498,19 @@ class AsyncDurabilityLayer:
             _log.warning("durability_counts_not_sent", error=f"{type(exc).__name__}: {exc}")
         # Nothing left to renew: this loop's keep-alive stops now rather than at
         # its next tick (a loop closed meanwhile would destroy it pending).
-        task = self._renewers.get(asyncio.get_running_loop())
-        if task is not None and not self._leases.busy():
-            self._renewers.pop(asyncio.get_running_loop(), None)
-            task.cancel()
-            await asyncio.wait([task])  # its end, whatever it was (not ours to raise)
+        loop = asyncio.get_running_loop()
+        if loop in self._renewers and not self._leases.busy():
+            await self._stop_renewer(loop)
             try:  # what a flush of the keep-alive cancelled midway left
                 await adrive(self._core.flush_plan(), self.store)
             except DurabilisError as exc:
                 _log.warning("durability_counts_not_sent", error=f"{type(exc).__name__}: {exc}")
+            # A failed flush starts the keep-alive again for the removals it
+            # leaves waiting (_unsent); closed and idle, that one stops too.
+            if loop in self._renewers and not self._leases.busy():
+                await self._stop_renewer(loop)
+
+    async def _stop_renewer(self, loop: asyncio.AbstractEventLoop) -> None:
+        task = self._renewers.pop(loop)
+        task.cancel()
+        await asyncio.wait([task])  # its end, whatever it was (not ours to raise)

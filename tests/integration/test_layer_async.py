@@ -11,6 +11,7 @@ import durabilis
 from durabilis import CircuitOpen, OperationError, OperationInProgress, RetryExhausted
 from durabilis.dlq import ReplayOutcome
 from durabilis.layer import AsyncDurabilityLayer, OperationContext, current_operation
+from durabilis.testing import RedisServer
 from tests.integration._layer_support import Counter, fast_config
 
 
@@ -149,3 +150,23 @@ def test_closing_an_idle_layer_stops_its_keep_alive_at_once(
         return alive, task.done()
 
     assert asyncio.run(main()) == (True, True)
+
+
+def test_closing_while_redis_is_down_leaves_no_keep_alive_pending(
+    private_redis: RedisServer,
+) -> None:
+    """Found by a review: the flush of close() that fails starts the keep-alive
+    again for the index removals it leaves waiting; close() stops that one too."""
+
+    async def main() -> list[asyncio.Task[None]]:
+        store = durabilis.connect_async(private_redis.url, namespace="closing-down")
+        store._fuse = False  # index removals wait in the process, as on Cluster
+        layer = AsyncDurabilityLayer(store, fast_config())
+        await layer.execute("a1", "job", "p", Counter())
+        assert layer._core.waiting()
+        private_redis.stop(kill=True)
+        await layer.close()
+        await store.close()
+        return [task for task in layer._renewers.values() if not task.done()]
+
+    assert asyncio.run(main()) == []
