@@ -18,6 +18,8 @@ from __future__ import annotations
 import binascii
 import re
 
+from redis.crc import key_slot
+
 from durabilis.errors import ConfigError
 
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -132,7 +134,7 @@ class KeySpace:
     def inflight_bucket(self, tag: str) -> str:
         """One bucket of the in-flight "birth" index (unfused stores, i.e. Cluster):
         ``<ns>:layer:inflight:{<tag>}``, the tag chosen to share its hash slot
-        with the claims it lists (see :func:`bucket_tags`)."""
+        with the claims it lists (see :func:`bucket_tag`)."""
         return f"{self.namespace}:layer:inflight:{{{tag}}}"
 
     def inflight_bucket_pattern(self) -> str:
@@ -150,13 +152,7 @@ CLUSTER_SLOTS = 16384
 
 def hash_slot(key: str) -> int:
     """The Redis Cluster hash slot of ``key`` (CRC16 of its hash tag, if any)."""
-    data = key.encode("utf-8", "surrogatepass")
-    start = data.find(b"{")
-    if start >= 0:
-        end = data.find(b"}", start + 1)
-        if end > start + 1:
-            data = data[start + 1:end]
-    return binascii.crc_hqx(data, 0) % CLUSTER_SLOTS
+    return int(key_slot(key.encode("utf-8", "surrogatepass"), CLUSTER_SLOTS))
 
 
 _TAG_CHARS = 5  # (on 4 characters the low nibbles reach only part of the CRC values)
@@ -179,7 +175,7 @@ def _slot_basis() -> list[tuple[int, int, int]]:
                 pre ^= basis[bit][1]
         if image:
             basis[image.bit_length() - 1] = (image, pre)
-    if len(basis) != 16:  # (it is: checked by tests/unit/test_keys.py)
+    if len(basis) != 16:  # (it is: checked by tests/unit/test_cluster_slots.py)
         raise RuntimeError("CRC16 does not reach every value on these tags")
     return [(bit, image, pre) for bit, (image, pre) in sorted(basis.items(), reverse=True)]
 

@@ -44,6 +44,13 @@ class _Ticks:
         return True
 
 
+def _keep_alive_ends(leases: LeaseBook, core: _LayerCore, closed: bool) -> bool:
+    """Idle (nothing held, nothing waiting) or closed with nothing held, the
+    keep-alive ends: a layer left unclosed keeps no thread (or task). A claim
+    held or a count waiting after it ended starts another."""
+    return not leases.busy() and (closed or not core.waiting())
+
+
 def _payload_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return {"args": list(args), "kwargs": kwargs}
 
@@ -115,11 +122,8 @@ class DurabilityLayer:
                 drive(self._core.flush_plan(due_only=not last), self.store)
             except DurabilisError as exc:
                 _log.warning("durability_counts_not_sent", error=f"{type(exc).__name__}: {exc}")
-            # Idle (nothing held, nothing waiting) or closed, it ends: a layer left
-            # unclosed keeps no thread. An operation held or a count waiting
-            # meanwhile keeps it going; one held after it ends starts another.
-            with self._renewer_lock:
-                if not self._leases.busy() and (last or not self._core.waiting()):
+            with self._renewer_lock:  # (what _ensure_renewer takes: none is missed)
+                if _keep_alive_ends(self._leases, self._core, last):
                     self._renewer = None
                     return
 
@@ -368,8 +372,8 @@ class AsyncDurabilityLayer:
                 await adrive(self._core.flush_plan(due_only=not last), self.store)
             except DurabilisError as exc:
                 _log.warning("durability_counts_not_sent", error=f"{type(exc).__name__}: {exc}")
-            if not self._leases.busy() and (last or not self._core.waiting()):
-                return  # idle or closed (see DurabilityLayer._renew_loop)
+            if _keep_alive_ends(self._leases, self._core, last):
+                return
 
     async def _renew_once(self) -> None:
         try:
