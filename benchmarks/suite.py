@@ -105,6 +105,7 @@ def run_suite(settings: Settings, out_dir: Path | None = None) -> dict[str, Any]
         })
     results["meta"]["section_seconds"] = took
     results["targets"] = targets(results)
+    results["fleet_targets"] = fleet_targets(results)
     results["ratios"] = more_ratios(results)
     results["errors"] = errors
     results["meta"]["duration_s"] = round(time.monotonic() - started, 1)
@@ -190,6 +191,87 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+FLEET_PROCESSES = 8
+"""The process count of the fleet row ("durable calls/s over N processes")."""
+
+
+def _over(ours: float | None, theirs: float | None) -> float | None:
+    return float(ours) / float(theirs) if ours is not None and theirs else None
+
+
+def fleet_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The fleet-scale table (issue 15's), every row measured in this run.
+
+    Its bars are the issue's own; where a row repeats a ratio of :func:`targets`
+    with another bar (the durable call against PING/2, idempotency against
+    powertools), both are printed. Cluster rows are ``bench_cluster``'s, which
+    needs a local Cluster: they are named here, not measured.
+    """
+    single, procs = results.get("single", {}), results.get("processes", {})
+    cost = results.get("cost", {})
+    per_op, memory = cost.get("per_operation", {}), cost.get("memory", {})
+    ping = single.get(PING, {}).get("median")
+    durable = single.get(DURABLE, {}).get("median")
+    new_key = per_op.get("durable call (new key)", {})
+    ping_cost = per_op.get(PING, {})
+    n = str(FLEET_PROCESSES)
+    ping_n = procs.get(PING, {}).get(n, {}).get("median")
+    durable_n = procs.get(DURABLE, {}).get(n, {}).get("median")
+    breaker = results.get("breaker", {}).get("ratios", {}).get("1", {})
+    record = memory.get("durable call record", {}).get("bytes")
+    retry = results.get("retry", {}).get("ratios", {})
+    return [
+        _target(
+            "durable call, sync, 1 process / (PING/s / 2)",
+            _over(durable, ping and ping / 2), 0.65, ">=",
+            f"'{DURABLE}' / ('{PING}' / 2)",
+        ),
+        _target(
+            "durable call / powertools idempotency alone (1 process)",
+            ratio(single.get(DURABLE), single.get(POWERTOOLS)), 1.0, ">=",
+            f"'{DURABLE}' / '{POWERTOOLS}'",
+        ),
+        _target(
+            "idempotency claim+record / powertools (1 process)",
+            ratio(single.get(IDEM), single.get(POWERTOOLS)), 1.2, ">=",
+            f"'{IDEM}' / '{POWERTOOLS}'",
+        ),
+        _target(
+            "breaker-guarded call / pybreaker CircuitRedisStorage (1 process)",
+            breaker.get("durabilis/pybreaker"), 1.0, ">=", "registry.call / pybreaker call",
+        ),
+        _target(
+            "Redis server CPU per durable call / per PING",
+            _over(new_key.get("server_cpu_us"), ping_cost.get("server_cpu_us")), 2.5, "<=",
+            "cost table: 'durable call (new key)' / 'redis PING', server CPU us",
+        ),
+        _target(
+            "Redis commands per durable call (new key)",
+            new_key.get("commands"), 10, "<=",
+            "cost table: INFO commandstats, the EVALSHAs and Lua's commands",
+        ),
+        _target(
+            f"durable calls/s over {n} processes / (PING/s over {n} / 2)",
+            _over(durable_n, ping_n and ping_n / 2), 0.6, ">=",
+            f"'{DURABLE}' / ('{PING}' / 2), {n} processes each",
+        ),
+        _target(
+            "async, 64 in flight / one-connection asyncio PING/s",
+            ratio(single.get(ASYNC_64), single.get(PING_ASYNC)), 1.0, ">=",
+            f"'{ASYNC_64}' / '{PING_ASYNC}'",
+        ),
+        _target(
+            "durable-call record, MEMORY USAGE (bytes)",
+            None if record is None else float(record), 250, "<=",
+            "memory: 'durable call record'",
+        ),
+        _target(
+            "retry overhead / tenacity's",
+            retry.get(RETRY_PAIR), 1 / 3, "<=", f"bench_retry: '{RETRY_PAIR}'",
+        ),
+    ]
+
+
 def more_ratios(results: dict[str, Any]) -> dict[str, float | None]:
     """Other ratios of this run that help read the targets (not targets themselves)."""
     single, procs = results.get("single", {}), results.get("processes", {})
@@ -198,9 +280,6 @@ def more_ratios(results: dict[str, Any]) -> dict[str, float | None]:
     out: dict[str, float | None] = {
         "durable call / (EVALSHA round trips/s / 2)": (
             durable / (evalsha / 2) if durable and evalsha else None
-        ),
-        "durable call / powertools idempotency (1 process)": ratio(
-            single.get(DURABLE), single.get(POWERTOOLS)
         ),
         "idempotency duplicate / powertools duplicate (completed key, 1 process)": ratio(
             single.get("idempotency duplicate (completed key)"),
@@ -243,6 +322,17 @@ def _spread(f: dict[str, Any] | None) -> str:
     if not f or "median" not in f:
         return ""
     return f"{f['min']:,.0f}-{f['max']:,.0f}"
+
+
+def _target_lines(rows: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for t in rows:
+        verdict = {True: "met", False: "NOT met", None: "not measured"}[t["met"]]
+        value = "-" if t["ratio"] is None else f"{t['ratio']:.3f}"
+        lines.append(
+            f"  {t['name']:<66} {value:>7} (target {t['comparison']} {t['target']:.3f}) {verdict}"
+        )
+    return lines
 
 
 def report(results: dict[str, Any]) -> str:  # noqa: PLR0912  (one table, read top-down)
@@ -347,12 +437,11 @@ def report(results: dict[str, Any]) -> str:  # noqa: PLR0912  (one table, read t
     lines.append("")
 
     lines.append("Targets (ratios measured in this run)")
-    for t in results.get("targets", []):
-        verdict = {True: "met", False: "NOT met", None: "not measured"}[t["met"]]
-        value = "-" if t["ratio"] is None else f"{t['ratio']:.3f}"
-        lines.append(
-            f"  {t['name']:<66} {value:>6} (target {t['comparison']} {t['target']:.3f}) {verdict}"
-        )
+    lines += _target_lines(results.get("targets", []))
+    lines.append("Fleet-scale targets (issue 15's table and bars, measured in this run)")
+    lines += _target_lines(results.get("fleet_targets", []))
+    lines.append("  Cluster rows (2 round trips; >= 0.8 x standalone): "
+                 "python -m benchmarks.bench_cluster")
     lines.append("Other ratios of this run")
     for name, value in results.get("ratios", {}).items():
         lines.append(f"  {name:<72} {'-' if value is None else f'{value:.2f}':>6}")

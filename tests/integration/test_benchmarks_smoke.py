@@ -89,6 +89,24 @@ def test_the_suite_runs_in_smoke_mode_and_writes_every_section(tmp_path: Path) -
     durable = next(t for t in targets.values() if "PING" in t["name"])
     assert durable["ratio"] > 0 and isinstance(durable["met"], bool)
 
+    # The fleet-scale table: every row from this run's own figures, or "not measured"
+    # where the smoke run has no such process count.
+    fleet = {t["name"]: t for t in results["fleet_targets"]}
+    assert len(fleet) == 10
+    assert "Fleet-scale targets" in table
+    commands = fleet["Redis commands per durable call (new key)"]
+    assert commands["ratio"] == costs["durable call (new key)"]["commands"]
+    assert commands["met"] == (commands["ratio"] <= 10)
+    memory = fleet["durable-call record, MEMORY USAGE (bytes)"]
+    assert memory["ratio"] == results["cost"]["memory"]["durable call record"]["bytes"]
+    cpu = fleet["Redis server CPU per durable call / per PING"]
+    assert cpu["ratio"] == pytest.approx(
+        costs["durable call (new key)"]["server_cpu_us"] / costs["redis PING"]["server_cpu_us"],
+        abs=1e-3,
+    )
+    eight = next(t for name, t in fleet.items() if "8 processes" in name)
+    assert (eight["met"] is None) == (8 not in measured)
+
     # Each peer is measured when its bench-only extra is installed, else says why not.
     powertools = single["powertools idempotency (Redis)"]
     if _installed("aws_lambda_powertools", "boto3"):
