@@ -63,6 +63,7 @@ from durabilis.errors import (
     RetryExhausted,
     StorageUnavailable,
     UnsupportedUrl,
+    WrongEventLoop,
 )
 from durabilis.events import configure_logging
 from durabilis.idempotency import (
@@ -167,6 +168,7 @@ __all__ = [
     "Store",
     "TaskRun",
     "UnsupportedUrl",
+    "WrongEventLoop",
     "__version__",
     "configure_logging",
     "connect",

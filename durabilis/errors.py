@@ -132,6 +132,17 @@ class NotReplicated(StorageUnavailable):
         self.wanted = wanted
 
 
+class WrongEventLoop(DurabilisError, RuntimeError):
+    """An asyncio store (or a layer on it) was used on another event loop than the
+    one it runs on. redis-py's asyncio connections belong to the loop that opened
+    them; on another loop they fail midway (a ``DurabilisError`` "unexpected
+    error" from asyncio's ``RuntimeError``: "Event loop is closed", "attached to
+    a different loop"). This is raised before anything is sent: make one store per event loop (call
+    ``connect_async`` inside the coroutine ``asyncio.run`` runs), or ``close()``
+    the store on its own loop before another loop uses it.
+    """
+
+
 class CorruptData(DurabilisError):
     """Data found in Redis is not what durabilis wrote there.
 

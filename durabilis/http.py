@@ -45,6 +45,7 @@ from durabilis.errors import (
     OperationInProgress,
     PayloadTooLarge,
     ResultNotStored,
+    WrongEventLoop,
 )
 from durabilis.idempotency import IdempotencyKey
 from durabilis.layer import AsyncDurabilityLayer, OperationContext
@@ -342,6 +343,12 @@ class DurableIdempotencyMiddleware:
             await _problem(send, 410, "response-not-stored", "Response not stored",
                            f"a request with this key completed; its response was not stored "
                            f"({refused.reason})", replayed=self._replayed)
+        elif isinstance(refused, WrongEventLoop):
+            # A deployment error (a store made for another event loop), not a
+            # passing outage: a retry would meet it again.
+            await _problem(send, 500, "idempotency-misconfigured", "Internal Server Error",
+                           "the idempotency store belongs to another event loop than this "
+                           "request's (make the store on the server's own loop)")
         else:  # StorageUnavailable, LayerClosed...: nothing ran (fail closed)
             await _problem(send, 503, "idempotency-unavailable", "Service Unavailable",
                            f"the idempotency store cannot take this request now "

@@ -395,6 +395,13 @@ class AsyncDurabilityLayer:
     def _open(self) -> None:
         if self._closed:
             raise LayerClosed("this AsyncDurabilityLayer was closed; it accepts no new operation")
+        self._on_home_loop()
+
+    def _on_home_loop(self) -> None:
+        # Before any hold or flush: a refused loop gets no keep-alive, which
+        # would take (and fail to send) what the store's own loop has waiting.
+        # So the layer's keep-alive only ever runs on the store's loop.
+        self.store._on_home_loop()
 
     async def execute(
         self,
@@ -456,12 +463,14 @@ class AsyncDurabilityLayer:
 
     async def recover_orphans(self, limit: int = 1000) -> list[str]:
         """See :meth:`DurabilityLayer.recover_orphans`."""
+        self._on_home_loop()
         return await adrive(self._core.recover_plan(limit), self.store)
 
     async def replay(
         self, dlq_id: str, fn: Callable[[OperationContext], Any], *, wait: float | None = None
     ) -> ReplayResult:
         """See :meth:`DurabilityLayer.replay`."""
+        self._on_home_loop()
         return await adrive(
             self.dlq._ops.replay_steps(dlq_id, self._core.replay_plan(fn, wait)), self.store,
             leases=self._leases,
@@ -478,6 +487,7 @@ class AsyncDurabilityLayer:
         on_result: Callable[[ReplayResult], object] | None = None,
     ) -> ReplaySummary:
         """See :meth:`DurabilityLayer.replay_pending`."""
+        self._on_home_loop()
         return await adrive(
             self.dlq._ops.replay_pending_steps(
                 operation_type, limit, max_per_second, self._core.replay_plan(fn, wait),
@@ -488,6 +498,7 @@ class AsyncDurabilityLayer:
 
     async def stats(self) -> LayerStats:
         """See :meth:`DurabilityLayer.stats`."""
+        self._on_home_loop()
         await adrive(self._core.flush_plan(), self.store)
         raw = await self.store.command("HGETALL", self._core._stats)
         in_flight = await self.store.command("ZCARD", self._core._index)
@@ -495,6 +506,7 @@ class AsyncDurabilityLayer:
 
     async def close(self) -> None:
         """See :meth:`DurabilityLayer.close`."""
+        self._on_home_loop()
         self._closed = True
         try:
             await adrive(self._core.flush_plan(), self.store)

@@ -289,6 +289,29 @@ def test_tenants_paths_and_methods_scope_the_guard(redis_url: str, namespace: st
     drive(redis_url, namespace, body, tenant=tenant, paths=["/orders"])
 
 
+def test_a_store_of_another_event_loop_is_500_and_the_app_does_not_run(
+    redis_url: str, namespace: str
+) -> None:
+    """A deployment error, not an outage: no Retry-After (a retry meets it again)."""
+    ran: list[int] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:  # pragma: no cover
+        ran.append(1)
+
+    store = durabilis.connect_async(redis_url, namespace=namespace)
+    mw = DurableIdempotencyMiddleware(app, AsyncDurabilityLayer(store, DurabilityConfig()))
+
+    async def request() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=mw),
+                                     base_url="http://gw") as c:
+            return await c.post("/x", json={}, headers=key("loop"))
+
+    asyncio.run(store.ping())  # the store's loop: made, used, gone
+    r = asyncio.run(request())
+    problem(r, 500, "idempotency-misconfigured")
+    assert "retry-after" not in r.headers and ran == []
+
+
 def test_redis_down_is_503_and_the_app_does_not_run(namespace: str) -> None:
     async def main() -> None:
         ran: list[int] = []

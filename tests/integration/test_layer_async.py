@@ -12,7 +12,7 @@ from durabilis import CircuitOpen, OperationError, OperationInProgress, RetryExh
 from durabilis.dlq import ReplayOutcome
 from durabilis.layer import AsyncDurabilityLayer, OperationContext, current_operation
 from durabilis.testing import RedisServer
-from tests.integration._layer_support import Counter, fast_config
+from tests.integration._layer_support import Counter, fast_config, keys_of
 
 
 def run(redis_url: str, namespace: str, body: Any) -> None:
@@ -170,3 +170,36 @@ def test_closing_while_redis_is_down_leaves_no_keep_alive_pending(
         return [task for task in layer._renewers.values() if not task.done()]
 
     assert asyncio.run(main()) == []
+
+
+def test_a_layer_used_on_another_event_loop_refuses_before_claiming(
+    redis_url: str, namespace: str
+) -> None:
+    """A module-level layer driven by asyncio.run per job: the second job's loop
+    is not the store's. It is told so (WrongEventLoop) before anything is sent:
+    fn does not run, no claim is left to wait out, nothing is parked."""
+    store = durabilis.connect_async(redis_url, namespace=namespace)
+    layer = AsyncDurabilityLayer(store, fast_config())
+    first, second = Counter(result="one"), Counter(result="two")
+
+    async def job(fn: Counter, payload: str) -> Any:
+        return await layer.execute("a1", "job", payload, fn)
+
+    async def refused_job() -> bool:
+        for refused in (
+            lambda: job(second, "p-2"), layer.stats, layer.close,
+            layer.recover_orphans, lambda: layer.replay_pending(second),
+        ):
+            with pytest.raises(durabilis.WrongEventLoop):
+                await refused()
+        return asyncio.get_running_loop() in layer._renewers
+
+    assert asyncio.run(job(first, "p-1")) == "one"
+    assert asyncio.run(refused_job()) is False  # no keep-alive started on the refused loop
+    assert second.calls == []
+    assert layer._core.waiting()  # the first job's counts still wait, untouched
+
+    with durabilis.connect(redis_url, namespace=namespace) as sync_store:
+        idem = [k for k in keys_of(sync_store.client, namespace) if ":idem:" in k]
+        assert len(idem) == 1  # the first job's record only
+        assert durabilis.DeadLetterQueue(sync_store).stats().total == 0

@@ -60,3 +60,56 @@ def test_scan_count_counts_the_namespace_on_every_primary(store: durabilis.Store
     for i in range(40):
         guard.check_and_record(f"counted-{i}")
     assert guard.record_count() == 40
+
+
+def test_an_async_store_refuses_another_event_loop_before_sending_anything(
+    redis_url: str, namespace: str, store: durabilis.Store
+) -> None:
+    """redis-py's asyncio connections belong to the loop that opened them; on
+    another loop a call failed as an untyped "unexpected error" (RuntimeError:
+    Event loop is closed). The store now refuses it first, with a typed error
+    that says what to do, whether its own loop has ended or still runs."""
+    astore = durabilis.connect_async(redis_url, namespace=namespace)
+    ops = durabilis.AsyncIdempotencyGuard(astore)._ops
+    key = ops.validate_key("another-loop")
+
+    async def first_loop() -> None:
+        assert await astore.ping()
+
+    async def second_loop() -> list[str]:
+        refused = []
+        for attempt in (
+            lambda: astore.run(ops.claim(key, "p")),
+            lambda: astore.run_many([ops.claim(key, "p")]),
+            lambda: astore.run_step([ops.claim(key, "p")]),
+            lambda: astore.command("PING"),
+            lambda: astore.scan_count("*"),
+            astore.ping,
+            astore.close,
+        ):
+            with pytest.raises(durabilis.WrongEventLoop) as info:
+                await attempt()
+            refused.append(str(info.value))
+        return refused
+
+    asyncio.run(first_loop())
+    refused = asyncio.run(second_loop())
+    assert len(refused) == 7
+    assert "(now closed)" in refused[0] and "one store per event loop" in refused[0]
+    assert IdempotencyGuard(store).check("another-loop") is None  # nothing was sent
+
+    # Its own loop still runs: another thread's loop is refused too, and the
+    # store goes on serving its own loop.
+    live = durabilis.connect_async(redis_url, namespace=namespace)
+
+    async def own_loop() -> Any:
+        try:
+            assert await live.ping()
+            with pytest.raises(durabilis.WrongEventLoop) as info:
+                await asyncio.to_thread(asyncio.run, live.command("PING"))
+            assert "(now closed)" not in str(info.value)
+            return await live.run(ops.claim(key, "p"))
+        finally:
+            await live.close()
+
+    assert isinstance(ops.decode_claim(key, asyncio.run(own_loop())), New)
