@@ -455,14 +455,18 @@ def test_a_cancel_after_fn_succeeded_still_records_its_result(
 ) -> None:
     async def body(layer: AsyncDurabilityLayer, store: durabilis.AsyncStore) -> None:
         calls: list[int] = []
+        started = threading.Event()
 
         def plain(ctx: OperationContext) -> str:  # runs in a worker thread
             calls.append(1)
+            started.set()
             time.sleep(0.3)
             return "charged"
 
         task = asyncio.ensure_future(layer.execute("a1", "job", "p", plain))
-        await asyncio.sleep(0.1)
+        # The cancel lands while fn runs (not during the claim step, which on a
+        # loaded machine's Cluster could outlast a fixed 0.1 s: then nothing ran).
+        assert await asyncio.to_thread(started.wait, 10)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
