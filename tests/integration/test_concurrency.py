@@ -5,7 +5,9 @@ caller beyond the pool waits for a free connection instead of failing."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -14,6 +16,7 @@ import redis
 import durabilis
 from durabilis._autopipe import DEFAULT_SENDERS, AutoPipeline
 from durabilis.layer import AsyncDurabilityLayer, DurabilityLayer, OperationContext
+from durabilis.testing import RedisServer
 
 
 def test_1000_concurrent_async_operations_complete_with_0_errors_each_applied_once(
@@ -146,6 +149,49 @@ def test_a_command_s_error_is_its_own_and_a_lost_batch_fails_each_of_its_callers
             await admin.delete("autopipe:str", "autopipe:n")
             await client.aclose()
             await admin.aclose()
+
+    asyncio.run(main())
+
+
+@pytest.mark.standalone_only  # SIGSTOP of a server of its own
+def test_a_batch_of_scripts_keeps_each_reply_its_caller_s_and_fails_whole_when_redis_stops(
+    private_redis: RedisServer,
+) -> None:
+    """A batch's script replies are read from the parser under one timeout for
+    the batch (Python 3.11+): an error reply is still its own caller's, and a
+    server that stops answering fails every caller once the socket timeout has
+    passed, the connection dropped, none hanging."""
+
+    async def main() -> None:
+        client = redis.asyncio.Redis.from_url(private_redis.url, socket_timeout=0.5)
+        pipe = AutoPipeline(client)
+        try:
+            sha = await client.script_load("return tonumber(ARGV[1]) * 2")
+            replies = await asyncio.gather(
+                pipe.execute("EVALSHA", sha, 0, 21),
+                pipe.execute("EVALSHA", "0" * 40, 0),  # NOSCRIPT: this caller only
+                pipe.execute("EVALSHA", sha, 0, "x"),  # the script fails: this caller only
+                pipe.execute("EVALSHA", sha, 0, 1),
+            )
+            assert replies[0] == 42 and replies[3] == 2
+            assert isinstance(replies[1], redis.exceptions.NoScriptError)
+            assert isinstance(replies[2], redis.exceptions.ResponseError)
+            assert "arithmetic" in str(replies[2])
+            private_redis.signal(signal.SIGSTOP)
+            try:
+                began = time.monotonic()
+                outcomes = await asyncio.gather(
+                    *(pipe.execute("EVALSHA", sha, 0, i) for i in range(5)),
+                    return_exceptions=True,
+                )
+                waited = time.monotonic() - began
+            finally:
+                private_redis.signal(signal.SIGCONT)
+            assert all(isinstance(o, redis.exceptions.TimeoutError) for o in outcomes), outcomes
+            assert 0.4 < waited < 3.0  # the socket timeout (0.5 s), no hang
+            assert await pipe.execute("EVALSHA", sha, 0, 2) == 4  # a new connection
+        finally:
+            await client.aclose()
 
     asyncio.run(main())
 
