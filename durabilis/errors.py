@@ -134,12 +134,13 @@ class NotReplicated(StorageUnavailable):
 
 class WrongEventLoop(DurabilisError, RuntimeError):
     """An asyncio store (or a layer on it) was used on another event loop than the
-    one it runs on. redis-py's asyncio connections belong to the loop that opened
-    them; on another loop they fail midway (a ``DurabilisError`` "unexpected
-    error" from asyncio's ``RuntimeError``: "Event loop is closed", "attached to
-    a different loop"). This is raised before anything is sent: make one store per event loop (call
-    ``connect_async`` inside the coroutine ``asyncio.run`` runs), or ``close()``
-    the store on its own loop before another loop uses it.
+    one it belongs to: the loop of its first call, for good. redis-py's asyncio
+    connections belong to the loop that opened them; on another loop they failed
+    midway (a ``DurabilisError`` "unexpected error" from asyncio's
+    ``RuntimeError``: "Event loop is closed", "attached to a different loop").
+    This is raised before anything is sent or held: make one store per event
+    loop (call ``connect_async`` inside the coroutine ``asyncio.run`` runs, or
+    one per thread's loop).
     """
 
 
