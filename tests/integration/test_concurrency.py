@@ -196,6 +196,46 @@ def test_a_batch_of_scripts_keeps_each_reply_its_caller_s_and_fails_whole_when_r
     asyncio.run(main())
 
 
+def test_each_reply_of_a_batch_gets_the_whole_socket_timeout_not_the_batch(
+    redis_url: str,
+) -> None:
+    """Found by a review: with one timer for the whole batch, a batch whose
+    replies each came in time but took longer than the socket timeout in all
+    (a busy event loop between socket reads) failed its callers, whose scripts
+    had run. Each reply is given the timeout counted from the previous one, as
+    redis-py's own read does."""
+
+    async def main() -> list[Any]:
+        client = redis.asyncio.Redis.from_url(redis_url, socket_timeout=0.3)
+        pipe = AutoPipeline(client)
+        done = False
+
+        async def busy() -> None:  # CPU-bound work sharing the loop
+            while not done:
+                time.sleep(0.05)
+                await asyncio.sleep(0)
+
+        try:
+            sha = await client.script_load("return string.rep('x', tonumber(ARGV[1]))")
+            hog = asyncio.ensure_future(busy())
+            await asyncio.sleep(0)
+            began = time.monotonic()
+            replies = await asyncio.gather(
+                *(pipe.execute("EVALSHA", sha, 0, 10_000) for _ in range(100)),
+                return_exceptions=True,
+            )
+            assert time.monotonic() - began > 0.3  # the batch outlasted one timeout
+            done = True
+            await hog
+            return replies
+        finally:
+            done = True
+            await client.aclose()
+
+    replies = asyncio.run(main())
+    assert replies == [b"x" * 10_000] * 100, {type(r).__name__ for r in replies}
+
+
 @pytest.mark.standalone_only  # SCRIPT FLUSH of the one server
 def test_concurrent_async_operations_survive_script_flushes_each_run_once(
     redis_url: str, namespace: str, raw: Any
