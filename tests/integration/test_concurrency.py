@@ -196,6 +196,7 @@ def test_a_batch_of_scripts_keeps_each_reply_its_caller_s_and_fails_whole_when_r
     asyncio.run(main())
 
 
+@pytest.mark.standalone_only  # auto-pipelining is the standalone store's
 def test_each_reply_of_a_batch_gets_the_whole_socket_timeout_not_the_batch(
     redis_url: str,
 ) -> None:
