@@ -162,28 +162,34 @@ class AutoPipeline:
         self._senders += 1
         task = asyncio.get_running_loop().create_task(self._send_queued())
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._sender_done)
+
+    def _sender_done(self, task: asyncio.Task[None]) -> None:
+        """A sender's end, however it ended: also cancelled before its first step
+        (a sweep cancelling every task), which runs none of its code. Its place
+        is given back, and commands still waiting get another sender (else the
+        store would never send again)."""
+        self._tasks.discard(task)
+        self._senders -= 1
+        self._woken = False
+        if any(not e.future.done() for e in self._queue):
+            self._wake()
 
     async def _send_queued(self) -> None:
         # A new task starts on the next loop iteration: everything the other
         # coroutines queue in this tick joins the batch.
-        try:
-            while self._queue:
-                batch, self._queue = self._queue, []
-                self._woken = False
-                live = [e for e in batch if not e.future.done()]
-                if live:
-                    over: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                    for e in live:
-                        e.taken = over  # from here on it is sent: a cancelled caller waits
-                    try:
-                        await self._send(live)
-                    finally:
-                        over.set_result(None)
-        finally:
-            self._senders -= 1
-            if self._senders == 0:
-                self._woken = False
+        while self._queue:
+            batch, self._queue = self._queue, []
+            self._woken = False
+            live = [e for e in batch if not e.future.done()]
+            if live:
+                over: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                for e in live:
+                    e.taken = over  # from here on it is sent: a cancelled caller waits
+                try:
+                    await self._send(live)
+                finally:
+                    over.set_result(None)
 
     async def _send(self, batch: list[_Entry]) -> None:
         """One write, then the replies in order, each to its caller as it is read.

@@ -153,6 +153,36 @@ def test_a_command_s_error_is_its_own_and_a_lost_batch_fails_each_of_its_callers
     asyncio.run(main())
 
 
+@pytest.mark.standalone_only  # auto-pipelining is the standalone store's
+def test_a_sender_cancelled_before_its_first_step_does_not_stop_the_store_for_good(
+    redis_url: str,
+) -> None:
+    """Found by an adversarial review: a sweep cancelling every task (a shutdown
+    or reload idiom) that caught a sender before its first step left its place
+    taken for good; every later command, lease renewals included, waited
+    forever (and a lease so lost let another worker run the operation again)."""
+
+    async def main() -> list[Any]:
+        client = redis.asyncio.Redis.from_url(redis_url, socket_timeout=5)
+        pipe = AutoPipeline(client)
+        try:
+            waiting = asyncio.ensure_future(pipe.execute("PING"))
+            await asyncio.sleep(0)  # queued; its sender made, not started
+            (sender,) = pipe._tasks
+            sender.cancel()
+            first = await asyncio.wait_for(waiting, 5)  # another sender took it
+            cancelled = asyncio.ensure_future(pipe.execute("PING"))
+            await asyncio.sleep(0)
+            for task in (cancelled, *pipe._tasks):  # the sweep: caller and sender
+                task.cancel()
+            await asyncio.gather(cancelled, return_exceptions=True)
+            return [first, await asyncio.wait_for(pipe.execute("PING"), 5)]
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(main()) == [True, True]
+
+
 @pytest.mark.standalone_only  # SIGSTOP of a server of its own
 def test_a_batch_of_scripts_keeps_each_reply_its_caller_s_and_fails_whole_when_redis_stops(
     private_redis: RedisServer,
