@@ -40,7 +40,7 @@ import contextvars
 import inspect
 import threading
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -156,7 +156,12 @@ CURRENT: contextvars.ContextVar[Any] = contextvars.ContextVar(
 
 
 def shielded(step: Any) -> bool:
-    return bool(getattr(step, "shield", False))
+    """Whether an interruption waits until after ``step``: marked ``shield``, or
+    a :class:`Hold` / :class:`Defer` (the process's own bookkeeping, no I/O: an
+    outcome the plan hands to the keep-alive is never dropped for a cancellation
+    that came while it tried to record it)."""
+    kind = type(step)
+    return kind is Hold or kind is Defer or bool(getattr(step, "shield", False))
 
 
 # --- leases held by a process -------------------------------------------------------
@@ -400,20 +405,23 @@ async def _acall(step: Run) -> tuple[bool, Any]:
         CURRENT.reset(reset)
 
 
-async def _thread_call(step: Run) -> tuple[bool, Any]:
-    # A plain function never runs on the event loop (it would block the loop
-    # and with it the keep-alive that renews this claim's lease).
-    reset = CURRENT.set(step.context)
-    try:
-        ok, value = await asyncio.to_thread(_call, step)
-    finally:
-        CURRENT.reset(reset)
+async def _in_thread(run: Stepper, step: Run) -> tuple[bool, Any]:
+    """A plain function, in a worker thread: never on the event loop (it would
+    block the loop and with it the keep-alive that renews the claim's lease).
+
+    The thread's future is not a task, so no cancellation can cut the wait for
+    it short: not the caller's, and not a sweep that cancels every task of the
+    loop (a shutdown idiom, ``asyncio.run``'s end). The plan always learns how
+    ``fn`` ended, and holds its claim until then.
+    """
+    thread = asyncio.get_running_loop().run_in_executor(
+        None, contextvars.copy_context().run, _call, step
+    )
+    outcome: tuple[bool, Any] = await _shielded(run, step, thread)
+    ok, value = outcome
     if ok and inspect.isawaitable(value):  # a plain function returning a coroutine
-        try:
-            value = await value
-        except Exception as exc:
-            return False, exc
-    return ok, value
+        outcome = await _shielded(run, step, _acall(Run(lambda _: value, None, step.context)))
+    return outcome
 
 
 async def aperform(store: AsyncStore, step: Any, leases: LeaseBook | None, held: list[Any]) -> Any:
@@ -423,10 +431,8 @@ async def aperform(store: AsyncStore, step: Any, leases: LeaseBook | None, held:
         return await store.run_step(step.calls, step.gates, step.waves)
     if kind is ScriptCall:
         return await store.run(step)
-    if kind is Run:
-        if is_async_callable(step.fn):
-            return await _acall(step)
-        return await _thread_call(step)
+    if kind is Run:  # (a plain function runs in a thread: adrive's _in_thread)
+        return await _acall(step)
     if kind is Command:
         return await _command(store, step)
     if kind is Sleep:
@@ -449,18 +455,41 @@ def async_shielded(step: Any) -> bool:
     return shielded(step) or (type(step) is Run and not is_async_callable(step.fn))
 
 
-async def _shielded(run: Stepper, step: Any) -> Any:
-    """Await a shielded step to its end; a cancellation meanwhile is deferred."""
-    task = asyncio.ensure_future(step)
+async def _shielded(run: Stepper, step: Any, work: Awaitable[Any]) -> Any:
+    """Await a shielded step to its end; a cancellation meanwhile is deferred.
+
+    The step's own task can still be cancelled directly, by code that cancels
+    every task of the loop. Then the step's fate is unknown, as after a lost
+    reply, and the plan is told so (``StorageUnavailable``: a record is sent
+    again or handed to the keep-alive, a compensation left to the lease and
+    recovery, as after a timeout); a sleep counts as slept, and a coroutine
+    that ``fn`` returned was interrupted (``CancelledError``).
+    """
+    task = asyncio.ensure_future(work)
     while True:
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError as exc:
-            if task.done() and task.cancelled():
-                raise
+            if task.cancelled():  # the step's task itself was cancelled
+                if _cancel_requested():
+                    run.defer(exc)  # the plan's task too: delivered after the step
+                if type(step) is Sleep:
+                    return None
+                if type(step) is Run:
+                    raise
+                raise StorageUnavailable(
+                    "the step's task was cancelled while the step was in flight"
+                ) from None
             run.defer(exc)  # the step finishes first
             if task.done():  # it finished as the cancellation came
                 return task.result()  # (raises what the step raised)
+
+
+def _cancel_requested() -> bool:
+    """Whether the running task was asked to cancel (always, before Python 3.11:
+    it cannot tell, and a cancellation must not be lost)."""
+    cancelling = getattr(asyncio.current_task(), "cancelling", None)
+    return cancelling is None or cancelling() > 0
 
 
 async def adrive(plan: Plan[T], store: AsyncStore, *, leases: LeaseBook | None = None) -> T:
@@ -476,10 +505,13 @@ async def adrive(plan: Plan[T], store: AsyncStore, *, leases: LeaseBook | None =
         while not run.done:
             step = run.step
             try:
-                if async_shielded(step):
-                    reply = await _shielded(run, aperform(store, step, leases, held))
+                kind = type(step)
+                if kind is Run and not is_async_callable(step.fn):
+                    reply = await _in_thread(run, step)
+                elif kind is Hold or kind is Defer or not async_shielded(step):
+                    reply = await aperform(store, step, leases, held)  # (those two never wait)
                 else:
-                    reply = await aperform(store, step, leases, held)
+                    reply = await _shielded(run, step, aperform(store, step, leases, held))
             except DurabilisError as exc:
                 run.throw(_rekey(exc, step))
                 continue

@@ -29,19 +29,25 @@ T = TypeVar("T")
 class _Ticks:
     """The keep-alive's clock: it wakes every second at most (what waits in the
     process, counts and index removals, goes once a second old) and renews the
-    leases held every ``renew_interval``."""
+    leases held every ``renew_interval``. A renewal is due until it is done: one
+    that was interrupted (the keep-alive task cancelled by a sweep) goes at once
+    on the next wake, which never comes later than the renewal's time."""
 
     def __init__(self, renew_interval: float) -> None:
         self.every = renew_interval
         self.wait = min(renew_interval, DUPLICATES_FLUSH_SECONDS)
         self._next = time.monotonic() + renew_interval
 
+    def pause(self) -> float:
+        """How long to sleep before the next wake."""
+        return max(0.0, min(self.wait, self._next - time.monotonic()))
+
     def renew_due(self) -> bool:
-        now = time.monotonic()
-        if now < self._next - self.wait / 2:  # (a tick that wakes a little early counts)
-            return False
-        self._next = now + self.every
-        return True
+        # (a wake a little early counts: a sleep may end before its time)
+        return time.monotonic() >= self._next - self.wait / 2
+
+    def renewed(self) -> None:
+        self._next = time.monotonic() + self.every
 
 
 def _keep_alive_ends(leases: LeaseBook, core: _LayerCore, closed: bool) -> bool:
@@ -114,9 +120,11 @@ class DurabilityLayer:
     def _renew_loop(self) -> None:
         stop = threading.Event()
         ticks = _Ticks(self.config.renew_interval)
-        while not stop.wait(ticks.wait):
-            if ticks.renew_due() and self._leases.busy():
-                self._renew_once()
+        while not stop.wait(ticks.pause()):
+            if ticks.renew_due():
+                if self._leases.busy():
+                    self._renew_once()
+                ticks.renewed()
             last = self._closed and not self._leases.busy()  # then all of it goes
             try:  # idle too: what waits in the process still goes (after the leases)
                 drive(self._core.flush_plan(due_only=not last), self.store)
@@ -352,28 +360,51 @@ class AsyncDurabilityLayer:
         )
         self._leases = LeaseBook(on_hold=self._ensure_renewer)
         self._core.on_wait = self._ensure_renewer  # (counts wait without a claim held too)
-        self._renewers: dict[asyncio.AbstractEventLoop, asyncio.Task[None]] = {}
+        self._renewer: asyncio.Task[None] | None = None  # on the store's loop, the only one
         self._closed = False
 
     def _ensure_renewer(self) -> None:
-        loop = asyncio.get_running_loop()
-        task = self._renewers.get(loop)
-        if task is None or task.done():
-            self._renewers[loop] = loop.create_task(self._renew_loop())
+        if self._renewer is None or self._renewer.done():
+            self._renewer = asyncio.get_running_loop().create_task(self._renew_loop())
+            self._renewer.add_done_callback(self._renewer_ended)
+
+    def _renewer_ended(self, task: asyncio.Task[None]) -> None:
+        # A keep-alive cancelled before its first step ran none of its code (a
+        # sweep of every task in the loop turn after a claim was held): the
+        # claims held still need one. (Stopped by close(), it is not ours.)
+        if task is self._renewer and task.cancelled() and self._leases.busy():
+            self._ensure_renewer()
 
     async def _renew_loop(self) -> None:
         ticks = _Ticks(self.config.renew_interval)
+        swept = False  # cancelled by someone else than _stop_renewer
         while True:
-            await asyncio.sleep(ticks.wait)
-            if ticks.renew_due() and self._leases.busy():
-                await self._renew_once()
-            last = self._closed and not self._leases.busy()  # then all of it goes
-            try:  # idle too: what waits in the process still goes (after the leases)
-                await adrive(self._core.flush_plan(due_only=not last), self.store)
-            except DurabilisError as exc:
-                _log.warning("durability_counts_not_sent", error=f"{type(exc).__name__}: {exc}")
-            if _keep_alive_ends(self._leases, self._core, last):
-                return
+            try:
+                await asyncio.sleep(ticks.pause())
+                if ticks.renew_due():
+                    if self._leases.busy():
+                        await self._renew_once()
+                    ticks.renewed()
+                last = (self._closed or swept) and not self._leases.busy()  # all of it goes
+                try:  # idle too: what waits in the process still goes (after the leases)
+                    await adrive(self._core.flush_plan(due_only=not last), self.store)
+                except DurabilisError as exc:
+                    _log.warning(
+                        "durability_counts_not_sent", error=f"{type(exc).__name__}: {exc}"
+                    )
+                if _keep_alive_ends(self._leases, self._core, last):
+                    break
+            except asyncio.CancelledError:
+                if asyncio.current_task() is not self._renewer or not self._leases.busy():
+                    raise  # stopped (close), or nothing held: it ends as asked
+                # Cancelled by a sweep of every task (a shutdown) while claims are
+                # held: their operations' fn still run (a plain fn in its thread) or
+                # their outcomes wait to be sent, so their leases must still be
+                # renewed. It goes on until nothing is held, then ends cancelled.
+                swept = True
+                _uncancel()
+        if swept:
+            raise asyncio.CancelledError
 
     async def _renew_once(self) -> None:
         try:
@@ -514,19 +545,27 @@ class AsyncDurabilityLayer:
             _log.warning("durability_counts_not_sent", error=f"{type(exc).__name__}: {exc}")
         # Nothing left to renew: this loop's keep-alive stops now rather than at
         # its next tick (a loop closed meanwhile would destroy it pending).
-        loop = asyncio.get_running_loop()
-        if loop in self._renewers and not self._leases.busy():
-            await self._stop_renewer(loop)
+        if self._renewer is not None and not self._leases.busy():
+            await self._stop_renewer()
             try:  # what a flush of the keep-alive cancelled midway left
                 await adrive(self._core.flush_plan(), self.store)
             except DurabilisError as exc:
                 _log.warning("durability_counts_not_sent", error=f"{type(exc).__name__}: {exc}")
             # A failed flush starts the keep-alive again for the removals it
             # leaves waiting (_unsent); closed and idle, that one stops too.
-            if loop in self._renewers and not self._leases.busy():
-                await self._stop_renewer(loop)
+            if self._renewer is not None and not self._leases.busy():
+                await self._stop_renewer()
 
-    async def _stop_renewer(self, loop: asyncio.AbstractEventLoop) -> None:
-        task = self._renewers.pop(loop)
+    async def _stop_renewer(self) -> None:
+        task, self._renewer = self._renewer, None
+        assert task is not None
         task.cancel()
         await asyncio.wait([task])  # its end, whatever it was (not ours to raise)
+
+
+def _uncancel() -> None:
+    """Take back the running task's cancellation request (it was not ours to
+    obey; Python 3.11+ counts them, and a ``timeout`` inside would misread one)."""
+    uncancel = getattr(asyncio.current_task(), "uncancel", None)
+    if uncancel is not None:
+        uncancel()

@@ -113,8 +113,8 @@ def test_an_idle_async_layer_s_keep_alive_ends_and_the_next_claim_starts_it_agai
 ) -> None:
     async def body(layer: AsyncDurabilityLayer) -> None:
         await layer.execute("a1", "job", "p-1", Counter())
-        [first] = layer._renewers.values()
-        assert not first.done()  # its counts wait in the process
+        first = layer._renewer
+        assert first is not None and not first.done()  # its counts wait in the process
         await asyncio.wait_for(asyncio.shield(first), 5)
         stored = await layer.store.command("HGET", layer.store.keys.layer("stats"), "succeeded")
         assert int(stored or 0) == 1
@@ -125,7 +125,7 @@ def test_an_idle_async_layer_s_keep_alive_ends_and_the_next_claim_starts_it_agai
 
         task = asyncio.create_task(layer.execute("a1", "job", "p-2", slow))
         await asyncio.sleep(1.6)
-        assert layer._renewers[asyncio.get_running_loop()] is not first
+        assert layer._renewer is not None and layer._renewer is not first
         with pytest.raises(OperationInProgress):
             await layer.execute("a1", "job", "p-2", Counter())
         assert await task == "slow but alive"
@@ -143,7 +143,8 @@ def test_closing_an_idle_layer_stops_its_keep_alive_at_once(
         store = durabilis.connect_async(redis_url, namespace=namespace)
         layer = AsyncDurabilityLayer(store, fast_config())
         await layer.execute("a1", "job", "p", Counter())
-        [task] = layer._renewers.values()
+        task = layer._renewer
+        assert task is not None
         alive = not task.done()
         await layer.close()
         await store.close()
@@ -158,7 +159,7 @@ def test_closing_while_redis_is_down_leaves_no_keep_alive_pending(
     """Found by a review: the flush of close() that fails starts the keep-alive
     again for the index removals it leaves waiting; close() stops that one too."""
 
-    async def main() -> list[asyncio.Task[None]]:
+    async def main() -> bool:
         store = durabilis.connect_async(private_redis.url, namespace="closing-down")
         store._fuse = False  # index removals wait in the process, as on Cluster
         layer = AsyncDurabilityLayer(store, fast_config())
@@ -167,9 +168,9 @@ def test_closing_while_redis_is_down_leaves_no_keep_alive_pending(
         private_redis.stop(kill=True)
         await layer.close()
         await store.close()
-        return [task for task in layer._renewers.values() if not task.done()]
+        return layer._renewer is not None and not layer._renewer.done()
 
-    assert asyncio.run(main()) == []
+    assert asyncio.run(main()) is False
 
 
 def test_a_layer_used_on_another_event_loop_refuses_before_claiming(
@@ -192,7 +193,8 @@ def test_a_layer_used_on_another_event_loop_refuses_before_claiming(
         ):
             with pytest.raises(durabilis.WrongEventLoop):
                 await refused()
-        return asyncio.get_running_loop() in layer._renewers
+        renewer = layer._renewer
+        return renewer is not None and renewer.get_loop() is asyncio.get_running_loop()
 
     assert asyncio.run(job(first, "p-1")) == "one"
     assert asyncio.run(refused_job()) is False  # no keep-alive started on the refused loop

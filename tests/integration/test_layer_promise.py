@@ -440,7 +440,7 @@ def test_a_cancelled_operation_gives_back_its_claim_and_probe_slot(
             await asyncio.sleep(5)
             return "never"
 
-        with pytest.raises(TimeoutError):
+        with pytest.raises(asyncio.TimeoutError):  # (not the builtin before 3.11)
             await asyncio.wait_for(layer.execute("a1", "job", "p", slow), 0.2)
         assert raw.hlen(store.keys.breaker_probes("svc")) == 0
         assert raw.zcard(store.keys.layer("inflight")) == 0
@@ -472,6 +472,110 @@ def test_a_cancel_after_fn_succeeded_still_records_its_result(
             await task
         assert await layer.execute("a1", "job", "p", Counter(result="x")) == "charged"
         assert calls == [1]
+
+    run_async(redis_url, namespace, body)
+
+
+def _sweep(*spared: asyncio.Task[Any] | None) -> None:
+    """What a shutdown idiom does: cancel every task of the loop but ``spared``."""
+    for task in asyncio.all_tasks():
+        if task not in spared:
+            task.cancel()
+
+
+@pytest.mark.parametrize("sweeps", ["once", "every_50ms", "in_the_claim_s_turn"])
+def test_a_sweep_that_cancels_every_task_waits_for_a_plain_fn_and_keeps_its_claim(
+    redis_url: str, namespace: str, sweeps: str
+) -> None:
+    # A shutdown idiom cancels every task of the loop, the library's own among
+    # them: the task that waits for fn's worker thread and the keep-alive (once
+    # while fn runs; again and again, faster than the keep-alive's tick; or in
+    # the loop turn the claim is held, before the keep-alive's first step, with
+    # the operation's own task spared). The claim must stay held (renewed) while
+    # fn runs, and fn's outcome recorded.
+    async def body(layer: AsyncDurabilityLayer, store: durabilis.AsyncStore) -> None:
+        calls: list[int] = []
+        started, release = threading.Event(), threading.Event()
+
+        def plain(ctx: OperationContext) -> str:  # runs in a worker thread
+            calls.append(1)
+            started.set()
+            release.wait(10)
+            return "charged"
+
+        me = asyncio.current_task()
+        task = asyncio.ensure_future(layer.execute("a1", "job", "p", plain))
+        if sweeps == "in_the_claim_s_turn":
+            await asyncio.sleep(0)  # the operation holds its claim, starts its keep-alive
+            _sweep(me, task)
+        assert await asyncio.to_thread(started.wait, 10)
+        other = AsyncDurabilityLayer(store, fast_config(lease=0.4, renew_every_seconds=0.1))
+        try:
+            for _ in range(20):  # 1 s: two and a half leases, gone without renewals
+                if sweeps == "every_50ms" or (sweeps == "once" and not _):
+                    _sweep(me)
+                await asyncio.sleep(0.05)
+            with pytest.raises(OperationInProgress):  # not taken over by another replica
+                await other.execute("a1", "job", "p", Counter())
+            assert not task.done()  # it waits for fn, whose thread still runs
+        finally:
+            release.set()
+        if sweeps == "in_the_claim_s_turn":
+            assert await task == "charged"
+        else:
+            with pytest.raises(asyncio.CancelledError):  # once the outcome is recorded
+                await task
+        assert await other.execute("a1", "job", "p", Counter(result="x")) == "charged"
+        assert calls == [1]
+        await other.close()
+
+    run_async(redis_url, namespace, body, lease=0.4, renew_every_seconds=0.1)
+
+
+def test_asyncio_run_ending_with_a_plain_fn_running_records_it_once(
+    redis_url: str, namespace: str
+) -> None:
+    # asyncio.run cancels the tasks still running when main returns (a gateway
+    # shutting down): the operation waits for fn's thread and records its result.
+    calls: list[str] = []
+
+    def plain(ctx: OperationContext) -> str:
+        calls.append("first")
+        time.sleep(1.2)  # three leases long
+        return "charged"
+
+    async def shut_down_while_fn_runs() -> None:
+        store = durabilis.connect_async(redis_url, namespace=namespace)
+        layer = AsyncDurabilityLayer(store, fast_config(lease=0.4, renew_every_seconds=0.1))
+        running = asyncio.ensure_future(layer.execute("a1", "job", "p", plain))
+        await asyncio.sleep(0.3)
+        assert not running.done()  # left running: asyncio.run cancels it
+
+    asyncio.run(shut_down_while_fn_runs())
+    assert calls == ["first"]
+
+    async def body(layer: AsyncDurabilityLayer, store: durabilis.AsyncStore) -> None:
+        assert await layer.execute("a1", "job", "p", Counter(result="again")) == "charged"
+
+    run_async(redis_url, namespace, body, lease=0.4, renew_every_seconds=0.1)
+    assert calls == ["first"]
+
+
+def test_a_plain_function_returning_a_coroutine_has_it_awaited(
+    redis_url: str, namespace: str
+) -> None:
+    async def body(layer: AsyncDurabilityLayer, store: durabilis.AsyncStore) -> None:
+        seen: list[object] = []
+
+        async def work() -> str:
+            seen.append(durabilis.layer.current_operation())
+            return "awaited"
+
+        def plain(ctx: OperationContext) -> Any:  # a lambda or partial around a coroutine
+            return work()
+
+        assert await layer.execute("a1", "job", "p", plain) == "awaited"
+        assert len(seen) == 1 and seen[0] is not None  # awaited as the operation's own
 
     run_async(redis_url, namespace, body)
 

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import sys
+from collections.abc import Generator
+from typing import Any
 
-from durabilis._steps import _shielded
+import pytest
+
+from durabilis._steps import IO, Defer, Run, Sleep, Stepper, _shielded, async_shielded
+from durabilis.errors import StorageUnavailable
 
 
 class _Run:
@@ -22,7 +28,7 @@ def test_a_cancellation_as_a_shielded_step_finishes_keeps_the_steps_reply() -> N
         async def step() -> str:
             return "committed"
 
-        waiter = asyncio.ensure_future(_shielded(run, step()))  # type: ignore[arg-type]
+        waiter = asyncio.ensure_future(_shielded(run, IO([]), step()))  # type: ignore[arg-type]
         await asyncio.sleep(0)  # the waiter starts the step and awaits it
         await asyncio.sleep(0)  # the step finishes; the waiter is not resumed yet
         waiter.cancel()  # the cancellation arrives in that instant
@@ -42,7 +48,7 @@ def test_a_cancellation_during_a_shielded_step_waits_for_it() -> None:
             await gate.wait()
             return "committed"
 
-        waiter = asyncio.ensure_future(_shielded(run, step()))  # type: ignore[arg-type]
+        waiter = asyncio.ensure_future(_shielded(run, IO([]), step()))  # type: ignore[arg-type]
         await asyncio.sleep(0)
         waiter.cancel()
         await asyncio.sleep(0)
@@ -52,3 +58,106 @@ def test_a_cancellation_during_a_shielded_step_waits_for_it() -> None:
 
     reply, deferred = asyncio.run(main())
     assert reply == "committed" and isinstance(deferred, asyncio.CancelledError)
+
+
+def _sweep_the_step(step: object) -> tuple[object, BaseException | None]:
+    """The step's own task is cancelled (a sweep of every task but the caller)."""
+
+    async def main() -> tuple[object, BaseException | None]:
+        run = _Run()
+        me = asyncio.current_task()
+
+        async def work() -> str:
+            await asyncio.sleep(10)
+            return "committed"
+
+        waiter = asyncio.ensure_future(_shielded(run, step, work()))  # type: ignore[arg-type]
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        for task in asyncio.all_tasks():
+            if task is not me and task is not waiter:
+                task.cancel()
+        try:
+            reply: object = await waiter
+        except BaseException as exc:  # what the plan would be thrown
+            reply = exc
+        return reply, run.deferred
+
+    return asyncio.run(main())
+
+
+def test_a_shielded_io_step_whose_own_task_is_cancelled_fails_like_a_lost_reply() -> None:
+    reply, deferred = _sweep_the_step(IO([]))
+    assert isinstance(reply, StorageUnavailable)  # its fate unknown: the plan resends it
+    _nothing_to_deliver(deferred)
+
+
+def _nothing_to_deliver(deferred: BaseException | None) -> None:
+    if sys.version_info >= (3, 11):
+        assert deferred is None  # the plan's own task was not cancelled: nothing to deliver
+    else:  # Python 3.10 cannot tell (no Task.cancelling): a cancellation is never lost
+        assert isinstance(deferred, asyncio.CancelledError)
+
+
+def test_a_shielded_sleep_whose_own_task_is_cancelled_counts_as_slept() -> None:
+    reply, deferred = _sweep_the_step(Sleep(10, shield=True))
+    assert reply is None
+    _nothing_to_deliver(deferred)
+
+
+def test_a_coroutine_of_fn_whose_task_is_cancelled_was_interrupted() -> None:
+    reply, _ = _sweep_the_step(Run(print, None))
+    assert isinstance(reply, asyncio.CancelledError)  # the plan gives the claim back
+
+
+def test_a_sweep_of_both_tasks_delivers_the_plan_s_cancellation_after_the_step() -> None:
+    async def main() -> tuple[object, BaseException | None]:
+        run = _Run()
+        me = asyncio.current_task()
+
+        async def work() -> str:
+            await asyncio.sleep(10)
+            return "committed"
+
+        waiter = asyncio.ensure_future(_shielded(run, IO([]), work()))  # type: ignore[arg-type]
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        for task in asyncio.all_tasks():
+            if task is not me:
+                task.cancel()
+        with pytest.raises(StorageUnavailable) as failed:
+            await waiter
+        return failed.value, run.deferred
+
+    reply, deferred = asyncio.run(main())
+    assert isinstance(reply, StorageUnavailable)
+    assert isinstance(deferred, asyncio.CancelledError)
+
+
+def test_a_cancellation_deferred_by_a_record_waits_until_its_outcome_is_handed_over() -> None:
+    """Cancelled while the record was out (deferred), the record then failed:
+    the plan hands the outcome to the keep-alive (Defer) before the
+    cancellation is thrown into it, else the outcome of fn would be lost."""
+    seen: list[str] = []
+
+    def plan() -> Generator[Any, Any, str]:
+        try:
+            yield IO([], shield=True)  # the record
+        except StorageUnavailable:
+            seen.append("record failed")
+        yield Defer("k", "nonce", "member", [], None, 1.0)
+        seen.append("handed over")
+        try:
+            yield IO([])  # the next unshielded step
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+        return "unreached"
+
+    run = Stepper(plan(), async_shielded)
+    run.defer(asyncio.CancelledError())
+    run.throw(StorageUnavailable("the record's reply was lost"))
+    assert type(run.step) is Defer
+    with pytest.raises(asyncio.CancelledError):
+        run.send(None)
+    assert seen == ["record failed", "handed over", "cancelled"]
