@@ -85,6 +85,11 @@ def _merged(confirms: Sequence[_Entry]) -> list[tuple[Any, ...]]:
     return list(out.values())
 
 
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 async def _outcome(entries: Sequence[_Entry]) -> list[Any]:
     """The entries' replies. Cancelled: a command not taken yet is dropped (its
     future is cancelled with the caller, and senders skip it); for one already
@@ -93,6 +98,12 @@ async def _outcome(entries: Sequence[_Entry]) -> list[Any]:
     on another connection."""
     try:
         return [await e.future for e in entries]
+    except Exception:
+        # The first failure is raised; the others' (a lost batch fails them all)
+        # are retrieved, not logged as "Future exception was never retrieved".
+        for e in entries:
+            e.future.add_done_callback(_retrieve)
+        raise
     except asyncio.CancelledError:
         for e in entries:
             if e.taken is None:

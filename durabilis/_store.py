@@ -1069,8 +1069,11 @@ class Store(_StoreBase):
             return bool(self.client.ping())
 
     def close(self) -> None:
-        """Close the connection pool."""
+        """Close the connection pool (and, on Sentinel, the connections to the
+        sentinels)."""
         self.client.close()
+        for sentinel in _sentinels_of(self.client):
+            sentinel.close()
 
     def __enter__(self) -> Store:
         return self
@@ -1109,8 +1112,8 @@ class AsyncStore(_StoreBase):
 
         redis-py's asyncio connections (and the store's own locks and
         futures) belong to the loop that made them; the first call binds the
-        store to its loop, for good (a Sentinel client's connections to the
-        sentinels outlive even ``close()``).
+        store to its loop, for good (``close()`` included: one rule for every
+        backend).
 
         Raises:
             WrongEventLoop: Called from another loop.
@@ -1406,12 +1409,20 @@ class AsyncStore(_StoreBase):
         if self.autopipe is not None:
             await self.autopipe.aclose()
         await self.client.aclose()
+        for sentinel in _sentinels_of(self.client):
+            await sentinel.aclose()
 
     async def __aenter__(self) -> AsyncStore:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _sentinels_of(client: Any) -> list[Any]:
+    """The clients of the sentinels behind a Sentinel-managed ``client`` (none else)."""
+    manager = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None)
+    return list(getattr(manager, "sentinels", []))
 
 
 def _socket_timeout(options: Mapping[str, Any]) -> float | None:

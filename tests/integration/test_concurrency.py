@@ -5,6 +5,7 @@ caller beyond the pool waits for a free connection instead of failing."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 import threading
 import time
@@ -151,6 +152,45 @@ def test_a_command_s_error_is_its_own_and_a_lost_batch_fails_each_of_its_callers
             await admin.aclose()
 
     asyncio.run(main())
+
+
+@pytest.mark.standalone_only  # auto-pipelining is the standalone store's
+def test_a_lost_batch_of_several_commands_of_one_caller_leaves_no_error_unretrieved(
+    redis_url: str,
+) -> None:
+    """execute_many raises the first failure; its other commands' failures (the
+    same lost batch) are not reported as "Future exception was never retrieved"."""
+
+    async def main() -> list[str]:
+        reported: list[str] = []
+        asyncio.get_running_loop().set_exception_handler(
+            lambda _loop, context: reported.append(str(context.get("message")))
+        )
+        client = redis.asyncio.Redis.from_url(redis_url)
+        admin = redis.asyncio.Redis.from_url(redis_url)
+        pipe = AutoPipeline(client)
+        try:
+            many = asyncio.ensure_future(pipe.execute_many(
+                [("BLPOP", "autopipe:none", 5), ("PING",), ("PING",)]
+            ))
+            for _ in range(100):
+                await asyncio.sleep(0.02)
+                blocked = [c for c in await admin.client_list() if c["cmd"] == "blpop"]
+                if blocked:
+                    break
+            await admin.client_kill_filter(_id=blocked[0]["id"])
+            with pytest.raises(redis.exceptions.ConnectionError):
+                await many
+            del many
+            await asyncio.sleep(0.05)  # the done-callbacks run
+            gc.collect()  # what asyncio reports an unretrieved failure from
+            await asyncio.sleep(0)
+        finally:
+            await client.aclose()
+            await admin.aclose()
+        return reported
+
+    assert asyncio.run(main()) == []
 
 
 @pytest.mark.standalone_only  # auto-pipelining is the standalone store's
