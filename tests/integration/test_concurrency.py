@@ -115,6 +115,16 @@ def test_a_cancelled_caller_whose_command_has_not_left_is_never_sent(redis_url: 
     asyncio.run(main())
 
 
+async def _kill_the_blocked_connection(admin: Any) -> None:
+    """Kill the connection whose batch waits on a ``BLPOP`` (its replies are awaited)."""
+    for _ in range(100):
+        await asyncio.sleep(0.02)
+        blocked = [c for c in await admin.client_list() if c["cmd"] == "blpop"]
+        if blocked:
+            break
+    await admin.client_kill_filter(_id=blocked[0]["id"])
+
+
 @pytest.mark.standalone_only
 def test_a_command_s_error_is_its_own_and_a_lost_batch_fails_each_of_its_callers(
     redis_url: str,
@@ -137,12 +147,7 @@ def test_a_command_s_error_is_its_own_and_a_lost_batch_fails_each_of_its_callers
             # every caller of that batch gets the error (outcome unknown).
             batch = [asyncio.ensure_future(pipe.execute("BLPOP", "autopipe:none", 5))]
             batch += [asyncio.ensure_future(pipe.execute("PING")) for _ in range(2)]
-            for _ in range(100):
-                await asyncio.sleep(0.02)
-                blocked = [c for c in await admin.client_list() if c["cmd"] == "blpop"]
-                if blocked:
-                    break
-            await admin.client_kill_filter(_id=blocked[0]["id"])
+            await _kill_the_blocked_connection(admin)
             outcomes = await asyncio.gather(*batch, return_exceptions=True)
             assert all(isinstance(o, redis.exceptions.ConnectionError) for o in outcomes), outcomes
             assert await pipe.execute("PING") is True  # the next batch: a new connection
@@ -173,12 +178,7 @@ def test_a_lost_batch_of_several_commands_of_one_caller_leaves_no_error_unretrie
             many = asyncio.ensure_future(pipe.execute_many(
                 [("BLPOP", "autopipe:none", 5), ("PING",), ("PING",)]
             ))
-            for _ in range(100):
-                await asyncio.sleep(0.02)
-                blocked = [c for c in await admin.client_list() if c["cmd"] == "blpop"]
-                if blocked:
-                    break
-            await admin.client_kill_filter(_id=blocked[0]["id"])
+            await _kill_the_blocked_connection(admin)
             with pytest.raises(redis.exceptions.ConnectionError):
                 await many
             del many

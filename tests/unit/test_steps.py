@@ -60,8 +60,11 @@ def test_a_cancellation_during_a_shielded_step_waits_for_it() -> None:
     assert reply == "committed" and isinstance(deferred, asyncio.CancelledError)
 
 
-def _sweep_the_step(step: object) -> tuple[object, BaseException | None]:
-    """The step's own task is cancelled (a sweep of every task but the caller)."""
+def _sweep_the_step(
+    step: object, *, the_plan_s_too: bool = False
+) -> tuple[object, BaseException | None]:
+    """The step's own task is cancelled (a sweep of every task but the caller;
+    ``the_plan_s_too``: the task that drives the plan as well)."""
 
     async def main() -> tuple[object, BaseException | None]:
         run = _Run()
@@ -75,7 +78,7 @@ def _sweep_the_step(step: object) -> tuple[object, BaseException | None]:
         await asyncio.sleep(0)
         await asyncio.sleep(0)
         for task in asyncio.all_tasks():
-            if task is not me and task is not waiter:
+            if task is not me and (the_plan_s_too or task is not waiter):
                 task.cancel()
         try:
             reply: object = await waiter
@@ -111,25 +114,7 @@ def test_a_coroutine_of_fn_whose_task_is_cancelled_was_interrupted() -> None:
 
 
 def test_a_sweep_of_both_tasks_delivers_the_plan_s_cancellation_after_the_step() -> None:
-    async def main() -> tuple[object, BaseException | None]:
-        run = _Run()
-        me = asyncio.current_task()
-
-        async def work() -> str:
-            await asyncio.sleep(10)
-            return "committed"
-
-        waiter = asyncio.ensure_future(_shielded(run, IO([]), work()))  # type: ignore[arg-type]
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
-        for task in asyncio.all_tasks():
-            if task is not me:
-                task.cancel()
-        with pytest.raises(StorageUnavailable) as failed:
-            await waiter
-        return failed.value, run.deferred
-
-    reply, deferred = asyncio.run(main())
+    reply, deferred = _sweep_the_step(IO([]), the_plan_s_too=True)
     assert isinstance(reply, StorageUnavailable)
     assert isinstance(deferred, asyncio.CancelledError)
 
