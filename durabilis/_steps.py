@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable, Generator, Sequence
@@ -340,15 +341,105 @@ class Stepper:
         self.deferred = interruption
 
 
+_C_SIGNAL: Any = getattr(signal, "_signal", signal)
+"""The C module under ``signal``: its getsignal is ~200x faster (no enum conversion)."""
+
+_GUARDED = tuple(
+    getattr(signal, name)
+    for name in ("SIGINT", "SIGTERM", "SIGQUIT", "SIGHUP", "SIGALRM", "SIGUSR1", "SIGUSR2")
+    if hasattr(signal, name)
+)
+
+
+class _SignalGate:
+    """Where the main thread's signal handlers may raise during a sync plan.
+
+    A handler that raises (``KeyboardInterrupt``, a ``SIGTERM`` handler that
+    calls ``sys.exit``) runs between any two bytecodes of the main thread: in
+    the plan's own code too, where an exception closes the plan for good (an
+    ``fn`` that returned, its result being encoded: no record, the claim left
+    to lapse, the operation run again). So while the main thread runs a plan's
+    own code or a shielded step, the Python handlers of SIGINT, SIGTERM,
+    SIGQUIT, SIGHUP, SIGALRM (timeouts), SIGUSR1 and SIGUSR2 are held back, and
+    run at the next unshielded step
+    (before it is sent) or when the plan ends. To do so they are wrapped, once
+    (again after another handler is installed): ``signal.getsignal`` returns
+    the wrapper, whose ``__wrapped__`` is the handler. Other threads never run
+    Python signal handlers.
+    """
+
+    __slots__ = ("closed", "pending")
+
+    def __init__(self) -> None:
+        self.closed = False
+        self.pending: list[tuple[Any, int, Any]] = []
+
+    def enter(self) -> bool | None:
+        """A plan starts: wrap the handlers not wrapped yet and hold signals
+        back. Returns what :meth:`leave` restores (``None`` off the main thread)."""
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        for signum in _GUARDED:
+            handler = _C_SIGNAL.getsignal(signum)
+            if callable(handler) and not isinstance(handler, _HeldBack):
+                _C_SIGNAL.signal(signum, _HeldBack(handler, self))
+        was, self.closed = self.closed, True
+        return was
+
+    def leave(self, was: bool | None) -> None:
+        """Back to ``was``; open, the signals held back are handled now."""
+        if was is None:
+            return
+        self.closed = was
+        while not self.closed and self.pending:
+            handler, signum, frame = self.pending.pop(0)
+            handler(signum, frame)  # raises here, if it raises
+
+
+class _HeldBack:
+    """A signal handler that waits while the gate is closed."""
+
+    __slots__ = ("__wrapped__", "_gate")
+
+    def __init__(self, handler: Callable[[int, Any], Any], gate: _SignalGate) -> None:
+        self.__wrapped__ = handler
+        self._gate = gate
+
+    def __call__(self, signum: int, frame: Any) -> Any:
+        if self._gate.closed:
+            self._gate.pending.append((self.__wrapped__, signum, frame))
+            return None
+        return self.__wrapped__(signum, frame)
+
+
+_GATE = _SignalGate()
+
+
+def _perform_open(store: Store, step: Any, leases: LeaseBook | None, held: list[Any]) -> Any:
+    """An unshielded step on the main thread: signal handlers may run during it
+    (one held back runs first, so it interrupts the step before it is sent)."""
+    _GATE.leave(False)
+    try:
+        return perform(store, step, leases, held)
+    finally:
+        _GATE.closed = True
+
+
 def drive(plan: Plan[T], store: Store, *, leases: LeaseBook | None = None) -> T:
-    """Run ``plan`` to its end against ``store`` (the sync driver)."""
+    """Run ``plan`` to its end against ``store`` (the sync driver).
+
+    On the main thread, signal handlers run only during unshielded steps
+    (:class:`_SignalGate`): an interruption never lands in the plan's own code.
+    """
     held: list[Any] = []
+    was = _GATE.enter()
+    open_step = perform if was is None else _perform_open
     try:
         run = Stepper(plan)
         while not run.done:
             step = run.step
             try:
-                reply = perform(store, step, leases, held)
+                reply = (perform if shielded(step) else open_step)(store, step, leases, held)
             except DurabilisError as exc:
                 run.throw(_rekey(exc, step))
                 continue
@@ -377,6 +468,7 @@ def drive(plan: Plan[T], store: Store, *, leases: LeaseBook | None = None) -> T:
         if leases is not None:
             for item in held:
                 leases.drop(item)
+        _GATE.leave(was)  # a signal held back is raised now, after the plan's end
 
 
 # --- the asyncio driver ---------------------------------------------------------------

@@ -17,9 +17,10 @@ Each failed on the main branch before the plans were rewritten.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
-from datetime import date, datetime, timezone
+from datetime import date, datetime, timedelta, timezone, tzinfo
 from decimal import Decimal
 from typing import Any
 from uuid import UUID
@@ -763,6 +764,81 @@ def test_an_interrupt_during_the_record_step_lets_the_record_land_first(
         signal.signal(signal.SIGALRM, previous)
         admin.close()
         store.close()
+
+
+class _SignalWhenEncoded(tzinfo):
+    """A time zone that sends the process ``signum`` the first time an offset
+    is asked for: while the layer encodes fn's result, after fn returned."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum, self.sent = signum, False
+
+    def utcoffset(self, dt: datetime | None) -> timedelta:
+        if not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), self.signum)  # its handler runs at the next bytecode
+        return timedelta(0)
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+def test_an_interrupt_while_the_result_is_encoded_is_raised_after_the_record(
+    store: durabilis.Store, signum: str
+) -> None:
+    """Found by an adversarial review: a signal whose handler raises (a SIGTERM
+    handler calling sys.exit, Ctrl-C) landed in the plan's own code after fn
+    returned, while its result was encoded: the plan was closed there, nothing
+    recorded, the claim left to lapse and the operation run again."""
+    import signal
+
+    number = getattr(signal, signum)
+    layer = layer_on(store, lease=5)
+    calls: list[int] = []
+
+    def exit_now(signum: int, frame: Any) -> None:
+        raise SystemExit(0)
+
+    def fn(ctx: OperationContext) -> Any:
+        calls.append(1)
+        return {"at": datetime(2026, 12, 2, tzinfo=_SignalWhenEncoded(number))}
+
+    previous = signal.signal(number, exit_now)
+    try:
+        with pytest.raises(SystemExit):  # raised once the outcome is recorded
+            layer.execute("a1", "job", "p", fn)
+    finally:
+        signal.signal(number, previous)
+    found = layer.idempotency.check(IdempotencyKey.new("a1", "job", "p"))
+    assert found is not None and not found.in_progress
+    at = datetime(2026, 12, 2, tzinfo=timezone.utc)
+    assert layer.execute("a1", "job", "p", Counter()) == {"at": at}
+    assert calls == [1]
+
+
+def test_a_signal_while_fn_runs_still_interrupts_fn_at_once(store: durabilis.Store) -> None:
+    """The signals held back in the plan's own code are not held back in fn: a
+    Ctrl-C or SIGTERM handler stops fn there, and the claim is given back."""
+    import signal
+
+    layer = layer_on(store, lease=5)
+
+    def exit_now(signum: int, frame: Any) -> None:
+        raise SystemExit(0)
+
+    def fn(ctx: OperationContext) -> str:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # interrupted here, not after
+        return "never"
+
+    previous = signal.signal(signal.SIGTERM, exit_now)
+    started = time.monotonic()
+    try:
+        with pytest.raises(SystemExit):
+            layer.execute("a1", "job", "p", fn)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert time.monotonic() - started < 2
+    assert signal.getsignal(signal.SIGTERM) is previous
+    assert layer.execute("a1", "job", "p", Counter(result="ran")) == "ran"  # released
 
 
 # --- 7. a parked operation that a later delivery completes ------------------------------------
