@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import os
 import signal
 import threading
 import time
@@ -360,40 +361,96 @@ class _SignalGate:
     ``fn`` that returned, its result being encoded: no record, the claim left
     to lapse, the operation run again). So while the main thread runs a plan's
     own code or a shielded step, the Python handlers of SIGINT, SIGTERM,
-    SIGQUIT, SIGHUP, SIGALRM (timeouts), SIGUSR1 and SIGUSR2 are held back, and
-    run at the next unshielded step
-    (before it is sent) or when the plan ends. To do so they are wrapped, once
-    (again after another handler is installed): ``signal.getsignal`` returns
-    the wrapper, whose ``__wrapped__`` is the handler. Other threads never run
-    Python signal handlers.
+    SIGQUIT, SIGHUP, SIGALRM, SIGUSR1 and SIGUSR2 are held back, and run at the
+    next unshielded step (first thing in it: at the start of ``fn``, what one
+    raises is ``fn``'s) or when the plan ends. For the length of the outermost
+    plan, and only then, those handlers are wrapped (``signal.getsignal``
+    returns the wrapper; its ``__wrapped__`` is the handler; one ``fn``
+    installs is wrapped after it); they are put back when it ends. Other
+    threads never run Python signal handlers.
     """
 
-    __slots__ = ("closed", "pending")
+    __slots__ = ("closed", "depth", "installed", "pending")
 
     def __init__(self) -> None:
         self.closed = False
+        self.depth = 0  # plans running on the main thread (one inside another's fn)
         self.pending: list[tuple[Any, int, Any]] = []
+        self.installed: dict[int, _HeldBack] = {}
 
     def enter(self) -> bool | None:
-        """A plan starts: wrap the handlers not wrapped yet and hold signals
-        back. Returns what :meth:`leave` restores (``None`` off the main thread)."""
+        """A plan starts: hold signals back. Returns what :meth:`leave` needs
+        (``None`` off the main thread: nothing to do)."""
         if threading.current_thread() is not threading.main_thread():
             return None
+        was, self.closed = self.closed, True  # first: a wrapper holds back at once
+        self.depth += 1
+        try:
+            self.wrap()
+        except BaseException:  # a signal not wrapped yet, raising: as if never entered
+            self._exit(was)
+            raise
+        return was
+
+    def wrap(self) -> None:
+        """Wrap the Python handlers (not SIG_DFL / SIG_IGN) not wrapped yet: at
+        every plan's start and after every unshielded step (``fn`` may install
+        one)."""
         for signum in _GUARDED:
             handler = _C_SIGNAL.getsignal(signum)
             if callable(handler) and not isinstance(handler, _HeldBack):
-                _C_SIGNAL.signal(signum, _HeldBack(handler, self))
-        was, self.closed = self.closed, True
-        return was
+                wrapper = _HeldBack(handler, self)
+                _C_SIGNAL.signal(signum, wrapper)
+                self.installed[signum] = wrapper
 
     def leave(self, was: bool | None) -> None:
-        """Back to ``was``; open, the signals held back are handled now."""
+        """The plan ended: back to how it was (the handlers too, after the
+        outermost); open, the signals held back are handled now."""
         if was is None:
             return
-        self.closed = was
+        self._exit(was)
+        self.deliver()
+
+    def _exit(self, was: bool) -> None:
+        self.depth -= 1
+        try:
+            if self.depth == 0:
+                self.uninstall()
+        finally:
+            self.closed = was
+
+    def deliver(self) -> None:
+        """Run the handlers held back (while open). Raises what one raised: an
+        interruption (``KeyboardInterrupt``, ``SystemExit``) before an error."""
+        first: BaseException | None = None
         while not self.closed and self.pending:
             handler, signum, frame = self.pending.pop(0)
-            handler(signum, frame)  # raises here, if it raises
+            try:
+                handler(signum, frame)
+            except BaseException as exc:  # the others still run
+                if first is None or (isinstance(first, Exception)
+                                     and not isinstance(exc, Exception)):
+                    first = exc
+        if first is not None:
+            raise first
+
+    def uninstall(self) -> None:
+        """Put the handlers back (not one replaced meanwhile: that one stays).
+        Interrupted midway, the rest go after the next outermost plan."""
+        while self.installed:
+            signum, wrapper = next(iter(self.installed.items()))
+            if _C_SIGNAL.getsignal(signum) is wrapper:
+                _C_SIGNAL.signal(signum, wrapper.__wrapped__)
+            del self.installed[signum]
+
+    def after_fork_in_child(self) -> None:
+        """A fork from another thread while the main thread ran a plan: the
+        child's only thread runs no plan."""
+        self.closed = False
+        self.depth = 0
+        self.pending.clear()
+        if threading.current_thread() is threading.main_thread():
+            self.uninstall()
 
 
 class _HeldBack:
@@ -413,16 +470,27 @@ class _HeldBack:
 
 
 _GATE = _SignalGate()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_GATE.after_fork_in_child)
 
 
 def _perform_open(store: Store, step: Any, leases: LeaseBook | None, held: list[Any]) -> Any:
-    """An unshielded step on the main thread: signal handlers may run during it
-    (one held back runs first, so it interrupts the step before it is sent)."""
-    _GATE.leave(False)
+    """An unshielded step on the main thread: signal handlers may run during it.
+    One held back runs first: it interrupts the step before it is sent, and at
+    the start of ``fn`` what it raises is ``fn``'s (as one a moment later)."""
     try:
+        _GATE.closed = False
+        if type(step) is Run:
+            try:
+                _GATE.deliver()
+            except Exception as exc:  # a SIGALRM timeout's TimeoutError...
+                return False, exc
+        else:
+            _GATE.deliver()
         return perform(store, step, leases, held)
     finally:
         _GATE.closed = True
+        _GATE.wrap()  # a handler fn installed is held back for the rest of the plan
 
 
 def drive(plan: Plan[T], store: Store, *, leases: LeaseBook | None = None) -> T:
@@ -432,9 +500,10 @@ def drive(plan: Plan[T], store: Store, *, leases: LeaseBook | None = None) -> T:
     (:class:`_SignalGate`): an interruption never lands in the plan's own code.
     """
     held: list[Any] = []
-    was = _GATE.enter()
-    open_step = perform if was is None else _perform_open
+    entered: bool | None = None
     try:
+        entered = _GATE.enter()
+        open_step = perform if entered is None else _perform_open
         run = Stepper(plan)
         while not run.done:
             step = run.step
@@ -465,10 +534,12 @@ def drive(plan: Plan[T], store: Store, *, leases: LeaseBook | None = None) -> T:
         result: T = run.value
         return result
     finally:
-        if leases is not None:
-            for item in held:
-                leases.drop(item)
-        _GATE.leave(was)  # a signal held back is raised now, after the plan's end
+        try:
+            if leases is not None:
+                for item in held:
+                    leases.drop(item)
+        finally:
+            _GATE.leave(entered)  # a signal held back is raised now, after the plan's end
 
 
 # --- the asyncio driver ---------------------------------------------------------------

@@ -805,6 +805,7 @@ def test_an_interrupt_while_the_result_is_encoded_is_raised_after_the_record(
     try:
         with pytest.raises(SystemExit):  # raised once the outcome is recorded
             layer.execute("a1", "job", "p", fn)
+        assert signal.getsignal(number) is exit_now  # held back for the call only
     finally:
         signal.signal(number, previous)
     found = layer.idempotency.check(IdempotencyKey.new("a1", "job", "p"))

@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 from collections.abc import Generator
 from typing import Any
 
 import pytest
 
-from durabilis._steps import IO, Defer, Run, Sleep, Stepper, _shielded, async_shielded
+from durabilis._steps import (
+    _GATE,
+    IO,
+    Defer,
+    Run,
+    Sleep,
+    Stepper,
+    _perform_open,
+    _shielded,
+    async_shielded,
+)
 from durabilis.errors import StorageUnavailable
 
 
@@ -146,3 +157,106 @@ def test_a_cancellation_deferred_by_a_record_waits_until_its_outcome_is_handed_o
     with pytest.raises(asyncio.CancelledError):
         run.send(None)
     assert seen == ["record failed", "handed over", "cancelled"]
+
+
+def _held_back(step: object, *handlers: Any) -> tuple[object, bool]:
+    """Signals held back in the plan's own code, handled as ``step`` starts."""
+    _GATE.closed = True
+    _GATE.pending.extend((handler, signal.SIGALRM, None) for handler in handlers)
+    try:
+        try:
+            reply: object = _perform_open(None, step, None, [])  # type: ignore[arg-type]
+        except BaseException as exc:  # what the driver would throw into the plan
+            reply = exc
+        return reply, _GATE.closed
+    finally:
+        _GATE.closed = False
+        _GATE.pending.clear()
+        _GATE.uninstall()  # (what the outermost plan's end does)
+
+
+def test_a_held_back_handler_s_exception_at_the_start_of_fn_is_fn_s() -> None:
+    calls: list[object] = []
+
+    def alarm(signum: int, frame: Any) -> None:
+        raise TimeoutError("alarm")
+
+    (ok, error), closed_again = _held_back(Run(calls.append, 1), alarm)  # type: ignore[misc]
+    assert not ok and isinstance(error, TimeoutError)  # fn's failure: the plan decides
+    assert calls == []  # fn did not start
+    assert closed_again
+
+
+def test_a_held_back_interrupt_before_a_step_leaves_the_gate_closed_for_the_plan() -> None:
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    reply, closed_again = _held_back(IO([]), interrupt)
+    assert isinstance(reply, KeyboardInterrupt)  # before the step was sent
+    assert closed_again  # the plan's compensation runs with signals held back again
+
+
+def test_an_interruption_held_back_with_an_error_is_the_one_raised() -> None:
+    """A timeout's error and a SIGTERM handler's SystemExit both held back: the
+    interruption is raised (not dropped for the error fn would have got)."""
+    ran: list[str] = []
+
+    def alarm(signum: int, frame: Any) -> None:
+        ran.append("alarm")
+        raise TimeoutError("alarm")
+
+    def exit_now(signum: int, frame: Any) -> None:
+        ran.append("exit")
+        raise SystemExit(0)
+
+    reply, _ = _held_back(Run(ran.append, "fn"), alarm, exit_now)
+    assert isinstance(reply, SystemExit)
+    assert ran == ["alarm", "exit"]  # both handlers ran; fn did not start
+
+
+class _SignalsThatRaise:
+    """The C signal module, but ``signal()`` raises ``KeyboardInterrupt`` on its
+    ``nth`` call: Ctrl-C landing while the gate puts a handler in or back."""
+
+    def __init__(self, nth: int) -> None:
+        self.calls, self.nth = 0, nth
+        self.handlers: dict[int, Any] = {  # two Python handlers; the others SIG_DFL
+            signal.SIGINT: signal.default_int_handler,
+            signal.SIGTERM: lambda signum, frame: None,
+        }
+
+    def getsignal(self, signum: int) -> Any:
+        return self.handlers.get(signum)
+
+    def signal(self, signum: int, handler: Any) -> None:
+        self.calls += 1
+        if self.calls == self.nth:
+            raise KeyboardInterrupt
+        self.handlers[signum] = handler
+
+
+def test_an_interrupt_while_the_handlers_are_wrapped_leaves_nothing_behind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = _SignalsThatRaise(nth=2)  # SIGINT's wrapped, then SIGTERM's raises
+    monkeypatch.setattr("durabilis._steps._C_SIGNAL", fake)
+    with pytest.raises(KeyboardInterrupt):
+        _GATE.enter()
+    assert (_GATE.depth, _GATE.closed, _GATE.installed) == (0, False, {})
+    assert fake.handlers[signal.SIGINT] is signal.default_int_handler  # put back
+
+
+def test_an_interrupt_while_the_handlers_are_put_back_leaves_the_gate_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = _SignalsThatRaise(nth=3)  # both wrapped; the first put back raises
+    monkeypatch.setattr("durabilis._steps._C_SIGNAL", fake)
+    entered = _GATE.enter()
+    with pytest.raises(KeyboardInterrupt):
+        _GATE.leave(entered)
+    assert not _GATE.closed and _GATE.depth == 0
+    _GATE.leave(_GATE.enter())  # the next plan's end puts the rest back
+    assert _GATE.installed == {}
+    assert fake.handlers[signal.SIGINT] is signal.default_int_handler
+    assert not any(callable(h) and type(h).__name__ == "_HeldBack"
+                   for h in fake.handlers.values())
