@@ -129,11 +129,14 @@ def run_task(layer: DurabilityLayer, wiki: Wiki, task_id: str) -> bool:
 
 
 def _worker(
-    url: str | None, namespace: str, tasks: list[str], go: Any, log: str, *, hang: Any = None
+    url: str | None, namespace: str, tasks: list[str], go: Any, log: str, *, hang: Any = None,
+    ready: Any = None,
 ) -> None:
     _quiet_logs(Path(log))
     store = durabilis.connect(url, namespace=namespace)
     layer = DurabilityLayer(store, demo_config())
+    if ready is not None:
+        ready.release()  # imported and connected
     go.wait(60)
     wiki = Wiki(store, hang)
     for task_id in tasks:
@@ -213,6 +216,7 @@ def _run_workers(
     """Start the workers, kill worker 0 mid-task, run the recovery cron until they end."""
     ctx = multiprocessing.get_context("spawn")
     go = ctx.Event()
+    ready = ctx.Semaphore(0)  # one release per worker that is imported and connected
     hung = ctx.Event()  # worker 0 is inside a wiki call, mid-task: kill it now
     own = [tasks[w::workers] for w in range(workers)]
     procs = []
@@ -222,11 +226,15 @@ def _run_workers(
         procs.append(ctx.Process(
             target=_worker,
             args=(url, store.namespace, mine, go, str(log_dir)),
-            kwargs={"hang": hung if w == 0 else None},
+            kwargs={"hang": hung if w == 0 else None, "ready": ready},
         ))
     for p in procs:
         p.start()
-    time.sleep(1.0)  # let the workers import and connect
+    # All start together: on a loaded machine, a worker still importing while
+    # the others ran would find its tasks done by them (and worker 0 might
+    # never reach the call it is killed in).
+    for _ in procs:
+        ready.acquire(timeout=60)
     started_at = time.time()
     store.client.set(store.keys.layer("demo", "start"), repr(started_at), ex=3600)
     go.set()
