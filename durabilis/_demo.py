@@ -40,7 +40,8 @@ PHASES = ("draft", "review", "publish")
 AGENT = "wiki-agent"
 DEPENDENCY = "wiki_service"
 OUTAGE = (2.0, 4.0)  # seconds after the start: the wiki answers 503
-KILL_IN_CALL = 10  # worker 0 is killed inside its 10th wiki call (mid-task, key claimed)
+KILL_IN_PHASE = "review"  # worker 0 is killed inside its first wiki call of this phase
+# (mid-task: the task's draft is checkpointed, the review's key claimed)
 FAILURE_RATE = 0.15
 LEASE_SECONDS = 1.5
 FINISH_SECONDS = 30.0  # the longest the end phase goes on replaying and resuming
@@ -85,7 +86,7 @@ class Wiki:
 
     def __init__(self, store: durabilis.Store, hang: Any = None) -> None:
         self.r = store.client
-        self.hang = hang  # worker 0: an Event set when it hangs in its KILL_IN_CALL-th call
+        self.hang = hang  # worker 0: an Event set when it hangs in a KILL_IN_PHASE call
         self.calls = 0
         self.ledger = store.keys.layer("demo", "wiki")
         self.started_at = float(self.r.get(store.keys.layer("demo", "start")) or time.time())
@@ -93,7 +94,7 @@ class Wiki:
 
     def __call__(self, ctx: OperationContext) -> dict[str, Any]:
         self.calls += 1
-        if self.hang is not None and self.calls == KILL_IN_CALL:
+        if self.hang is not None and ctx.payload["phase"] == KILL_IN_PHASE:
             self.hang.set()  # the parent SIGKILLs this worker here: the write is claimed,
             time.sleep(60)  # its outcome unknown (what a crash mid-request leaves)
         time.sleep(self.rng.uniform(0.02, 0.06))  # network and work

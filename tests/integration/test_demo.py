@@ -24,7 +24,7 @@ def test_demo_exits_0_on_the_embedded_default_and_its_report_matches_redis(
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     assert report["ok"] is True
-    assert report["killed_worker_exit_code"] == -9
+    assert report["killed_worker_exit_code"] == -9, (report, proc.stderr[-3000:])
     assert report["seconds"] < 60
 
     # The embedded server stopped with the demo; its data persisted under ./.durabilis/.
