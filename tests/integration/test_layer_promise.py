@@ -484,7 +484,13 @@ def _sweep(*spared: asyncio.Task[Any] | None) -> None:
             task.cancel()
 
 
-@pytest.mark.parametrize("sweeps", ["once", "every_50ms", "in_the_claim_s_turn"])
+@pytest.mark.parametrize("sweeps", [
+    "once", "every_50ms",
+    # The loop turn after the claim is held: standalone's timing (on Cluster the
+    # sweep lands in the claim step's own tasks: the operation is interrupted
+    # before fn, which is right, but not this case).
+    pytest.param("in_the_claim_s_turn", marks=pytest.mark.standalone_only),
+])
 def test_a_sweep_that_cancels_every_task_waits_for_a_plain_fn_and_keeps_its_claim(
     redis_url: str, namespace: str, sweeps: str
 ) -> None:
