@@ -297,8 +297,10 @@ class Stepper:
     :meth:`send` (its reply) or :meth:`throw` (its error, or an interruption).
     A cancellation that arrives during a shielded step is :meth:`defer`-red:
     it is thrown into the plan at the next unshielded step, or raised when
-    the plan ends. When ``done``, ``value`` is what the plan returned; an error
-    the plan raises propagates out of :meth:`send` / :meth:`throw`.
+    the plan ends (in place of the plan's error, if it raises one: that
+    error is the interruption's ``__cause__``). When ``done``, ``value`` is
+    what the plan returned; an error the plan raises propagates out of
+    :meth:`send` / :meth:`throw`.
     """
 
     __slots__ = ("_plan", "_shielded", "deferred", "done", "step", "value")
@@ -323,6 +325,16 @@ class Stepper:
                     raise deferred from None
                 self.value = stop.value
                 return
+            except Exception as exc:
+                # The plan ended with an error (the operation failed, parked,
+                # lost its claim...) while an interruption waited: the
+                # interruption wins, as it would have without the shield (a
+                # cancelled task ends cancelled), the error as its cause.
+                if self.deferred is None:
+                    raise
+                self.done, self.step = True, None
+                deferred, self.deferred = self.deferred, None
+                raise deferred from exc
             if self.deferred is not None and not self._shielded(step):
                 send, error, self.deferred = None, self.deferred, None  # deliver it here
                 continue

@@ -37,6 +37,7 @@ from durabilis import (
     InvalidPayload,
     KeyReuseMismatch,
     LayerClosed,
+    OperationError,
     OperationInProgress,
     OutcomeUnrecorded,
     ResultNotStored,
@@ -473,6 +474,40 @@ def test_a_cancel_after_fn_succeeded_still_records_its_result(
             await task
         assert await layer.execute("a1", "job", "p", Counter(result="x")) == "charged"
         assert calls == [1]
+
+    run_async(redis_url, namespace, body)
+
+
+def test_a_cancel_while_a_failure_is_parked_ends_the_task_cancelled_after_the_park(
+    redis_url: str, namespace: str
+) -> None:
+    """The cancellation lands as the failed operation is parked (a shielded
+    step): the park lands, then the task ends cancelled, as a timeout or a
+    TaskGroup expects, not with the operation's error (its cause)."""
+    async def body(layer: AsyncDurabilityLayer, store: durabilis.AsyncStore) -> None:
+        loop = asyncio.get_running_loop()
+        tasks: list[asyncio.Task[Any]] = []
+
+        class LastTimeout(OperationError):
+            def __str__(self) -> str:  # read as the park is built: cancel then
+                if len(tasks) == 1:
+                    tasks.append(tasks[0])  # once
+                    loop.call_soon(tasks[0].cancel)
+                return "NETWORK_TIMEOUT: the last attempt"
+
+        async def fn(ctx: OperationContext) -> str:
+            if ctx.attempt < 2:
+                raise OperationError("NETWORK_TIMEOUT")
+            raise LastTimeout("NETWORK_TIMEOUT")  # retries exhausted: parked
+
+        tasks.append(asyncio.ensure_future(layer.execute("a1", "job", "p", fn)))
+        with pytest.raises(asyncio.CancelledError) as raised:
+            await tasks[0]
+        cause = raised.value.__cause__
+        assert isinstance(cause, RetryExhausted), repr(cause)
+        assert cause.dlq_id is not None  # the park landed before the cancellation
+        record = await layer.dlq.get(cause.dlq_id)
+        assert record.last_error == "NETWORK_TIMEOUT: the last attempt"
 
     run_async(redis_url, namespace, body)
 

@@ -159,6 +159,34 @@ def test_a_cancellation_deferred_by_a_record_waits_until_its_outcome_is_handed_o
     assert seen == ["record failed", "handed over", "cancelled"]
 
 
+def _failing_after_a_shielded_step(error: BaseException) -> Generator[Any, Any, str]:
+    yield IO([], shield=True)  # e.g. parking the failed operation
+    raise error
+
+
+def test_a_deferred_cancellation_wins_over_the_error_the_plan_ends_with() -> None:
+    """Cancelled while a failed operation was parked: the task ends cancelled
+    (as a TaskGroup or a timeout expects), the operation's error its cause."""
+    failure = ValueError("fn failed")
+    run = Stepper(_failing_after_a_shielded_step(failure), async_shielded)
+    cancel = asyncio.CancelledError()
+    run.defer(cancel)
+    with pytest.raises(asyncio.CancelledError) as raised:
+        run.send("parked")
+    assert raised.value is cancel and raised.value.__cause__ is failure
+    assert run.done and run.deferred is None
+
+
+def test_an_interruption_the_plan_ends_with_is_not_replaced() -> None:
+    """A plan that ends interrupted itself (fn's KeyboardInterrupt) keeps it."""
+    interrupted = KeyboardInterrupt()
+    run = Stepper(_failing_after_a_shielded_step(interrupted), async_shielded)
+    run.defer(asyncio.CancelledError())
+    with pytest.raises(KeyboardInterrupt) as raised:
+        run.send("parked")
+    assert raised.value is interrupted
+
+
 def _held_back(step: object, *handlers: Any) -> tuple[object, bool]:
     """Signals held back in the plan's own code, handled as ``step`` starts."""
     _GATE.closed = True
