@@ -1545,7 +1545,15 @@ class _LayerCore:
                     "abandon or mark it replayed"
                 )
             claim = _ReplayClaim(record.dlq_id, token)
-            req = dataclasses.replace(self.replay_request(record, seconds), replay_claim=claim)
+            try:
+                request = self.replay_request(record, seconds)
+            except DurabilisError as exc:
+                # A record this layer cannot turn into a request (a payload no
+                # key can be made of, a dependency renamed since, a payload over
+                # today's limits): a failed replay, noted on the record and its
+                # claim released, never an error that stops a pass at it.
+                return exc
+            req = dataclasses.replace(request, replay_claim=claim)
             try:
                 yield from self.execute_plan(req, fn)
             except ResultNotStored:

@@ -18,7 +18,7 @@ from durabilis import (
     PayloadTooLarge,
     RetryExhausted,
 )
-from durabilis.dlq import ReplayOutcome
+from durabilis.dlq import DlqStatus, ReplayOutcome
 from durabilis.layer import DurabilityLayer, OperationContext, current_operation
 from tests.integration._layer_support import Counter, fast_config
 
@@ -114,6 +114,48 @@ def test_exhaustion_during_replay_keeps_the_record_pending(layer: DurabilityLaye
     record = layer.dlq.get(dlq_id)
     assert record is not None and record.replay_attempts == 1
     assert layer.dlq.stats().pending == 1  # no second record for the same operation
+
+
+def test_a_record_the_layer_cannot_rebuild_fails_its_replay_and_the_pass_goes_on(
+    layer: DurabilityLayer,
+) -> None:
+    """A record parked by hand whose payload no content key can be made of
+    (bytes inside): its replay FAILS (noted on the record, the claim given
+    back) instead of raising out of the pass, and the records behind it (the
+    pass goes oldest first) are replayed."""
+    bad = layer.dlq.enqueue("a1", "job", {"blob": b"\x00"}, retry_count=3, last_error="X")
+    good = [layer.dlq.enqueue("a1", "job", {"page": i}, retry_count=3, last_error="X")
+            for i in range(3)]
+    op = Counter(result="ok")
+    summary = layer.replay_pending(op)
+    assert (summary.replayed, summary.failed_ids) == (3, (bad,))
+    assert sorted(c.payload["page"] for c in op.calls) == [0, 1, 2]
+    assert all(layer.dlq.get(i).status is DlqStatus.REPLAYED for i in good)
+    record = layer.dlq.get(bad)
+    assert record.status is DlqStatus.PENDING and record.replay_attempts == 1
+    assert record.last_error.startswith("InvalidPayload")
+    # The claim was given back: the next replay tries (and fails) again at once.
+    assert layer.replay(bad, op).outcome is ReplayOutcome.FAILED
+    assert layer.dlq.get(bad).replay_attempts == 2 and len(op.calls) == 3
+
+
+def test_a_record_parked_under_a_dependency_renamed_since_fails_its_replay(
+    store: durabilis.Store, layer: DurabilityLayer,
+) -> None:
+    with pytest.raises(RetryExhausted) as info:
+        layer.execute("a1", "job", "x", Counter(["NETWORK_TIMEOUT"] * 3))
+    dlq_id = str(info.value.dlq_id)
+    renamed = DurabilityLayer(store, fast_config(
+        breaker=CircuitBreakerConfig("svc2"), dependencies={"job": "svc2"},
+    ))
+    op = Counter(result="ok")
+    result = renamed.replay(dlq_id, op)
+    assert result.outcome is ReplayOutcome.FAILED and op.calls == []
+    assert result.error is not None and "svc" in result.error
+    record = renamed.dlq.get(dlq_id)
+    assert record.status is DlqStatus.PENDING and record.replay_attempts == 1
+    # Replayed through a layer that knows the dependency again, it runs.
+    assert layer.replay(dlq_id, op).outcome is ReplayOutcome.REPLAYED
 
 
 def test_open_breaker_refuses_before_any_attempt_and_releases_the_claim(
