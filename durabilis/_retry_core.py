@@ -353,7 +353,10 @@ def retry_after_of(exc: BaseException) -> float | None:
     Accepts a non-negative finite number of seconds or a ``timedelta``; anything
     else (absent, negative, NaN, another type) is ignored.
     """
-    hint = getattr(exc, "retry_after", None)
+    try:
+        hint = getattr(exc, "retry_after", None)
+    except Exception:  # a foreign property that raised: no hint
+        return None
     if hint is None:
         return None
     if isinstance(hint, timedelta):

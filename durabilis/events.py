@@ -139,6 +139,16 @@ def redact_error(text: str | None) -> str | None:
     return f"{code}: {redact(rest)}"
 
 
+def exception_str(exc: BaseException) -> str:
+    """``str(exc)``, never raising: an exception of the user's whose ``__str__``
+    fails (or returns no string) is named by its type. What the layer writes
+    down after ``fn`` ran must not fail on it (the outcome would go unrecorded)."""
+    try:
+        return str(exc)
+    except Exception:
+        return f"<{type(exc).__name__}: str() failed>"
+
+
 def error_text(exc: BaseException) -> str:
     """How an exception is written down as ``last_error``.
 
@@ -148,8 +158,11 @@ def error_text(exc: BaseException) -> str:
     exception's type is never lost.
     """
     name = type(exc).__name__
-    text = str(exc).strip()
-    code = getattr(exc, "code", None)
+    text = exception_str(exc).strip()
+    try:
+        code = getattr(exc, "code", None)
+    except Exception:  # a property of the user's that raises
+        code = None
     if isinstance(code, str) and code and text.startswith(code):
         return text.rstrip(": \t") or name  # "NETWORK_TIMEOUT: " -> "NETWORK_TIMEOUT"
     return f"{name}: {text}" if text else name

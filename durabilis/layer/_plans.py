@@ -58,7 +58,7 @@ from durabilis.errors import (
     ResultNotStored,
     RetryExhausted,
 )
-from durabilis.events import error_text
+from durabilis.events import error_text, exception_str
 from durabilis.idempotency import (
     RAW_PREFIX,
     Duplicate,
@@ -1081,7 +1081,7 @@ class _LayerCore:
             if req.task_id is not None and req.phase is not None:
                 save = self._ckpt.save(req.task_id, req.agent_id, req.phase, result)
         except Exception as exc:
-            return b"", None, f"{type(exc).__name__}: {exc}"[:500]
+            return b"", None, f"{type(exc).__name__}: {exception_str(exc)}"[:500]
         return packed, save, ""
 
     def _succeeded(  # noqa: PLR0915  (the record step reads best as one piece)

@@ -89,7 +89,25 @@ def test_values_users_return_round_trip_exactly(store: durabilis.Store) -> None:
     assert len(op.calls) == 1
 
 
-@pytest.mark.parametrize("result", [object(), b"x" * 4096], ids=["not encodable", "over the cap"])
+class _Unprintable:
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+class _UnreadableDict(dict[str, int]):
+    """A result whose items cannot be read, by an error that cannot be printed."""
+
+    def keys(self) -> Any:
+        raise KeyError(_Unprintable())
+
+    def __iter__(self) -> Any:
+        raise KeyError(_Unprintable())
+
+
+@pytest.mark.parametrize(
+    "result", [object(), b"x" * 4096, _UnreadableDict(a=1)],
+    ids=["not encodable", "over the cap", "its error unprintable"],
+)
 def test_an_unstorable_result_is_recorded_as_completed_and_never_run_again(
     redis_url: str, namespace: str, raw: Any, result: Any
 ) -> None:
@@ -110,6 +128,22 @@ def test_an_unstorable_result_is_recorded_as_completed_and_never_run_again(
         assert layer.dlq.pending_count() == 0
     finally:
         store.close()
+
+
+def test_a_failure_whose_message_cannot_be_printed_is_parked(store: durabilis.Store) -> None:
+    class Unprintable(TimeoutError):
+        def __str__(self) -> str:
+            raise RuntimeError("no str")
+
+    def fn(ctx: OperationContext) -> str:
+        raise Unprintable
+
+    layer = layer_on(store)
+    with pytest.raises(RetryExhausted) as info:
+        layer.execute("a1", "job", "p", fn)
+    assert info.value.dlq_id is not None
+    record = layer.dlq.get(info.value.dlq_id)
+    assert "Unprintable" in record.last_error and record.retry_count == 3
 
 
 @pytest.mark.parametrize("task_id, phase", [("", "p"), ("t", ""), ("t", "x" * 5000)])

@@ -386,6 +386,18 @@ def test_error_text_keeps_codes_and_names_plain_exceptions() -> None:
     assert error_text(TimeoutError()) == "TimeoutError"
 
 
+def test_error_text_never_raises_on_an_exception_that_cannot_be_printed() -> None:
+    class Unprintable(Exception):
+        @property
+        def code(self) -> str:
+            raise RuntimeError("no code")
+
+        def __str__(self) -> str:
+            raise RuntimeError("no str")
+
+    assert error_text(Unprintable()) == "Unprintable: <Unprintable: str() failed>"
+
+
 def test_pacer_spaces_handler_starts() -> None:
     pacer = _Pacer(4.0)
     assert pacer.wait(10.0) == 0.0

@@ -254,6 +254,13 @@ def test_retry_after_hints_are_read_in_seconds_and_bad_ones_ignored() -> None:
         assert retry_after_of(OperationError("X", retry_after=bad)) is None  # type: ignore[arg-type]
     assert retry_after_of(ValueError()) is None
 
+    class Raising(Exception):
+        @property
+        def retry_after(self) -> float:
+            raise RuntimeError("a foreign property")
+
+    assert retry_after_of(Raising()) is None
+
 
 # --- decisions ---------------------------------------------------------------------------
 
