@@ -919,9 +919,17 @@ class _RegistryCore:
             self._admitted(permit, transition)
         return permit
 
-    def _reported(self, name: str, permit: Permit | None, reply: Any) -> bool:
-        """Decode a ``cb_after`` reply; note what it says for the cache; fire."""
+    def _reported(
+        self, name: str, permit: Permit | None, reply: Any, took_ms: float | None = None
+    ) -> bool:
+        """Decode a ``cb_after`` reply; note what it says for the cache; fire.
+
+        ``took_ms``: how long the call took; a probe not credited because it
+        took ``probe_timeout_seconds`` or more is logged (see :meth:`_too_slow`).
+        """
         counted, transition = self._ops.decode_after(name, reply)
+        if not counted and took_ms is not None and permit is not None and permit.is_probe:
+            self._too_slow(name, took_ms)
         if permit is not None:
             self._seen(permit, counted, transition)
         else:
@@ -931,6 +939,20 @@ class _RegistryCore:
         if transition is not None:
             self.fire_transition(transition)
         return counted
+
+    def _too_slow(self, name: str, took_ms: float) -> None:
+        """A probe's answer came ``probe_timeout_seconds`` or more after its
+        admission: presumed abandoned, it is never credited. If the dependency's
+        calls always take that long, no probe ever is and the breaker never
+        closes again: say so, with the setting to raise."""
+        timeout = self._ops.entry(name).config.probe_timeout_seconds
+        if took_ms >= timeout * 1000.0:
+            _log.warning(
+                "durability_circuit_probe_too_slow", dependency=name,
+                duration_ms=round(took_ms), probe_timeout_seconds=timeout,
+                hint="the probe's answer is not credited: probe_timeout_seconds must "
+                     "exceed the dependency's longest call, or the breaker cannot close",
+            )
 
     @property
     def ops(self) -> _BreakerOps:
@@ -1108,7 +1130,7 @@ class CircuitBreakerRegistry(_RegistryCore):
             DependencyNotFound, StorageUnavailable, CorruptData.
         """
         call = self._ops.after_call(name, success, permit, duration_ms)
-        return self._reported(name, permit, self.store.run(call))
+        return self._reported(name, permit, self.store.run(call), duration_ms)
 
     def release(self, name: str, permit: Permit) -> bool:
         """Give a probe slot back without a result (the call was cancelled).
@@ -1142,10 +1164,10 @@ class CircuitBreakerRegistry(_RegistryCore):
     def _finish(
         self, name: str, permit: Permit, exc_type: type[BaseException] | None, start: float
     ) -> None:
-        call = self._ops.report(name, outcome_code(exc_type), permit,
-                                (perf_counter() - start) * 1000.0)
+        took_ms = (perf_counter() - start) * 1000.0
+        call = self._ops.report(name, outcome_code(exc_type), permit, took_ms)
         try:
-            self._reported(name, permit, self.store.run(call))
+            self._reported(name, permit, self.store.run(call), took_ms)
         except DurabilisError as exc:
             self._forget(name)
             self._report_failed(name, exc)
@@ -1244,7 +1266,7 @@ class AsyncCircuitBreakerRegistry(_RegistryCore):
     ) -> bool:
         """See :meth:`CircuitBreakerRegistry.after_call`."""
         call = self._ops.after_call(name, success, permit, duration_ms)
-        return self._reported(name, permit, await self.store.run(call))
+        return self._reported(name, permit, await self.store.run(call), duration_ms)
 
     async def release(self, name: str, permit: Permit) -> bool:
         """See :meth:`CircuitBreakerRegistry.release`."""
@@ -1276,10 +1298,10 @@ class AsyncCircuitBreakerRegistry(_RegistryCore):
     async def _finish(
         self, name: str, permit: Permit, exc_type: type[BaseException] | None, start: float
     ) -> None:
-        call = self._ops.report(name, outcome_code(exc_type), permit,
-                                (perf_counter() - start) * 1000.0)
+        took_ms = (perf_counter() - start) * 1000.0
+        call = self._ops.report(name, outcome_code(exc_type), permit, took_ms)
         try:
-            self._reported(name, permit, await self.store.run(call))
+            self._reported(name, permit, await self.store.run(call), took_ms)
         except DurabilisError as exc:
             self._forget(name)
             self._report_failed(name, exc)

@@ -965,7 +965,7 @@ class _LayerCore:
                     self._breakers._forget(dep)  # a report that did not reach Redis
                 return (yield from self._park_failed(req, cl, failed, broke))
             if dep is not None:
-                self._breakers._reported(dep, permit, replies[0])  # fires; notes the cache
+                self._breakers._reported(dep, permit, replies[0], took_ms)  # fires; notes the cache
             if decision.retry and budget is not None:
                 state = self._budget.decode(req.operation_type, replies[-1])
                 if not state.allowed:
@@ -1148,7 +1148,7 @@ class _LayerCore:
                     calls["save"] = out
                 return out if isinstance(out, ScriptCall) else None
             if name == "report" and req.dependency is not None:
-                self._breakers._reported(req.dependency, permit, reply)
+                self._breakers._reported(req.dependency, permit, reply, took_ms)
             if name == "settle":
                 return self._settle_again(req, reply, misses)
             return None

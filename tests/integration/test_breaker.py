@@ -743,6 +743,27 @@ def test_a_report_of_a_probe_admitted_probe_timeout_ago_is_not_credited_before_a
     assert fresh.is_probe and not fresh.rearmed
 
 
+def test_a_probe_slower_than_probe_timeout_is_not_credited_and_says_which_setting_to_raise(
+    store: durabilis.Store,
+) -> None:
+    """A dependency whose calls take probe_timeout_seconds or more can never
+    close its breaker (each probe is presumed abandoned): the late answer is
+    logged with the setting to raise, so an operator can tell it from a stray."""
+    registry = make(store, cfg(probe_success_required=1))
+    trip(registry)
+    wait_reset()
+    with own_logs() as logs:
+        assert registry.call("dep", lambda: time.sleep(RESET + 0.05) or "ok") == "ok"
+    assert registry.state("dep") is HALF_OPEN  # not credited: still half-open
+    slow = [e for e in logs if e["event"] == "durability_circuit_probe_too_slow"]
+    assert len(slow) == 1 and slow[0]["dependency"] == "dep"
+    assert slow[0]["probe_timeout_seconds"] == RESET and slow[0]["duration_ms"] >= 1000
+    with own_logs() as logs:  # a probe within the timeout: credited, nothing logged
+        assert registry.call("dep", lambda: "ok") == "ok"
+    assert registry.state("dep") is CLOSED
+    assert [e for e in logs if e["event"] == "durability_circuit_probe_too_slow"] == []
+
+
 def test_a_caller_chosen_probe_id_is_the_probe_and_frees_its_slot_without_the_permit(
     store: durabilis.Store, raw: redis.Redis
 ) -> None:
