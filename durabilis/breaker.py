@@ -818,13 +818,15 @@ def admission(
     """
     if state is BreakerState.CLOSED:
         return True, False, 0
+    # A time stored "in the future" means the server clock stepped back: the
+    # timeout counts as elapsed (as in the script).
     if state is BreakerState.OPEN:
         left = opened_at_ms + _ms(config.reset_timeout_seconds) - now_ms
-        return (True, True, 0) if left <= 0 else (False, False, left)
+        return (True, True, 0) if left <= 0 or now_ms < opened_at_ms else (False, False, left)
     if probes_in_flight < config.probe_success_required:
         return True, True, 0
     left = newest_probe_ms + _ms(config.probe_timeout_seconds) - now_ms
-    return (True, True, 0) if left <= 0 else (False, False, left)
+    return (True, True, 0) if left <= 0 or now_ms < newest_probe_ms else (False, False, left)
 
 
 # --- the twins: thin I/O shells -----------------------------------------------

@@ -77,7 +77,10 @@ local function next_id()
 end
 
 if st == "O" then
-  if now - oa < reset then return {"open", g, oa + reset - now} end
+  -- Opened "in the future": the server clock stepped back (a failover to a
+  -- replica whose clock is behind). The reset timeout counts as elapsed, else
+  -- the breaker would stay OPEN for the whole jump; a probe decides.
+  if now >= oa and now - oa < reset then return {"open", g, oa + reset - now} end
   local kind = redis.call("TYPE", pk)["ok"]
   if kind ~= "none" and kind ~= "hash" then
     return {"corrupt", 2, "a " .. kind .. " where the probes hash belongs"}
@@ -106,9 +109,11 @@ end
 local inflight = redis.pcall("HLEN", pk)
 if type(inflight) == "table" then return {"corrupt", 2, inflight.err} end
 local rearmed = 0
-if inflight > 0 and now - pn >= timeout then
+if inflight > 0 and (now - pn >= timeout or now < pn) then
   -- The newest probe is presumed abandoned, and so is every older one: free
-  -- every slot before deciding, so no stale probe is ever credited.
+  -- every slot before deciding, so no stale probe is ever credited. (A probe
+  -- admitted "in the future": the clock stepped back; waiting for the clock
+  -- to catch up would refuse every call for the whole jump.)
   rearmed = 1
 elseif chosen ~= "" and inflight > 0 and redis.call("HEXISTS", pk, chosen) == 1 then
   -- Our own probe, asked for again (its first reply was lost): the same slot.

@@ -19,6 +19,7 @@ from durabilis.breaker import (
     StateTransition,
 )
 from durabilis.idempotency import IdempotencyConfig, IdempotencyKey, _IdemOps
+from durabilis.testing import offset_server_clock
 from tests.support.logs import own_logs
 
 CLOSED, OPEN, HALF_OPEN = BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN
@@ -762,6 +763,30 @@ def test_a_probe_slower_than_probe_timeout_is_not_credited_and_says_which_settin
         assert registry.call("dep", lambda: "ok") == "ok"
     assert registry.state("dep") is CLOSED
     assert [e for e in logs if e["event"] == "durability_circuit_probe_too_slow"] == []
+
+
+def test_a_server_clock_stepping_back_does_not_hold_a_breaker_open_or_its_probes_for_the_jump(
+    store: durabilis.Store, raw: redis.Redis
+) -> None:
+    """A failover to a replica whose clock is an hour behind: the breaker's
+    stored times are then "in the future". The reset timeout and the probe
+    timeout count as elapsed (a probe decides), not an hour of refusals."""
+    clock = f"{store.namespace}:clock"
+    offset_server_clock(store, clock)
+    registry = make(store, cfg(probe_success_required=1))
+    trip(registry)
+    raw.set(clock, -3600 * 1_000_000)  # an hour behind, at once
+    info = registry.state_info("dep")
+    assert info.state is OPEN and info.call_allowed and info.retry_after == 0
+    stuck = registry.before_call("dep")  # OPEN -> HALF_OPEN now: the first probe
+    assert stuck.is_probe and registry.state("dep") is HALF_OPEN
+    raw.set(clock, -7200 * 1_000_000)  # ... and its prober dies as the clock steps back again
+    info = registry.state_info("dep")
+    assert info.probes_in_flight == 1 and info.call_allowed
+    fresh = registry.before_call("dep")
+    assert fresh.is_probe and fresh.rearmed and fresh.probe_id != stuck.probe_id
+    assert registry.after_call("dep", True, fresh)
+    assert registry.state("dep") is CLOSED
 
 
 def test_a_caller_chosen_probe_id_is_the_probe_and_frees_its_slot_without_the_permit(

@@ -157,6 +157,11 @@ def test_admission_rule() -> None:
         True,
         0,
     )
+    # Stored "in the future": the server clock stepped back; the timeout counts as elapsed.
+    assert ask(BreakerState.OPEN, opened_at_ms=3_700_000) == (True, True, 0)
+    assert ask(BreakerState.HALF_OPEN, probes_in_flight=2, newest_probe_ms=3_700_000) == (
+        True, True, 0,
+    )
 
 
 def test_outcome_codes() -> None:
