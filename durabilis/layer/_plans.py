@@ -1417,6 +1417,8 @@ class _LayerCore:
                 raise CorruptData(rkey, "the claim's payload is not a mapping")
             env = unpacked
         except CorruptData:
+            # Parked without it, saying why: a replay must never run fn with a
+            # payload it made up (None, under the original key).
             _log.exception("durability_orphan_payload_unreadable", idempotency_key=key)
         return (yield from self._park_orphan(key, nonce, token, member, env, index))
 
@@ -1470,29 +1472,38 @@ class _LayerCore:
         return dlq_id
 
     def _prepare_orphan(self, key: str, env: Mapping[str, Any]) -> Prepared:
-        """The DLQ record of an orphan; never raises (recovery must reach every orphan)."""
+        """The DLQ record of an orphan; never raises (recovery must reach every orphan).
+
+        An orphan whose envelope holds no payload (unreadable, or not a
+        durabilis envelope) is parked without one, saying why, like one whose
+        payload cannot be parked: its replay is refused, never run with a
+        payload of ``None`` under the original key.
+        """
         agent = str(env.get("agent_id") or "unknown")
         op = str(env.get("operation_type") or "unknown")
-        meta = self._metadata(
-            key, *(str(env[f]) if env.get(f) else None
-                   for f in ("dependency", "task_id", "phase", "fingerprint"))
-        )
-        try:
-            prepared: Prepared = self._dlq.prepare(
-                agent, op, env.get("payload"), meta, spare_bytes=_REASON_ROOM
+        missing = None if "payload" in env else "CorruptData"
+        if missing is None:
+            meta = self._metadata(
+                key, *(str(env[f]) if env.get(f) else None
+                       for f in ("dependency", "task_id", "phase", "fingerprint"))
             )
-            return prepared
-        except DurabilisError as exc:
-            # Written by an older config or another version: park it anyway,
-            # saying why its payload is missing.
-            _log.error("durability_orphan_payload_not_parkable", idempotency_key=key,
-                       error=f"{type(exc).__name__}: {exc}")
-            note = {"idempotency_key": key, "payload_error": f"{type(exc).__name__}"}
             try:
-                fallback: Prepared = self._dlq.prepare(agent, op, None, note)
-            except DurabilisError:
-                fallback = self._dlq.prepare("unknown", "unknown", None, note)
-            return fallback
+                prepared: Prepared = self._dlq.prepare(
+                    agent, op, env.get("payload"), meta, spare_bytes=_REASON_ROOM
+                )
+                return prepared
+            except DurabilisError as exc:
+                # Written by an older config or another version: park it
+                # anyway, saying why its payload is missing.
+                _log.error("durability_orphan_payload_not_parkable", idempotency_key=key,
+                           error=f"{type(exc).__name__}: {exc}")
+                missing = type(exc).__name__
+        note = {"idempotency_key": key, "payload_error": missing}
+        try:
+            fallback: Prepared = self._dlq.prepare(agent, op, None, note)
+        except DurabilisError:
+            fallback = self._dlq.prepare("unknown", "unknown", None, note)
+        return fallback
 
     # -- replay --
 

@@ -46,6 +46,7 @@ from durabilis import (
     RetryPolicy,
 )
 from durabilis._steps import IO, Hold, Run, Stepper
+from durabilis.dlq import ReplayOutcome
 from durabilis.layer import (
     AsyncDurabilityLayer,
     DurabilityLayer,
@@ -804,6 +805,28 @@ def test_an_orphan_parked_without_its_payload_keeps_its_whole_idempotency_key(
     [dlq_id] = layer.recover_orphans()
     record = layer.dlq.get(dlq_id)
     assert record is not None and record.metadata["idempotency_key"] == key
+
+
+@pytest.mark.parametrize(
+    "envelope", [b"\xc1 not msgpack", b"\x80"], ids=["unreadable", "empty map"]
+)
+def test_an_orphan_whose_payload_cannot_be_read_is_parked_without_it_and_never_replayed(
+    store: durabilis.Store, envelope: bytes
+) -> None:
+    """Its replay must not run fn with a payload of None under the original key."""
+    layer = layer_on(store, lease=0.2)
+    ops = layer.idempotency._ops
+    store.run(ops.claim(IdempotencyKey("a1:job:k"), None, envelope, "n-1"))
+    store.run(layer._core._note("add", [layer._core.member("a1:job:k", "n-1")]))
+    time.sleep(0.3)
+    [dlq_id] = layer.recover_orphans()
+    record = layer.dlq.get(dlq_id)
+    assert record.metadata["payload_error"] == "CorruptData"
+    assert record.metadata["idempotency_key"] == "a1:job:k"
+    op = Counter()
+    result = layer.replay(dlq_id, op)
+    assert result.outcome is ReplayOutcome.FAILED and op.calls == []
+    assert "parked without its payload" in (result.error or "")
 
 
 def test_an_interrupt_during_the_record_step_lets_the_record_land_first(
