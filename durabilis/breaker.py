@@ -819,14 +819,14 @@ def admission(
     if state is BreakerState.CLOSED:
         return True, False, 0
     # A time stored "in the future" means the server clock stepped back: the
-    # timeout counts as elapsed (as in the script).
+    # script restarts that timeout from now (as if the time were now).
     if state is BreakerState.OPEN:
-        left = opened_at_ms + _ms(config.reset_timeout_seconds) - now_ms
-        return (True, True, 0) if left <= 0 or now_ms < opened_at_ms else (False, False, left)
+        left = min(opened_at_ms, now_ms) + _ms(config.reset_timeout_seconds) - now_ms
+        return (True, True, 0) if left <= 0 else (False, False, left)
     if probes_in_flight < config.probe_success_required:
         return True, True, 0
-    left = newest_probe_ms + _ms(config.probe_timeout_seconds) - now_ms
-    return (True, True, 0) if left <= 0 or now_ms < newest_probe_ms else (False, False, left)
+    left = min(newest_probe_ms, now_ms) + _ms(config.probe_timeout_seconds) - now_ms
+    return (True, True, 0) if left <= 0 else (False, False, left)
 
 
 # --- the twins: thin I/O shells -----------------------------------------------
@@ -947,7 +947,10 @@ class _RegistryCore:
         admission: presumed abandoned, it is never credited. If the dependency's
         calls always take that long, no probe ever is and the breaker never
         closes again: say so, with the setting to raise."""
-        timeout = self._ops.entry(name).config.probe_timeout_seconds
+        try:
+            timeout = self._ops.entry(name).config.probe_timeout_seconds
+        except DurabilisError:  # (never raised into a record step that already landed)
+            return
         if took_ms >= timeout * 1000.0:
             _log.warning(
                 "durability_circuit_probe_too_slow", dependency=name,

@@ -77,10 +77,16 @@ local function next_id()
 end
 
 if st == "O" then
-  -- Opened "in the future": the server clock stepped back (a failover to a
-  -- replica whose clock is behind). The reset timeout counts as elapsed, else
-  -- the breaker would stay OPEN for the whole jump; a probe decides.
-  if now >= oa and now - oa < reset then return {"open", g, oa + reset - now} end
+  if now < oa then
+    -- Opened "in the future": the server clock stepped back (a failover to a
+    -- replica whose clock is behind, an NTP step). The reset timeout starts
+    -- again from now: one more reset timeout, not the whole jump. (A refusal
+    -- that writes: fused with a claim, the plan gives the claim back.)
+    ready()
+    redis.call("HSET", sk, "oa", snow)
+    return {"open", g, reset}
+  end
+  if now - oa < reset then return {"open", g, oa + reset - now} end
   local kind = redis.call("TYPE", pk)["ok"]
   if kind ~= "none" and kind ~= "hash" then
     return {"corrupt", 2, "a " .. kind .. " where the probes hash belongs"}
@@ -109,11 +115,23 @@ end
 local inflight = redis.pcall("HLEN", pk)
 if type(inflight) == "table" then return {"corrupt", 2, inflight.err} end
 local rearmed = 0
-if inflight > 0 and (now - pn >= timeout or now < pn) then
+if inflight > 0 and now < pn then
+  -- Probes admitted "in the future": the clock stepped back. They keep their
+  -- slots, their admission times restamped to now, so a dead prober's slots
+  -- are re-armed one probe timeout from now, not after the whole jump (and a
+  -- live probe's report is still credited).
+  ready()
+  local all = redis.call("HGETALL", pk)
+  for i = 1, #all, 2 do
+    local at = tonumber(all[i + 1])
+    if not at or at > now then redis.call("HSET", pk, all[i], snow) end
+  end
+  redis.call("HSET", sk, "pn", snow)
+  pn = now
+end
+if inflight > 0 and now - pn >= timeout then
   -- The newest probe is presumed abandoned, and so is every older one: free
-  -- every slot before deciding, so no stale probe is ever credited. (A probe
-  -- admitted "in the future": the clock stepped back; waiting for the clock
-  -- to catch up would refuse every call for the whole jump.)
+  -- every slot before deciding, so no stale probe is ever credited.
   rearmed = 1
 elseif chosen ~= "" and inflight > 0 and redis.call("HEXISTS", pk, chosen) == 1 then
   -- Our own probe, asked for again (its first reply was lost): the same slot.

@@ -765,26 +765,48 @@ def test_a_probe_slower_than_probe_timeout_is_not_credited_and_says_which_settin
     assert [e for e in logs if e["event"] == "durability_circuit_probe_too_slow"] == []
 
 
-def test_a_server_clock_stepping_back_does_not_hold_a_breaker_open_or_its_probes_for_the_jump(
+def test_a_server_clock_stepping_back_holds_a_breaker_one_timeout_more_not_for_the_jump(
     store: durabilis.Store, raw: redis.Redis
 ) -> None:
     """A failover to a replica whose clock is an hour behind: the breaker's
-    stored times are then "in the future". The reset timeout and the probe
-    timeout count as elapsed (a probe decides), not an hour of refusals."""
+    stored times are then "in the future". Each timeout restarts from now (one
+    more reset or probe timeout, not an hour of refusals), probes keep their
+    slots (the cap holds) and a live probe's report is still credited."""
     clock = f"{store.namespace}:clock"
     offset_server_clock(store, clock)
     registry = make(store, cfg(probe_success_required=1))
     trip(registry)
     raw.set(clock, -3600 * 1_000_000)  # an hour behind, at once
-    info = registry.state_info("dep")
-    assert info.state is OPEN and info.call_allowed and info.retry_after == 0
-    stuck = registry.before_call("dep")  # OPEN -> HALF_OPEN now: the first probe
-    assert stuck.is_probe and registry.state("dep") is HALF_OPEN
-    raw.set(clock, -7200 * 1_000_000)  # ... and its prober dies as the clock steps back again
-    info = registry.state_info("dep")
-    assert info.probes_in_flight == 1 and info.call_allowed
+    with pytest.raises(durabilis.CircuitOpen) as refused:
+        registry.before_call("dep")
+    assert 0 < refused.value.retry_after <= RESET  # not the hour
+    assert registry.state_info("dep").retry_after <= RESET
+    wait_reset()
+    first = registry.before_call("dep")  # OPEN -> HALF_OPEN: the first probe
+    assert first.is_probe and registry.state("dep") is HALF_OPEN
+    raw.set(clock, -7200 * 1_000_000)  # another hour back while it runs
+    with pytest.raises(durabilis.CircuitOpen) as full:
+        registry.before_call("dep")  # the cap (1) holds: the probe keeps its slot
+    assert 0 < full.value.retry_after <= RESET
+    assert registry.state_info("dep").probes_in_flight == 1
+    assert registry.after_call("dep", True, first)  # a live probe's report counts
+    assert registry.state("dep") is CLOSED
+
+
+def test_a_dead_probe_admitted_before_the_clock_stepped_back_is_rearmed_one_timeout_later(
+    store: durabilis.Store, raw: redis.Redis
+) -> None:
+    clock = f"{store.namespace}:clock"
+    offset_server_clock(store, clock)
+    registry = make(store, cfg(probe_success_required=1))
+    dead = half_open(registry)
+    raw.set(clock, -3600 * 1_000_000)
+    with pytest.raises(durabilis.CircuitOpen) as full:
+        registry.before_call("dep")
+    assert 0 < full.value.retry_after <= RESET
+    wait_reset()
     fresh = registry.before_call("dep")
-    assert fresh.is_probe and fresh.rearmed and fresh.probe_id != stuck.probe_id
+    assert fresh.is_probe and fresh.rearmed and fresh.probe_id != dead.probe_id
     assert registry.after_call("dep", True, fresh)
     assert registry.state("dep") is CLOSED
 

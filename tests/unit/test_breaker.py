@@ -157,9 +157,12 @@ def test_admission_rule() -> None:
         True,
         0,
     )
-    # Stored "in the future": the server clock stepped back; the timeout counts as elapsed.
-    assert ask(BreakerState.OPEN, opened_at_ms=3_700_000) == (True, True, 0)
+    # Stored "in the future": the server clock stepped back; the timeout restarts from now.
+    assert ask(BreakerState.OPEN, opened_at_ms=3_700_000) == (False, False, 10_000)
     assert ask(BreakerState.HALF_OPEN, probes_in_flight=2, newest_probe_ms=3_700_000) == (
+        False, False, 5_000,
+    )
+    assert ask(BreakerState.HALF_OPEN, probes_in_flight=1, newest_probe_ms=3_700_000) == (
         True, True, 0,
     )
 
