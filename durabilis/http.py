@@ -47,6 +47,7 @@ from durabilis.errors import (
     ResultNotStored,
     WrongEventLoop,
 )
+from durabilis.events import exception_str
 from durabilis.idempotency import IdempotencyKey
 from durabilis.layer import AsyncDurabilityLayer, OperationContext
 
@@ -93,7 +94,7 @@ class _AppFailed(NotRetried):
     nothing is recorded, the claim is released, the client may try again."""
 
     def __init__(self, error: BaseException | None, status: int = 0) -> None:
-        super().__init__(f"{type(error).__name__}: {error}" if error is not None
+        super().__init__(f"{type(error).__name__}: {exception_str(error)}" if error is not None
                          else f"the application answered {status}")
         self.error = error
         # The code the retry log shows: the exception's type, or the status.
@@ -312,7 +313,9 @@ class DurableIdempotencyMiddleware:
             await self._refuse(send, refused)
             return
         except BaseException:
-            if exchange.app_task is not None:
+            # (Interrupted in fn, the application was cancelled and waited for
+            # there: never cancelled again here, in its cleanup.)
+            if exchange.app_task is not None and not exchange.app_task.done():
                 exchange.app_task.cancel()
             raise
         if exchange.ran:
@@ -488,7 +491,10 @@ class _Exchange:
 
     async def run(self, ctx: OperationContext) -> dict[str, Any]:
         """The layer's ``fn``: run the application until its response is
-        complete; return what to record."""
+        complete; return what to record. Once per request: the layer never
+        gets to run the application again (a retry is the client's)."""
+        if self.ran:
+            raise _AppFailed(RuntimeError("the application already ran for this request"))
         self.ran = True
         scope = dict(self.scope)
         extensions = dict(scope.get("extensions") or {})
@@ -503,12 +509,31 @@ class _Exchange:
             await self._done.wait()
         except BaseException:
             task.cancel()  # interrupted before the response was complete
+            # The key is given back only once the application stopped (its
+            # cleanup, a write it shielded): else a retry of the same key
+            # could run it again beside it.
+            await self._ended(task)
             raise
         if not self.complete:  # the application ended (raised or returned) first
             error = None if task.cancelled() else task.exception()
             raise _AppFailed(error or RuntimeError(
                 "the application returned without a complete response"))
         return self._outcome()
+
+    async def _ended(self, task: asyncio.Task[None]) -> None:
+        """Wait for the cancelled application to end, up to the claim's lease
+        (then the claim lapses anyway); further cancellations meanwhile wait too."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + float(self.mw.layer.config.idempotency.in_progress_ttl_seconds)
+        while not task.done():
+            left = end - loop.time()
+            if left <= 0:
+                _log.warning("durability_http_app_not_stopped", path=self.scope.get("path", ""))
+                return
+            try:
+                await asyncio.wait({task}, timeout=left)
+            except asyncio.CancelledError:
+                continue  # (the first cancellation is raised once it ended)
 
     def _outcome(self) -> dict[str, Any]:
         """The record of a complete response, or :class:`_AppFailed` to release the key."""

@@ -662,3 +662,107 @@ def test_framing_headers_cannot_be_stored(redis_url: str, namespace: str) -> Non
         await store.close()
 
     asyncio.run(main())
+
+
+async def _call(
+    mw: DurableIdempotencyMiddleware, idem_key: bytes, body: bytes = b"{}"
+) -> list[dict[str, Any]]:
+    """One raw ASGI POST with ``idem_key``; the messages the middleware sent."""
+    given = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.Event().wait()  # the client stays until the response
+        return {"type": "http.disconnect"}
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/p", "query_string": b"",
+             "headers": [(b"idempotency-key", idem_key)]}
+    await mw(scope, receive, send)
+    return sent
+
+
+def test_an_app_error_that_cannot_be_printed_runs_the_app_once_and_reaches_the_server(
+    redis_url: str, namespace: str
+) -> None:
+    """Its text is built after the app ran: a failing str() must not turn into
+    an error the retry policy runs the app again for (nor hang the request)."""
+    runs: list[int] = []
+
+    class Unprintable(TimeoutError):
+        def __str__(self) -> str:
+            raise RuntimeError("no str")
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        runs.append(1)
+        await receive()
+        raise Unprintable
+
+    async def main() -> None:
+        store = durabilis.connect_async(redis_url, namespace=namespace)
+        # Every error retried: the policy would run the app again if it could.
+        layer = AsyncDurabilityLayer(store, DurabilityConfig(retry_policies=(
+            durabilis.RetryPolicy("*", max_attempts=3, initial_delay_ms=1, max_delay_ms=1,
+                                  retryable_errors=()),
+        )))
+        mw = DurableIdempotencyMiddleware(app, layer)
+        try:
+            with pytest.raises(Unprintable):  # the server answers 500, as without us
+                await asyncio.wait_for(_call(mw, b"broken-1"), 10)
+            assert runs == [1]
+            assert await layer.dlq.pending_count() == 0  # released, not parked
+        finally:
+            await layer.close()
+            await store.close()
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_request_keeps_its_key_until_the_app_has_stopped(
+    redis_url: str, namespace: str
+) -> None:
+    """The server gives up on a request (its client went away) while the app
+    is in its cleanup: a retry of the key meanwhile gets 409, never a second
+    run of the app beside the first."""
+    runs: list[int] = []
+    writes: list[int] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        runs.append(1)
+        await receive()
+        try:
+            await asyncio.sleep(0.2)  # the downstream call
+        finally:
+            await asyncio.sleep(0.3)  # its commit, awaited in cleanup
+            writes.append(1)
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b"created"})
+
+    async def main() -> None:
+        store = durabilis.connect_async(redis_url, namespace=namespace)
+        layer = AsyncDurabilityLayer(store, DurabilityConfig())
+        mw = DurableIdempotencyMiddleware(app, layer)
+        try:
+            first = asyncio.ensure_future(_call(mw, b"pay-1"))
+            await asyncio.sleep(0.1)
+            first.cancel()
+            await asyncio.sleep(0.05)  # the client retries at once: the app still cleans up
+            retry = await _call(mw, b"pay-1")
+            assert retry[0]["status"] == 409
+            with pytest.raises(asyncio.CancelledError):
+                await first
+            assert runs == [1] and writes == [1]  # its cleanup ran to its end
+            again = await _call(mw, b"pay-1")  # the key was given back once it stopped
+            assert again[0]["status"] == 201 and runs == [1, 1]
+        finally:
+            await layer.close()
+            await store.close()
+
+    asyncio.run(main())
