@@ -291,6 +291,7 @@ class DurableIdempotencyMiddleware:
                 idempotency_key=key, wait=self.wait_seconds or None,
             )
         except _AppFailed as failed:
+            exchange.raise_cancelled()  # (its response was not recorded either)
             if failed.error is None:  # its answer (5xx, 429...), not recorded: key released
                 await exchange.flush()
                 await exchange.finish_app()
@@ -307,17 +308,21 @@ class DurableIdempotencyMiddleware:
                 if not isinstance(refused, ResultNotStored):
                     _log.warning("durability_http_unrecorded", error=type(refused).__name__,
                                  operation_type=self.operation_type)
+                exchange.raise_cancelled()
                 await exchange.flush()
                 await exchange.finish_app()
                 return
             await self._refuse(send, refused)
             return
         except BaseException:
-            # (Interrupted in fn, the application was cancelled and waited for
-            # there: never cancelled again here, in its cleanup.)
-            if exchange.app_task is not None and not exchange.app_task.done():
+            # (Interrupted in fn, the application was cancelled there, and
+            # waited for: never cancelled again here, in its cleanup.)
+            if exchange.app_task is not None and not exchange.stopping:
                 exchange.app_task.cancel()
             raise
+        # Cancelled, but its application completed its response: recorded (a
+        # retry gets it), then the cancellation goes on.
+        exchange.raise_cancelled()
         if exchange.ran:
             await exchange.flush()
             await exchange.finish_app()
@@ -488,6 +493,10 @@ class _Exchange:
         self._body_given = False
         self._done = asyncio.Event()
         self.app_task: asyncio.Task[None] | None = None
+        # The cancellation of a request whose application completed its
+        # response all the same: raised once that response is recorded.
+        self.cancelled: BaseException | None = None
+        self.stopping = False  # its application was cancelled (once: its cleanup runs on)
 
     async def run(self, ctx: OperationContext) -> dict[str, Any]:
         """The layer's ``fn``: run the application until its response is
@@ -502,17 +511,25 @@ class _Exchange:
             extensions.pop(name, None)
         scope["extensions"] = extensions
         # The task copies this context: current_operation() works in the handler.
-        task = asyncio.ensure_future(self.mw.app(scope, self._app_receive, self._app_send))
+        try:  # (an application that raises as it is called, before any await, too)
+            task = asyncio.ensure_future(self.mw.app(scope, self._app_receive, self._app_send))
+        except Exception as exc:
+            raise _AppFailed(exc) from None
         self.app_task = task
         task.add_done_callback(lambda _t: self._done.set())
         try:
             await self._done.wait()
-        except BaseException:
+        except BaseException as interruption:
             task.cancel()  # interrupted before the response was complete
+            self.stopping = True
             # The key is given back only once the application stopped (its
-            # cleanup, a write it shielded): else a retry of the same key
-            # could run it again beside it.
+            # cleanup): else a retry of the same key could run it again beside it.
             await self._ended(task)
+            if self.complete and isinstance(interruption, asyncio.CancelledError):
+                # It completed its response all the same (finished what it had
+                # started): recorded like any, then the cancellation is raised.
+                self.cancelled = interruption
+                return self._outcome()
             raise
         if not self.complete:  # the application ended (raised or returned) first
             error = None if task.cancelled() else task.exception()
@@ -520,20 +537,31 @@ class _Exchange:
                 "the application returned without a complete response"))
         return self._outcome()
 
+    def raise_cancelled(self) -> None:
+        """Raise the request's cancellation, if its application completed its
+        response after it (see :meth:`run`): nothing more is sent."""
+        if self.cancelled is not None:
+            raise self.cancelled
+
     async def _ended(self, task: asyncio.Task[None]) -> None:
-        """Wait for the cancelled application to end, up to the claim's lease
-        (then the claim lapses anyway); further cancellations meanwhile wait too."""
+        """Wait for the cancelled application to end (the claim is renewed
+        meanwhile), up to the claim's lease: an application still running then
+        is left to run, and the key is released (logged). One more cancellation
+        is waited through too; a cancel scope that cancels again at every turn
+        (anyio's) is not: waiting would spin, so the key is released at once."""
         loop = asyncio.get_running_loop()
         end = loop.time() + float(self.mw.layer.config.idempotency.in_progress_ttl_seconds)
+        again = 0
         while not task.done():
             left = end - loop.time()
-            if left <= 0:
-                _log.warning("durability_http_app_not_stopped", path=self.scope.get("path", ""))
+            if left <= 0 or again > 1:
+                _log.warning("durability_http_app_not_stopped", path=self.scope.get("path", ""),
+                             reason="lease" if left <= 0 else "cancelled again")
                 return
             try:
                 await asyncio.wait({task}, timeout=left)
             except asyncio.CancelledError:
-                continue  # (the first cancellation is raised once it ended)
+                again += 1  # (the first cancellation is raised once it ended)
 
     def _outcome(self) -> dict[str, Any]:
         """The record of a complete response, or :class:`_AppFailed` to release the key."""

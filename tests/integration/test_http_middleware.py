@@ -9,6 +9,7 @@ in test_http_uvicorn.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -766,3 +767,94 @@ def test_a_cancelled_request_keeps_its_key_until_the_app_has_stopped(
             await store.close()
 
     asyncio.run(main())
+
+
+def _served(redis_url: str, namespace: str, app: Any, body: Any) -> None:
+    async def main() -> None:
+        store = durabilis.connect_async(redis_url, namespace=namespace)
+        layer = AsyncDurabilityLayer(store, DurabilityConfig())
+        try:
+            await body(DurableIdempotencyMiddleware(app, layer), layer)
+        finally:
+            await layer.close()
+            await store.close()
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_request_whose_app_completes_its_response_all_the_same_is_recorded(
+    redis_url: str, namespace: str
+) -> None:
+    """The app catches the cancellation and finishes what it started (its
+    effect, its complete response): that response is recorded before the
+    cancellation goes on, so a retry gets it instead of a second run."""
+    effects: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        with contextlib.suppress(asyncio.CancelledError):  # finish what was started
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(0.1)
+        effects.append("charged")
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b"charged"})
+
+    async def body(mw: DurableIdempotencyMiddleware, layer: AsyncDurabilityLayer) -> None:
+        first = asyncio.ensure_future(_call(mw, b"pay-2"))
+        await asyncio.sleep(0.1)
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        retry = await _call(mw, b"pay-2")
+        assert retry[0]["status"] == 201 and retry[1]["body"] == b"charged"
+        assert (b"idempotent-replayed", b"true") in retry[0]["headers"]
+        assert effects == ["charged"]
+
+    _served(redis_url, namespace, app, body)
+
+
+def test_an_app_that_raises_as_it_is_called_reaches_the_server_and_is_not_parked(
+    redis_url: str, namespace: str
+) -> None:
+    calls: list[int] = []
+
+    class App:  # not a coroutine function: it raises before returning one
+        def __call__(self, scope: Any, receive: Any, send: Any) -> Any:
+            calls.append(1)
+            raise ConnectionError("backend pool exhausted")
+
+    async def body(mw: DurableIdempotencyMiddleware, layer: AsyncDurabilityLayer) -> None:
+        with pytest.raises(ConnectionError, match="backend pool exhausted"):
+            await _call(mw, b"sync-1")
+        assert calls == [1]
+        assert await layer.dlq.pending_count() == 0  # released, never parked nor retried
+
+    _served(redis_url, namespace, App(), body)
+
+
+def test_a_cancel_scope_that_cancels_at_every_turn_does_not_spin_the_wait(
+    redis_url: str, namespace: str
+) -> None:
+    """anyio re-cancels a task at every loop turn until it leaves the scope:
+    waiting for the app there would spin the loop for its whole cleanup, so
+    the key is released at once instead (the app's cleanup goes on alone)."""
+    import anyio
+
+    cleaned: list[int] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        try:
+            await asyncio.sleep(5)
+        finally:
+            await asyncio.shield(asyncio.sleep(0.5))
+            cleaned.append(1)
+
+    async def body(mw: DurableIdempotencyMiddleware, layer: AsyncDurabilityLayer) -> None:
+        with anyio.move_on_after(0.2):
+            await _call(mw, b"scope-1")
+        assert cleaned == []  # not waited for (that wait spun the loop): left to finish alone
+        await asyncio.sleep(0.6)
+        assert cleaned == [1]
+
+    _served(redis_url, namespace, app, body)
