@@ -765,6 +765,7 @@ def test_a_probe_slower_than_probe_timeout_is_not_credited_and_says_which_settin
     assert [e for e in logs if e["event"] == "durability_circuit_probe_too_slow"] == []
 
 
+@pytest.mark.standalone_only  # (the clock hook needs one plain server)
 def test_a_server_clock_stepping_back_holds_a_breaker_one_timeout_more_not_for_the_jump(
     store: durabilis.Store, raw: redis.Redis
 ) -> None:
@@ -793,6 +794,7 @@ def test_a_server_clock_stepping_back_holds_a_breaker_one_timeout_more_not_for_t
     assert registry.state("dep") is CLOSED
 
 
+@pytest.mark.standalone_only  # (the clock hook needs one plain server)
 def test_a_dead_probe_admitted_before_the_clock_stepped_back_is_rearmed_one_timeout_later(
     store: durabilis.Store, raw: redis.Redis
 ) -> None:
