@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import socket
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from typing import Any
@@ -416,6 +417,13 @@ class DurableIdempotencyMiddleware:
         record = await exchange.run(ctx)
         if exchange.app_task is not None:  # its background work goes on, errors logged
             exchange.app_task.add_done_callback(_log_app_end)
+        if exchange.cancelled is not None:
+            # Cancelled, but the application completed its response: the
+            # cancellation is asked for again, so the layer records this
+            # outcome (a shielded step) and then raises it; never swallowed.
+            this = asyncio.current_task()
+            if this is not None:
+                this.cancel()
         if record["s"] >= 400:
             # Without its client's other headers (credentials are never kept), a
             # refusal may be an artefact of the replay: not recorded, so the
@@ -522,6 +530,7 @@ class _Exchange:
         except BaseException as interruption:
             task.cancel()  # interrupted before the response was complete
             self.stopping = True
+            self._done.set()  # (a replay's application reading its request again: disconnected)
             # The key is given back only once the application stopped (its
             # cleanup): else a retry of the same key could run it again beside it.
             await self._ended(task)
@@ -547,8 +556,22 @@ class _Exchange:
         """Wait for the cancelled application to end (the claim is renewed
         meanwhile), up to the claim's lease: an application still running then
         is left to run, and the key is released (logged). One more cancellation
-        is waited through too; a cancel scope that cancels again at every turn
-        (anyio's) is not: waiting would spin, so the key is released at once."""
+        is waited through too. anyio's cancel scopes, which cancel again at
+        every loop turn, are shielded for the wait when anyio is in use; a
+        third plain cancellation ends the wait (the key is released at once)."""
+        anyio = sys.modules.get("anyio")  # only if the application uses it already
+        if anyio is not None:
+            try:
+                shield = anyio.CancelScope(shield=True)
+            except Exception:  # not in a task anyio can shield
+                shield = None
+            if shield is not None:
+                with shield:  # its scopes' cancellations wait for the end of it
+                    await self._wait_for_end(task)
+                return
+        await self._wait_for_end(task)
+
+    async def _wait_for_end(self, task: asyncio.Task[None]) -> None:
         loop = asyncio.get_running_loop()
         end = loop.time() + float(self.mw.layer.config.idempotency.in_progress_ttl_seconds)
         again = 0
