@@ -690,6 +690,22 @@ async def _call(
     return sent
 
 
+def _served(
+    redis_url: str, namespace: str, app: Any, body: Any, config: DurabilityConfig | None = None
+) -> None:
+    """``body(mw, layer)`` with ``app`` behind the middleware; closes the layer."""
+    async def main() -> None:
+        store = durabilis.connect_async(redis_url, namespace=namespace)
+        layer = AsyncDurabilityLayer(store, config or DurabilityConfig())
+        try:
+            await body(DurableIdempotencyMiddleware(app, layer), layer)
+        finally:
+            await layer.close()
+            await store.close()
+
+    asyncio.run(main())
+
+
 def test_an_app_error_that_cannot_be_printed_runs_the_app_once_and_reaches_the_server(
     redis_url: str, namespace: str
 ) -> None:
@@ -706,24 +722,17 @@ def test_an_app_error_that_cannot_be_printed_runs_the_app_once_and_reaches_the_s
         await receive()
         raise Unprintable
 
-    async def main() -> None:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
-        # Every error retried: the policy would run the app again if it could.
-        layer = AsyncDurabilityLayer(store, DurabilityConfig(retry_policies=(
-            durabilis.RetryPolicy("*", max_attempts=3, initial_delay_ms=1, max_delay_ms=1,
-                                  retryable_errors=()),
-        )))
-        mw = DurableIdempotencyMiddleware(app, layer)
-        try:
-            with pytest.raises(Unprintable):  # the server answers 500, as without us
-                await asyncio.wait_for(_call(mw, b"broken-1"), 10)
-            assert runs == [1]
-            assert await layer.dlq.pending_count() == 0  # released, not parked
-        finally:
-            await layer.close()
-            await store.close()
+    async def body(mw: DurableIdempotencyMiddleware, layer: AsyncDurabilityLayer) -> None:
+        with pytest.raises(Unprintable):  # the server answers 500, as without us
+            await asyncio.wait_for(_call(mw, b"broken-1"), 10)
+        assert runs == [1]
+        assert await layer.dlq.pending_count() == 0  # released, not parked
 
-    asyncio.run(main())
+    # Every error retried: the policy would run the app again if it could.
+    _served(redis_url, namespace, app, body, DurabilityConfig(retry_policies=(
+        durabilis.RetryPolicy("*", max_attempts=3, initial_delay_ms=1, max_delay_ms=1,
+                              retryable_errors=()),
+    )))
 
 
 def test_a_cancelled_request_keeps_its_key_until_the_app_has_stopped(
@@ -746,40 +755,20 @@ def test_a_cancelled_request_keeps_its_key_until_the_app_has_stopped(
         await send({"type": "http.response.start", "status": 201, "headers": []})
         await send({"type": "http.response.body", "body": b"created"})
 
-    async def main() -> None:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
-        layer = AsyncDurabilityLayer(store, DurabilityConfig())
-        mw = DurableIdempotencyMiddleware(app, layer)
-        try:
-            first = asyncio.ensure_future(_call(mw, b"pay-1"))
-            await asyncio.sleep(0.1)
-            first.cancel()
-            await asyncio.sleep(0.05)  # the client retries at once: the app still cleans up
-            retry = await _call(mw, b"pay-1")
-            assert retry[0]["status"] == 409
-            with pytest.raises(asyncio.CancelledError):
-                await first
-            assert runs == [1] and writes == [1]  # its cleanup ran to its end
-            again = await _call(mw, b"pay-1")  # the key was given back once it stopped
-            assert again[0]["status"] == 201 and runs == [1, 1]
-        finally:
-            await layer.close()
-            await store.close()
+    async def body(mw: DurableIdempotencyMiddleware, layer: AsyncDurabilityLayer) -> None:
+        first = asyncio.ensure_future(_call(mw, b"pay-1"))
+        await asyncio.sleep(0.1)
+        first.cancel()
+        await asyncio.sleep(0.05)  # the client retries at once: the app still cleans up
+        retry = await _call(mw, b"pay-1")
+        assert retry[0]["status"] == 409
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        assert runs == [1] and writes == [1]  # its cleanup ran to its end
+        again = await _call(mw, b"pay-1")  # the key was given back once it stopped
+        assert again[0]["status"] == 201 and runs == [1, 1]
 
-    asyncio.run(main())
-
-
-def _served(redis_url: str, namespace: str, app: Any, body: Any) -> None:
-    async def main() -> None:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
-        layer = AsyncDurabilityLayer(store, DurabilityConfig())
-        try:
-            await body(DurableIdempotencyMiddleware(app, layer), layer)
-        finally:
-            await layer.close()
-            await store.close()
-
-    asyncio.run(main())
+    _served(redis_url, namespace, app, body)
 
 
 def test_a_cancelled_request_whose_app_completes_its_response_all_the_same_is_recorded(
