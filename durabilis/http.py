@@ -414,16 +414,15 @@ class DurableIdempotencyMiddleware:
             "extensions": {}, "state": {},
         }
         exchange = _Exchange(self, scope, bytes(p["b"]), None, None)
-        record = await exchange.run(ctx)
+        try:
+            record = await exchange.run(ctx)
+        except _AppFailed:
+            exchange.raise_cancelled()  # cancelled, and nothing to record: raised now
+            raise
         if exchange.app_task is not None:  # its background work goes on, errors logged
             exchange.app_task.add_done_callback(_log_app_end)
         if exchange.cancelled is not None:
-            # Cancelled, but the application completed its response: the
-            # cancellation is asked for again, so the layer records this
-            # outcome (a shielded step) and then raises it; never swallowed.
-            this = asyncio.current_task()
-            if this is not None:
-                this.cancel()
+            _cancel_again()
         if record["s"] >= 400:
             # Without its client's other headers (credentials are never kept), a
             # refusal may be an artefact of the replay: not recorded, so the
@@ -473,6 +472,20 @@ class DurableIdempotencyMiddleware:
             return message
 
         return wrapped
+
+
+def _cancel_again() -> None:
+    """Ask again for the cancellation the current task caught (a replay whose
+    application completed its response after it): the layer records the
+    outcome (a shielded step), then raises it; never swallowed. Counted once:
+    ``asyncio.timeout`` and anyio's scopes match their own request to it."""
+    this = asyncio.current_task()
+    if this is None:
+        return
+    this.cancel()
+    cancelling = getattr(this, "cancelling", None)  # (Python 3.11+)
+    if cancelling is not None and cancelling() > 1:
+        this.uncancel()  # type: ignore[attr-defined]
 
 
 class _Exchange:
