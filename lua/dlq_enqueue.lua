@@ -21,7 +21,10 @@ candidate: the first record of a key has the id the caller derives from the
 key); when the by-key hash names another, nothing is written and the answer
 is "miss" with that id, to send again with it. Each parking carries its own id
 (the claim's), kept in the record ("pid:<id>"): a parking sent again after a
-lost reply changes nothing.
+lost reply changes nothing. A record parked without its payload (metadata
+"payload_error": recovery could not read the claim's) is marked "np"; a
+parking that carries a payload never merges into it (that record could never
+be replayed): it gets a record of its own, which the by-key hash then names.
 
 Every change of state is also appended to the capped log stream (XRANGE it to
 see, in order, what happened to the DLQ's records: parked, parked_again,
@@ -130,9 +133,10 @@ end
 -- The payload fingerprint of a caller's key (metadata "fingerprint"): parkings
 -- merge only into a record of the same payload (a key reused with another
 -- payload is another operation and gets its own record).
-local fpr = ""
+local fpr, nopay = "", false
 for i = 12, #ARGV - 1, 2 do
   if ARGV[i] == "meta:fingerprint" then fpr = ARGV[i + 1] end
+  if ARGV[i] == "meta:payload_error" then nopay = true end
 end
 
 -- Which record this parking goes to (checks only: nothing is written yet).
@@ -141,9 +145,10 @@ if mkey ~= "" then
   local cur = redis.call("HGET", BK, mkey)
   if cur and cur ~= cand then return {"miss", cur} end
   if redis.call("EXISTS", HC) == 1 then
-    local f = redis.call("HMGET", HC, "st", "exp", "sid", "fp")
+    local f = redis.call("HMGET", HC, "st", "exp", "sid", "fp", "np")
     local hexp = tonumber(f[2])
-    if cur == cand and f[1] == "pending" and hexp and hexp > now and (f[4] or "") == fpr then
+    if cur == cand and f[1] == "pending" and hexp and hexp > now and (f[4] or "") == fpr
+        and (nopay or not f[5]) then
       if redis.call("HEXISTS", HC, "pid:" .. id) == 1 then return {"exists", f[3], cand} end
       merge_into = true
     end
@@ -182,6 +187,7 @@ local pm = sortkey(sid) .. "|" .. id
 
 redis.call("HSET", TH, "st", "pending", "op", op, "sid", sid, "ts", now, "exp", exp, "ra", 0,
   "pk", 1, "pid:" .. ARGV[1], 1)
+if nopay then redis.call("HSET", TH, "np", 1) end
 if mkey ~= "" then
   redis.call("HSET", TH, "ik", mkey)
   if fpr ~= "" then redis.call("HSET", TH, "fp", fpr) end

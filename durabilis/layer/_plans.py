@@ -1542,6 +1542,28 @@ class _LayerCore:
             raise ConfigError("wait", f"must be a number of seconds >= 0 or None, got {wait!r}")
         return float(wait)
 
+    def _payloadless_replay(self, record: DlqRecord, missing: str) -> Plan[BaseException | object]:
+        """The replay of a record parked without its payload: nothing can run.
+
+        Once its key has completed (a later delivery succeeded, or the
+        operation's other record was replayed), the record is settled
+        (``ANSWERED``: marked replayed, nothing ran); while the key is in
+        progress, the replay is deferred; otherwise it fails, asking for a hand.
+        """
+        key = (record.metadata or {}).get("idempotency_key")
+        if key and self.config.idempotency.enabled:
+            try:
+                ikey = IdempotencyKey(key)
+                dup = self._idem.decode_check(ikey, (yield IO([self._idem.check(ikey)]))[0])
+            except DurabilisError as exc:
+                return exc
+            if dup is not None:
+                return OperationInProgress(key) if dup.in_progress else ANSWERED
+        return InvalidPayload(
+            f"parked without its payload ({missing}): handle it by hand, then "
+            "abandon or mark it replayed"
+        )
+
     def replay_plan(
         self, fn: Callable[[OperationContext], Any], wait: float | None = None
     ) -> Callable[[DlqRecord, str], Plan[BaseException | object | None]]:
@@ -1551,10 +1573,7 @@ class _LayerCore:
         def handle(record: DlqRecord, token: str) -> Plan[BaseException | object | None]:
             missing = (record.metadata or {}).get("payload_error")
             if missing:  # parked by recovery without its payload: nothing to replay
-                return InvalidPayload(
-                    f"parked without its payload ({missing}): handle it by hand, then "
-                    "abandon or mark it replayed"
-                )
+                return (yield from self._payloadless_replay(record, missing))
             claim = _ReplayClaim(record.dlq_id, token)
             try:
                 request = self.replay_request(record, seconds)

@@ -829,6 +829,43 @@ def test_an_orphan_whose_payload_cannot_be_read_is_parked_without_it_and_never_r
     assert "parked without its payload" in (result.error or "")
 
 
+def test_a_later_failing_delivery_gets_a_replayable_record_and_settles_the_payloadless_one(
+    store: durabilis.Store,
+) -> None:
+    """An orphan parked without its payload is no record to merge a good parking into:
+    merged, the operation's record could never be replayed (and kept its type "unknown")."""
+    layer = layer_on(store, lease=0.2)
+    ops = layer.idempotency._ops
+    key = IdempotencyKey.new("a1", "job", {"n": 1})  # the key a delivery derives
+    store.run(ops.claim(key, None, b"\xc1 not msgpack", "n-1"))
+    store.run(layer._core._note("add", [layer._core.member(key.value, "n-1")]))
+    time.sleep(0.3)
+    [lost] = layer.recover_orphans()
+    seen: list[ReplayOutcome] = []
+
+    def failing(ctx: OperationContext) -> None:
+        if not seen:  # its key in progress: the payload-less record's replay waits for it
+            seen.append(layer.replay(lost, Counter()).outcome)
+        raise OperationError("NETWORK_TIMEOUT", "still down")
+
+    with pytest.raises(RetryExhausted) as failed:
+        layer.execute("a1", "job", {"n": 1}, failing)
+    assert seen == [ReplayOutcome.DEFERRED]
+    parked = str(failed.value.dlq_id)
+    assert parked != lost
+    record = layer.dlq.get(parked)
+    assert record is not None and record.original_operation == {"n": 1}
+    assert [r.dlq_id for r in layer.dlq.list_pending("job")] == [parked]
+    op = Counter(result="done")
+    # While its key has not completed, nothing can settle the payload-less record.
+    assert layer.replay(lost, op).outcome is ReplayOutcome.FAILED and op.calls == []
+    assert layer.replay(parked, op).outcome is ReplayOutcome.REPLAYED
+    assert [ctx.payload for ctx in op.calls] == [{"n": 1}]
+    # Now it has: the payload-less record is marked replayed, and nothing runs.
+    assert layer.replay(lost, op).outcome is ReplayOutcome.REPLAYED and len(op.calls) == 1
+    assert layer.dlq.pending_count() == 0
+
+
 def test_an_interrupt_during_the_record_step_lets_the_record_land_first(
     private_redis: RedisServer, namespace: str
 ) -> None:
