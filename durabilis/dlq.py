@@ -636,7 +636,7 @@ class _DlqOps:
 
     @property
     def log_key(self) -> str:
-        """Capped stream of every state change (parked, parked_again, replay_failed,
+        """Capped stream of every state change (parked, parked_again, filled_in, replay_failed,
         replayed, abandoned), in order."""
         return self.keys.dlq("log")
 

@@ -22,13 +22,15 @@ key); when the by-key hash names another, nothing is written and the answer
 is "miss" with that id, to send again with it. Each parking carries its own id
 (the claim's), kept in the record ("pid:<id>"): a parking sent again after a
 lost reply changes nothing. A record parked without its payload (metadata
-"payload_error": recovery could not read the claim's) is marked "np"; a
-parking that carries a payload never merges into it (that record could never
-be replayed): it gets a record of its own, which the by-key hash then names.
+"payload_error": recovery could not read the claim's) is marked "np"; the
+first parking of the operation that carries a payload FILLS IT IN: the
+record's stream entry is replaced by that parking's (payload, agent,
+operation type, metadata), its indexes follow, and "np" goes. Until then the
+record cannot be replayed.
 
 Every change of state is also appended to the capped log stream (XRANGE it to
 see, in order, what happened to the DLQ's records: parked, parked_again,
-replay_failed, replayed, abandoned).
+filled_in, replay_failed, replayed, abandoned).
 
 KEYS[1]  stream                     (<ns>:dlq:{dlq}:stream)
 KEYS[2]  expiry index, zset         score expires_ms, member "<sid>|<dlq_id>|<p|r|a>|<op>"
@@ -140,17 +142,16 @@ for i = 12, #ARGV - 1, 2 do
 end
 
 -- Which record this parking goes to (checks only: nothing is written yet).
-local target, TH, merge_into = id, H, false
+local target, TH, merge_into, fill, f = id, H, false, false, {}
 if mkey ~= "" then
   local cur = redis.call("HGET", BK, mkey)
   if cur and cur ~= cand then return {"miss", cur} end
   if redis.call("EXISTS", HC) == 1 then
-    local f = redis.call("HMGET", HC, "st", "exp", "sid", "fp", "np")
+    f = redis.call("HMGET", HC, "st", "exp", "sid", "fp", "np", "op")
     local hexp = tonumber(f[2])
-    if cur == cand and f[1] == "pending" and hexp and hexp > now and (f[4] or "") == fpr
-        and (nopay or not f[5]) then
+    if cur == cand and f[1] == "pending" and hexp and hexp > now and (f[4] or "") == fpr then
       if redis.call("HEXISTS", HC, "pid:" .. id) == 1 then return {"exists", f[3], cand} end
-      merge_into = true
+      merge_into, fill = true, f[5] and not nopay
     end
   else
     target, TH = cand, HC  -- the operation's record takes the id derived from its key
@@ -160,11 +161,39 @@ if not merge_into and redis.call("EXISTS", TH) == 1 then
   return {"exists", redis.call("HGET", TH, "sid") or "", target}
 end
 
+-- The readable stream entry of record rid, expiring at e.
+local function entry(rid, e)
+  local fields = {
+    "dlq_id", rid, "agent_id", ARGV[4], "operation_type", op, "retry_count", ARGV[6],
+    "last_error", ARGV[7], "failed_at", iso_utc(now), "expires_at", iso_utc(e),
+    ARGV[8], ARGV[9],
+  }
+  for i = 12, #ARGV do fields[#fields + 1] = ARGV[i] end
+  return redis.call("XADD", S, "*", unpack(fields))
+end
+
 ready()
 if merge_into then
   local parkings = redis.call("HINCRBY", HC, "pk", 1)
   redis.call("HSET", HC, "le", ARGV[7], "pat", now, "pid:" .. id, 1)
-  redis.call("XADD", LOG, "MAXLEN", "~", LOG_MAX, "*", "dlq_id", cand, "change", "parked_again",
+  local change = "parked_again"
+  if fill then  -- the payload-less record gets this parking's entry, and its indexes follow
+    local osid, oop, hexp = f[3], f[6] or "", tonumber(f[2])
+    local sid = entry(cand, hexp)
+    redis.call("XDEL", S, osid)
+    redis.call("ZREM", E, osid .. "|" .. cand .. "|p|" .. oop)
+    redis.call("ZADD", E, hexp, sid .. "|" .. cand .. "|p|" .. op)
+    redis.call("ZREM", P, sortkey(osid) .. "|" .. cand)
+    redis.call("ZADD", P, 0, sortkey(sid) .. "|" .. cand)
+    redis.call("ZREM", PO, oop .. "\0" .. sortkey(osid) .. "|" .. cand)
+    redis.call("ZADD", PO, 0, op .. "\0" .. sortkey(sid) .. "|" .. cand)
+    bump("pending|" .. oop, -1)
+    bump("pending|" .. op, 1)
+    redis.call("HSET", HC, "sid", sid, "op", op)
+    redis.call("HDEL", HC, "np")
+    change = "filled_in"
+  end
+  redis.call("XADD", LOG, "MAXLEN", "~", LOG_MAX, "*", "dlq_id", cand, "change", change,
     "error", ARGV[7], "parkings", parkings)
   return {"merged", redis.call("HGET", HC, "sid"), cand, parkings}
 end
@@ -176,13 +205,7 @@ end
 
 id = target
 local exp = now + ttl
-local fields = {
-  "dlq_id", id, "agent_id", ARGV[4], "operation_type", op, "retry_count", ARGV[6],
-  "last_error", ARGV[7], "failed_at", iso_utc(now), "expires_at", iso_utc(exp),
-  ARGV[8], ARGV[9],
-}
-for i = 12, #ARGV do fields[#fields + 1] = ARGV[i] end
-local sid = redis.call("XADD", S, "*", unpack(fields))
+local sid = entry(id, exp)
 local pm = sortkey(sid) .. "|" .. id
 
 redis.call("HSET", TH, "st", "pending", "op", op, "sid", sid, "ts", now, "exp", exp, "ra", 0,

@@ -12,7 +12,8 @@ ARGV[1]  lease_ms                   lease for the recoverer
 ARGV[2]  nonce                      the index entry's claim nonce ("" = any claim)
 
 Returns one of
-  {"reclaimed", token, payload ("" = none), previous_token, claimed_ms}
+  {"reclaimed", token, payload ("" = none), previous_token, claimed_ms,
+   fingerprint ("" = none: kept apart from the payload, so it survives a damaged one)}
   {"skip", reason [, lease_expires_ms]}
       reason "none" | "done" | "other" | "corrupt" | "alive" (with its lease end)
 ]]
@@ -29,7 +30,7 @@ local function int(v)
   if n and n == n and n > -1e16 and n < 1e16 and n == math.floor(n) then return n end
   return nil
 end
-local f = redis.call("HMGET", key, "s", "tok", "le", "pl", "ts", "w", "cn", "hd")
+local f = redis.call("HMGET", key, "s", "tok", "le", "pl", "ts", "w", "cn", "hd", "fp")
 if f[1] == "d" then return {"skip", "done"} end
 if f[1] == "x" then return {"skip", "none"} end
 local le, ts, window, prev = int(f[3]), int(f[5]), int(f[6]), int(f[2])
@@ -47,4 +48,4 @@ ready()
 redis.call("HSET", key, "tok", token, "le", now + lease)
 -- Never before its hold ("hd": a parked operation's DLQ record still names it).
 redis.call("PEXPIREAT", key, math.max(ts + window, now + lease, int(f[8]) or 0))
-return {"reclaimed", token, f[4] or "", f[2], ts}
+return {"reclaimed", token, f[4] or "", f[2], ts, f[9] or ""}

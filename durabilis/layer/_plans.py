@@ -22,6 +22,7 @@ The rules that make the core promise hold (``docs/layer.md``):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import random
@@ -1420,6 +1421,10 @@ class _LayerCore:
             # Parked without it, saying why: a replay must never run fn with a
             # payload it made up (None, under the original key).
             _log.exception("durability_orphan_payload_unreadable", idempotency_key=key)
+            if len(reply) > 5 and reply[5]:  # kept apart from it: the parked record's
+                # fingerprint, so the operation's later parkings fill that record in
+                with contextlib.suppress(CorruptData):
+                    env = {"fingerprint": _codec.as_text(reply[5], key=rkey, field="fp")}
         return (yield from self._park_orphan(key, nonce, token, member, env, index))
 
     def _park_orphan(  # noqa: PLR0917  (what recovery found, one by one)
@@ -1499,6 +1504,8 @@ class _LayerCore:
                            error=f"{type(exc).__name__}: {exc}")
                 missing = type(exc).__name__
         note = {"idempotency_key": key, "payload_error": missing}
+        if env.get("fingerprint"):
+            note["fingerprint"] = str(env["fingerprint"])
         try:
             fallback: Prepared = self._dlq.prepare(agent, op, None, note)
         except DurabilisError:

@@ -829,18 +829,31 @@ def test_an_orphan_whose_payload_cannot_be_read_is_parked_without_it_and_never_r
     assert "parked without its payload" in (result.error or "")
 
 
-def test_a_later_failing_delivery_gets_a_replayable_record_and_settles_the_payloadless_one(
-    store: durabilis.Store,
-) -> None:
-    """An orphan parked without its payload is no record to merge a good parking into:
-    merged, the operation's record could never be replayed (and kept its type "unknown")."""
-    layer = layer_on(store, lease=0.2)
-    ops = layer.idempotency._ops
-    key = IdempotencyKey.new("a1", "job", {"n": 1})  # the key a delivery derives
-    store.run(ops.claim(key, None, b"\xc1 not msgpack", "n-1"))
-    store.run(layer._core._note("add", [layer._core.member(key.value, "n-1")]))
+def _payloadless_orphan(layer: DurabilityLayer, caller_key: str | None) -> str:
+    """Park an orphan of ``execute("a1", "job", {"n": 1})`` whose claim envelope is
+    damaged (its fingerprint, kept apart, is intact); return its DLQ id."""
+    req = layer._core.request("a1", "job", {"n": 1}, dependency=None,
+                              idempotency_key=caller_key, task_id=None, phase=None,
+                              wait=None, park_on_open=True, deadline_seconds=None)
+    ops, store = layer.idempotency._ops, layer.store
+    store.run(ops.claim(req.key, None, b"\xc1 not msgpack", "n-1"))
+    store.run(layer._core._note("add", [layer._core.member(req.key.value, "n-1")]))
     time.sleep(0.3)
     [lost] = layer.recover_orphans()
+    record = layer.dlq.get(lost)
+    assert record is not None and record.metadata["payload_error"] == "CorruptData"
+    assert record.operation_type == "unknown" and record.original_operation is None
+    return lost
+
+
+@pytest.mark.parametrize("caller_key", [None, "k"], ids=["derived key", "caller's key"])
+def test_a_later_parking_with_its_payload_fills_in_the_payloadless_record(
+    store: durabilis.Store, caller_key: str | None
+) -> None:
+    """Merged as it was, the operation's one record kept no payload: it could never
+    be replayed, and no ``operation_type`` filter listed it."""
+    layer = layer_on(store, lease=0.2)
+    lost = _payloadless_orphan(layer, caller_key)
     seen: list[ReplayOutcome] = []
 
     def failing(ctx: OperationContext) -> None:
@@ -849,20 +862,35 @@ def test_a_later_failing_delivery_gets_a_replayable_record_and_settles_the_paylo
         raise OperationError("NETWORK_TIMEOUT", "still down")
 
     with pytest.raises(RetryExhausted) as failed:
-        layer.execute("a1", "job", {"n": 1}, failing)
+        layer.execute("a1", "job", {"n": 1}, failing, idempotency_key=caller_key)
     assert seen == [ReplayOutcome.DEFERRED]
-    parked = str(failed.value.dlq_id)
-    assert parked != lost
-    record = layer.dlq.get(parked)
+    assert failed.value.dlq_id == lost  # still one record per operation ...
+    record = layer.dlq.get(lost)  # ... now filled in
     assert record is not None and record.original_operation == {"n": 1}
-    assert [r.dlq_id for r in layer.dlq.list_pending("job")] == [parked]
+    assert (record.agent_id, record.operation_type, record.parkings) == ("a1", "job", 2)
+    assert "payload_error" not in (record.metadata or {})
+    assert [r.dlq_id for r in layer.dlq.list_pending("job")] == [lost]
+    assert layer.dlq.pending_count("unknown") == 0
     op = Counter(result="done")
-    # While its key has not completed, nothing can settle the payload-less record.
-    assert layer.replay(lost, op).outcome is ReplayOutcome.FAILED and op.calls == []
-    assert layer.replay(parked, op).outcome is ReplayOutcome.REPLAYED
+    assert layer.replay(lost, op).outcome is ReplayOutcome.REPLAYED
     assert [ctx.payload for ctx in op.calls] == [{"n": 1}]
-    # Now it has: the payload-less record is marked replayed, and nothing runs.
-    assert layer.replay(lost, op).outcome is ReplayOutcome.REPLAYED and len(op.calls) == 1
+    assert layer.dlq.pending_count() == 0
+
+
+def test_a_payloadless_record_is_settled_once_its_key_has_completed(
+    store: durabilis.Store,
+) -> None:
+    layer = layer_on(store, lease=0.2)
+    lost = _payloadless_orphan(layer, None)
+    op = Counter(result="done")
+    # Nothing can run it: its replay fails, asking for a hand ...
+    assert layer.replay(lost, op).outcome is ReplayOutcome.FAILED and op.calls == []
+    # ... until the operation completes (here recorded without settling the DLQ).
+    key = IdempotencyKey.new("a1", "job", {"n": 1})
+    claimed = layer.idempotency.check_and_record(key)
+    assert isinstance(claimed, durabilis.New)
+    layer.idempotency.record(key, "done", claimed.token)
+    assert layer.replay(lost, op).outcome is ReplayOutcome.REPLAYED and op.calls == []
     assert layer.dlq.pending_count() == 0
 
 
