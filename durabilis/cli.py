@@ -1396,7 +1396,7 @@ def main(argv: list[str] | None = None) -> int:
     # stdout carries only the command's output, so --json stays parseable.
     # --quiet keeps only its warnings and errors (no line per replayed record).
     quiet = bool(getattr(args, "quiet", False))
-    saved = structlog.get_config()
+    saved = structlog.get_config() if structlog.is_configured() else None
     options: dict[str, Any] = {
         "logger_factory": structlog.PrintLoggerFactory(file=cast(TextIO, _Stderr()))
     }
@@ -1419,7 +1419,13 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_NOT_FOUND
     finally:
         sys.stdout = real_stdout
-        structlog.configure(**saved)
+        # As it was: "not configured" too. (Configured with its defaults, structlog
+        # would print every later durabilis event of this process to stdout,
+        # instead of going through the "durabilis" logger.)
+        if saved is None:
+            structlog.reset_defaults()
+        else:
+            structlog.configure(**saved)
         stdlib.setLevel(saved_level)
 
 

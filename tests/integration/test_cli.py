@@ -170,6 +170,38 @@ def test_dlq_ls_show_abandon_stats_and_cleanup(cli: Run, layer: Any) -> None:
     assert js(cli("dlq", "cleanup", "--json")) == {"removed": 0}
 
 
+def test_an_in_process_run_leaves_the_application_s_logging_as_it_was(
+    cli: Run, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Left "configured" with structlog's defaults, every later durabilis event of
+    the process (a keep-alive's warning) was printed to stdout, not to the
+    application's "durabilis" logger (into the JSON of the next command)."""
+    import logging
+
+    import structlog
+
+    from durabilis._log import get_logger
+
+    structlog.reset_defaults()
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    handler = Keep()
+    logging.getLogger("durabilis").addHandler(handler)
+    try:
+        cli("dlq", "ls", "--json")  # (whatever its exit code)
+        assert not structlog.is_configured()
+        capsys.readouterr()
+        get_logger().warning("durability_counts_not_sent", error="after the command")
+        assert capsys.readouterr().out == ""
+        assert any("durability_counts_not_sent" in m for m in seen)
+    finally:
+        logging.getLogger("durabilis").removeHandler(handler)
+
+
 def test_dlq_ls_prints_an_aligned_table_for_humans(cli: Run, layer: Any) -> None:
     for i in range(2):
         park(layer, {"page": i})
