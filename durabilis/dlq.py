@@ -505,6 +505,14 @@ Handle = Callable[[DlqRecord, str], "_Plan[BaseException | object | None]"]
 ``None`` (done), :data:`FINISHED` (done, and the record already finished in the
 handler's own step) or the failure."""
 
+class _TypeChanged(Exception):
+    """A filtered replay pass claimed a record whose type changed since it was
+    listed (a payload-less record filled in): deferred, not run."""
+
+    def __init__(self, wanted: str, found: str) -> None:
+        super().__init__(f"listed as {wanted!r}, now {found!r}: left for its own pass")
+
+
 FINISHED = object()
 """A handler's answer: it succeeded and finished the record itself, fenced by
 the claim token, in the same atomic step as its outcome (the layer's replays)."""
@@ -1139,7 +1147,8 @@ class _DlqOps:
                           [token, text, dlq_id])
 
     def replay_steps(
-        self, dlq_id: str, handle: Handle, open_breakers: dict[str, None] | None = None
+        self, dlq_id: str, handle: Handle, open_breakers: dict[str, None] | None = None,
+        operation_type: str | None = None,
     ) -> _Plan[ReplayResult]:
         """Claim, run the handler, then finish (fenced) or report the failure.
 
@@ -1147,6 +1156,8 @@ class _DlqOps:
         ``CircuitOpen``) defers the record: claim released, nothing counted. With
         ``open_breakers`` (a pass's), a record whose dependency is in it is
         deferred without running, and a ``CircuitOpen`` adds its dependency.
+        With ``operation_type`` (a filtered pass's), a record of another type
+        (a payload-less record filled in since it was listed) is deferred too.
         """
         if not self.known_id(dlq_id):
             return ReplayResult(dlq_id, ReplayOutcome.NOT_FOUND)
@@ -1157,13 +1168,15 @@ class _DlqOps:
         key = self.record_key(dlq_id)
         dependency = (record.metadata or {}).get("dependency")
         error: BaseException | object | None
-        if open_breakers is not None and dependency is not None and dependency in open_breakers:
+        if operation_type is not None and record.operation_type != operation_type:
+            error = _TypeChanged(operation_type, record.operation_type)
+        elif open_breakers is not None and dependency is not None and dependency in open_breakers:
             error = CircuitOpen(dependency, 0.0)
         else:
             error = yield from handle(record, claimed.token)
         if error is FINISHED:
             return self._replayed(record, claimed)
-        if isinstance(error, (OperationInProgress, CircuitOpen)):
+        if isinstance(error, (OperationInProgress, CircuitOpen, _TypeChanged)):
             if isinstance(error, CircuitOpen) and open_breakers is not None:
                 open_breakers[error.dependency] = None
             reply = yield self.defer(dlq_id, claimed.token, error)
@@ -1277,7 +1290,8 @@ class _DlqOps:
                 if wait > 0:
                     yield Sleep(wait)
                 started = time.monotonic()
-                result = yield from self.replay_steps(member.dlq_id, handle, tally.open)
+                result = yield from self.replay_steps(member.dlq_id, handle, tally.open,
+                                                      operation_type)
                 if tally.add(result):
                     pacer.started(started)
                 if on_result is not None:

@@ -25,8 +25,9 @@ lost reply changes nothing. A record parked without its payload (metadata
 "payload_error": recovery could not read the claim's) is marked "np"; the
 first parking of the operation that carries a payload FILLS IT IN: the
 record's stream entry is replaced by that parking's (payload, agent,
-operation type, metadata), its indexes follow, and "np" goes. Until then the
-record cannot be replayed.
+operation type, metadata), it gets a whole lifetime from now, its indexes
+follow, and "np" goes, with any replay's claim on it (that replay saw no
+payload). Until then the record cannot be replayed.
 
 Every change of state is also appended to the capped log stream (XRANGE it to
 see, in order, what happened to the DLQ's records: parked, parked_again,
@@ -151,7 +152,7 @@ if mkey ~= "" then
     local hexp = tonumber(f[2])
     if cur == cand and f[1] == "pending" and hexp and hexp > now and (f[4] or "") == fpr then
       if redis.call("HEXISTS", HC, "pid:" .. id) == 1 then return {"exists", f[3], cand} end
-      merge_into, fill = true, f[5] and not nopay
+      merge_into, fill = true, f[5] and f[3] and not nopay
     end
   else
     target, TH = cand, HC  -- the operation's record takes the id derived from its key
@@ -172,29 +173,48 @@ local function entry(rid, e)
   return redis.call("XADD", S, "*", unpack(fields))
 end
 
+-- The shared keys live as long as their longest-lived record.
+local function extend_shared()
+  local horizon = tonumber(redis.call("ZRANGE", E, -1, -1, "WITHSCORES")[2])
+  for _, key in ipairs({S, E, P, PO, C, BK, LOG}) do
+    local pttl = redis.call("PTTL", key)
+    if pttl == -1 or (pttl >= 0 and now + pttl < horizon) then
+      redis.call("PEXPIREAT", key, horizon)
+    end
+  end
+end
+
 ready()
 if merge_into then
   local parkings = redis.call("HINCRBY", HC, "pk", 1)
   redis.call("HSET", HC, "le", ARGV[7], "pat", now, "pid:" .. id, 1)
   local change = "parked_again"
-  if fill then  -- the payload-less record gets this parking's entry, and its indexes follow
-    local osid, oop, hexp = f[3], f[6] or "", tonumber(f[2])
+  if fill then
+    -- The payload-less record becomes this parking's: its entry, operation
+    -- type and a whole lifetime from now (the payload was parked now). Each
+    -- index entry is added before the old one goes: a key emptied on the way
+    -- would come back without its TTL.
+    local osid, oop, hexp = f[3], f[6] or "", now + ttl
     local sid = entry(cand, hexp)
-    redis.call("XDEL", S, osid)
-    redis.call("ZREM", E, osid .. "|" .. cand .. "|p|" .. oop)
     redis.call("ZADD", E, hexp, sid .. "|" .. cand .. "|p|" .. op)
-    redis.call("ZREM", P, sortkey(osid) .. "|" .. cand)
+    redis.call("ZREM", E, osid .. "|" .. cand .. "|p|" .. oop)
     redis.call("ZADD", P, 0, sortkey(sid) .. "|" .. cand)
-    redis.call("ZREM", PO, oop .. "\0" .. sortkey(osid) .. "|" .. cand)
+    redis.call("ZREM", P, sortkey(osid) .. "|" .. cand)
     redis.call("ZADD", PO, 0, op .. "\0" .. sortkey(sid) .. "|" .. cand)
-    bump("pending|" .. oop, -1)
+    redis.call("ZREM", PO, oop .. "\0" .. sortkey(osid) .. "|" .. cand)
     bump("pending|" .. op, 1)
-    redis.call("HSET", HC, "sid", sid, "op", op)
-    redis.call("HDEL", HC, "np")
+    bump("pending|" .. oop, -1)
+    redis.call("XDEL", S, osid)
+    redis.call("HSET", HC, "sid", sid, "op", op, "ts", now, "exp", hexp)
+    -- A replay holding the record claimed it without its payload: its claim
+    -- goes (its outcome would be stale: reported, it is "claim lost").
+    redis.call("HDEL", HC, "np", "co", "ct", "ce")
+    redis.call("PEXPIREAT", HC, hexp)
     change = "filled_in"
   end
   redis.call("XADD", LOG, "MAXLEN", "~", LOG_MAX, "*", "dlq_id", cand, "change", change,
     "error", ARGV[7], "parkings", parkings)
+  extend_shared()
   return {"merged", redis.call("HGET", HC, "sid"), cand, parkings}
 end
 if purge_limit > 0 then
@@ -224,12 +244,5 @@ redis.call("ZADD", P, 0, pm)
 redis.call("ZADD", PO, 0, op .. "\0" .. pm)
 bump("pending|" .. op, 1)
 
--- The shared keys live as long as their longest-lived record.
-local horizon = tonumber(redis.call("ZRANGE", E, -1, -1, "WITHSCORES")[2])
-for _, key in ipairs({S, E, P, PO, C, BK, LOG}) do
-  local pttl = redis.call("PTTL", key)
-  if pttl == -1 or (pttl >= 0 and now + pttl < horizon) then
-    redis.call("PEXPIREAT", key, horizon)
-  end
-end
+extend_shared()
 return {"ok", sid, now, exp, redis.call("ZCARD", P), id}

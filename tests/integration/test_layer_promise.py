@@ -20,6 +20,7 @@ import asyncio
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator
 from datetime import date, datetime, timedelta, timezone, tzinfo
 from decimal import Decimal
 from typing import Any
@@ -46,7 +47,7 @@ from durabilis import (
     RetryPolicy,
 )
 from durabilis._steps import IO, Hold, Run, Stepper
-from durabilis.dlq import ReplayOutcome
+from durabilis.dlq import DlqRecord, ReplayOutcome
 from durabilis.layer import (
     AsyncDurabilityLayer,
     DurabilityLayer,
@@ -829,10 +830,28 @@ def test_an_orphan_whose_payload_cannot_be_read_is_parked_without_it_and_never_r
     assert "parked without its payload" in (result.error or "")
 
 
-def _payloadless_orphan(layer: DurabilityLayer, caller_key: str | None) -> str:
-    """Park an orphan of ``execute("a1", "job", {"n": 1})`` whose claim envelope is
-    damaged (its fingerprint, kept apart, is intact); return its DLQ id."""
-    req = layer._core.request("a1", "job", {"n": 1}, dependency=None,
+@pytest.fixture
+def make_layer(store: durabilis.Store) -> Iterator[Callable[..., DurabilityLayer]]:
+    """``layer_on(store, ...)``, closed at the end of the test: recovery leaves counts
+    waiting in the process, which an unclosed layer's keep-alive sends later on (a
+    warning printed into a later test's output once this test's server is gone)."""
+    made: list[DurabilityLayer] = []
+
+    def make(**kw: Any) -> DurabilityLayer:
+        made.append(layer_on(store, **kw))
+        return made[-1]
+
+    yield make
+    for layer in made:
+        layer.close()
+
+
+def _payloadless_orphan(
+    layer: DurabilityLayer, caller_key: str | None, payload: Any = None
+) -> str:
+    """Park an orphan of ``execute("a1", "job", payload or {"n": 1})`` whose claim
+    envelope is damaged (its fingerprint, kept apart, is intact); return its DLQ id."""
+    req = layer._core.request("a1", "job", payload or {"n": 1}, dependency=None,
                               idempotency_key=caller_key, task_id=None, phase=None,
                               wait=None, park_on_open=True, deadline_seconds=None)
     ops, store = layer.idempotency._ops, layer.store
@@ -848,11 +867,11 @@ def _payloadless_orphan(layer: DurabilityLayer, caller_key: str | None) -> str:
 
 @pytest.mark.parametrize("caller_key", [None, "k"], ids=["derived key", "caller's key"])
 def test_a_later_parking_with_its_payload_fills_in_the_payloadless_record(
-    store: durabilis.Store, caller_key: str | None
+    make_layer: Callable[..., DurabilityLayer], caller_key: str | None
 ) -> None:
     """Merged as it was, the operation's one record kept no payload: it could never
     be replayed, and no ``operation_type`` filter listed it."""
-    layer = layer_on(store, lease=0.2)
+    layer = make_layer(lease=0.2)
     lost = _payloadless_orphan(layer, caller_key)
     seen: list[ReplayOutcome] = []
 
@@ -877,10 +896,77 @@ def test_a_later_parking_with_its_payload_fills_in_the_payloadless_record(
     assert layer.dlq.pending_count() == 0
 
 
-def test_a_payloadless_record_is_settled_once_its_key_has_completed(
-    store: durabilis.Store,
+def test_a_fill_in_gives_the_record_a_whole_lifetime_and_every_dlq_key_still_expires(
+    make_layer: Callable[..., DurabilityLayer], raw: Any, namespace: str
 ) -> None:
-    layer = layer_on(store, lease=0.2)
+    """The payload parked now must not expire with the orphan's record (a day later,
+    minutes after); and no index key emptied on the way may lose its TTL."""
+    layer = make_layer(lease=0.2, dlq=DlqConfig(default_ttl_seconds=4))
+    lost = _payloadless_orphan(layer, None)
+    orphan = layer.dlq.get(lost)
+    assert orphan is not None
+    time.sleep(1.2)
+    with pytest.raises(RetryExhausted):
+        layer.execute("a1", "job", {"n": 1}, Counter(fail_codes=["NETWORK_TIMEOUT"] * 3))
+    filled = layer.dlq.get(lost)
+    assert filled is not None and filled.original_operation == {"n": 1}
+    assert filled.expires_at - orphan.expires_at >= timedelta(seconds=1)
+    dlq_keys = list(raw.scan_iter(match=f"{namespace}:dlq:*"))
+    assert len(dlq_keys) >= 7
+    assert {k: raw.pttl(k) for k in dlq_keys if raw.pttl(k) < 0} == {}
+
+
+def test_a_replay_holding_a_payloadless_record_loses_its_claim_when_it_is_filled_in(
+    make_layer: Callable[..., DurabilityLayer],
+) -> None:
+    """Its outcome was about a record without payload: a failure noted on the filled-in
+    record would say "handle it by hand" of a record that can now be replayed."""
+    layer = make_layer(lease=0.2)
+    lost = _payloadless_orphan(layer, None)
+
+    def by_hand(record: DlqRecord) -> None:
+        assert record.original_operation is None
+        with pytest.raises(RetryExhausted):  # meanwhile, a delivery fails and parks it
+            layer.execute("a1", "job", {"n": 1}, Counter(fail_codes=["NETWORK_TIMEOUT"] * 3))
+        raise RuntimeError("could not do it by hand")
+
+    assert layer.dlq.replay(lost, by_hand).outcome is ReplayOutcome.CLAIM_LOST
+    filled = layer.dlq.get(lost)
+    assert filled is not None and filled.original_operation == {"n": 1}
+    assert filled.replay_attempts == 0 and "by hand" not in (filled.last_error or "")
+    op = Counter()
+    assert layer.replay(lost, op).outcome is ReplayOutcome.REPLAYED and len(op.calls) == 1
+
+
+def test_a_pass_over_one_operation_type_skips_a_record_filled_in_with_another(
+    make_layer: Callable[..., DurabilityLayer],
+) -> None:
+    layer = make_layer(lease=0.2)
+    first = _payloadless_orphan(layer, None, {"n": 1})
+    second = _payloadless_orphan(layer, None, {"n": 2})
+    seen: list[Any] = []
+
+    def fn(ctx: OperationContext) -> None:
+        seen.append(ctx.payload)
+
+    def progress(result: Any) -> None:
+        if result.dlq_id == first:  # between the listing and the next claim
+            with pytest.raises(RetryExhausted):
+                layer.execute("a1", "job", {"n": 2},
+                              Counter(fail_codes=["NETWORK_TIMEOUT"] * 3))
+
+    summary = layer.replay_pending(fn, operation_type="unknown", on_result=progress)
+    assert seen == []  # fn for "unknown" records never got a "job" payload
+    assert summary.deferred == 1
+    record = layer.dlq.get(second)
+    assert record is not None and record.operation_type == "job"
+    assert layer.replay(second, fn).outcome is ReplayOutcome.REPLAYED and seen == [{"n": 2}]
+
+
+def test_a_payloadless_record_is_settled_once_its_key_has_completed(
+    make_layer: Callable[..., DurabilityLayer],
+) -> None:
+    layer = make_layer(lease=0.2)
     lost = _payloadless_orphan(layer, None)
     op = Counter(result="done")
     # Nothing can run it: its replay fails, asking for a hand ...
