@@ -1141,10 +1141,15 @@ class _DlqOps:
         return ScriptCall("dlq_fail", [self.record_key(dlq_id), self.log_key],
                           [token, text, dlq_id, "defer"])
 
-    def fail(self, dlq_id: str, token: str, error: BaseException) -> ScriptCall:
+    def fail(
+        self, dlq_id: str, token: str, error: BaseException, *, payloadless: bool = False
+    ) -> ScriptCall:
+        """Note a failed replay. ``payloadless``: the replay claimed the record
+        without its payload; if a parking filled it in since, the failure is
+        stale and only the claim is released (reply ``filled``)."""
         text = _truncate(error_text(error), self.config.max_error_bytes)
         return ScriptCall("dlq_fail", [self.record_key(dlq_id), self.log_key],
-                          [token, text, dlq_id])
+                          [token, text, dlq_id, *(("np",) if payloadless else ())])
 
     def replay_steps(
         self, dlq_id: str, handle: Handle, open_breakers: dict[str, None] | None = None,
@@ -1206,9 +1211,19 @@ class _DlqOps:
     ) -> _Plan[ReplayResult]:
         """The handler raised: the record stays pending, one more attempt noted."""
         dlq_id, key = record.dlq_id, self.record_key(record.dlq_id)
-        call = self.fail(dlq_id, claimed.token, error)
+        payloadless = bool((record.metadata or {}).get("payload_error"))
+        call = self.fail(dlq_id, claimed.token, error, payloadless=payloadless)
         reply = yield call
         tag = _tag(reply, key)
+        if tag == "filled":  # its payload was parked meanwhile: replayable now
+            _log.info("durability_dlq_replay_deferred", dlq_id=dlq_id,
+                      operation_type=record.operation_type, reason="filled_in")
+            return ReplayResult(
+                dlq_id, ReplayOutcome.DEFERRED,
+                error="its payload was parked during this replay: replay it again",
+                replay_attempts=_codec.as_int(reply[1], key=key, field="ra"),
+                status=DlqStatus.PENDING,
+            )
         if tag == "ok":
             attempts = _codec.as_int(reply[1], key=key, field="ra")
             _log.warning(

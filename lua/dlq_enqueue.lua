@@ -26,8 +26,8 @@ lost reply changes nothing. A record parked without its payload (metadata
 first parking of the operation that carries a payload FILLS IT IN: the
 record's stream entry is replaced by that parking's (payload, agent,
 operation type, metadata), it gets a whole lifetime from now, its indexes
-follow, and "np" goes, with any replay's claim on it (that replay saw no
-payload). Until then the record cannot be replayed.
+follow, and "np" goes (a replay holding it keeps its claim; its failure is
+not noted: it saw no payload). Until then the record cannot be replayed.
 
 Every change of state is also appended to the capped log stream (XRANGE it to
 see, in order, what happened to the DLQ's records: parked, parked_again,
@@ -174,8 +174,9 @@ local function entry(rid, e)
 end
 
 -- The shared keys live as long as their longest-lived record.
-local function extend_shared()
-  local horizon = tonumber(redis.call("ZRANGE", E, -1, -1, "WITHSCORES")[2])
+local function extend_shared(floor)
+  local top = tonumber(redis.call("ZRANGE", E, -1, -1, "WITHSCORES")[2] or "")
+  local horizon = math.max(top or floor, floor)
   for _, key in ipairs({S, E, P, PO, C, BK, LOG}) do
     local pttl = redis.call("PTTL", key)
     if pttl == -1 or (pttl >= 0 and now + pttl < horizon) then
@@ -206,15 +207,15 @@ if merge_into then
     bump("pending|" .. oop, -1)
     redis.call("XDEL", S, osid)
     redis.call("HSET", HC, "sid", sid, "op", op, "ts", now, "exp", hexp)
-    -- A replay holding the record claimed it without its payload: its claim
-    -- goes (its outcome would be stale: reported, it is "claim lost").
-    redis.call("HDEL", HC, "np", "co", "ct", "ce")
+    -- A replay holding the record keeps its claim (a hand replay stays alone);
+    -- its failure, about a record without payload, is then not noted (dlq_fail "np").
+    redis.call("HDEL", HC, "np")
     redis.call("PEXPIREAT", HC, hexp)
     change = "filled_in"
   end
   redis.call("XADD", LOG, "MAXLEN", "~", LOG_MAX, "*", "dlq_id", cand, "change", change,
     "error", ARGV[7], "parkings", parkings)
-  extend_shared()
+  extend_shared(tonumber(redis.call("HGET", HC, "exp")) or now)
   return {"merged", redis.call("HGET", HC, "sid"), cand, parkings}
 end
 if purge_limit > 0 then
@@ -244,5 +245,5 @@ redis.call("ZADD", P, 0, pm)
 redis.call("ZADD", PO, 0, op .. "\0" .. pm)
 bump("pending|" .. op, 1)
 
-extend_shared()
+extend_shared(exp)
 return {"ok", sid, now, exp, redis.call("ZCARD", P), id}

@@ -11,10 +11,14 @@ ARGV[2]  error                      text of the replay's error
 ARGV[3]  dlq_id                     (for the log entry)
 ARGV[4]  mode                       "defer": the replay did not run (the operation
                                     in progress elsewhere, a breaker open): only
-                                    the claim is released, nothing counted
+                                    the claim is released, nothing counted;
+                                    "np": the replay claimed the record without
+                                    its payload; filled in since (no "np" in the
+                                    hash), its failure is stale: as "defer"
 
 Returns one of
   {"ok", replay_attempts}
+  {"filled", replay_attempts}       ("np") filled in meanwhile: released, not counted
   {"none"}                          no live record (unknown id or expired)
   {"final", status}                 finished meanwhile (e.g. an operator abandoned it)
   {"lost"}                          the token does not hold the claim
@@ -38,9 +42,10 @@ if exp <= now then return {"none"} end
 if st ~= "pending" then return {"final", st} end
 if ct ~= ARGV[1] then return {"lost"} end
 
-if ARGV[4] == "defer" then  -- a replay that did not run: release the claim, count nothing
+local stale = ARGV[4] == "np" and redis.call("HEXISTS", H, "np") == 0
+if ARGV[4] == "defer" or stale then  -- it did not run: release the claim, count nothing
   redis.call("HDEL", H, "co", "ct", "ce")
-  return {"ok", tonumber(redis.call("HGET", H, "ra") or "0")}
+  return {stale and "filled" or "ok", tonumber(redis.call("HGET", H, "ra") or "0")}
 end
 local lkind = redis.call("TYPE", KEYS[2])["ok"]
 if lkind ~= "none" and lkind ~= "stream" then

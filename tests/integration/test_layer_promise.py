@@ -916,25 +916,28 @@ def test_a_fill_in_gives_the_record_a_whole_lifetime_and_every_dlq_key_still_exp
     assert {k: raw.pttl(k) for k in dlq_keys if raw.pttl(k) < 0} == {}
 
 
-def test_a_replay_holding_a_payloadless_record_loses_its_claim_when_it_is_filled_in(
+def test_a_replay_holding_a_payloadless_record_keeps_it_alone_and_its_failure_is_not_noted(
     make_layer: Callable[..., DurabilityLayer],
 ) -> None:
-    """Its outcome was about a record without payload: a failure noted on the filled-in
-    record would say "handle it by hand" of a record that can now be replayed."""
+    """Filled in while a hand replay holds it: that replay stays the only one (it may be
+    doing the operation by hand), and its failure, about a record without payload,
+    must not note "handle it by hand" on a record that can now be replayed."""
     layer = make_layer(lease=0.2)
     lost = _payloadless_orphan(layer, None)
+    op = Counter()
 
     def by_hand(record: DlqRecord) -> None:
         assert record.original_operation is None
         with pytest.raises(RetryExhausted):  # meanwhile, a delivery fails and parks it
             layer.execute("a1", "job", {"n": 1}, Counter(fail_codes=["NETWORK_TIMEOUT"] * 3))
+        assert layer.replay(lost, op).outcome is ReplayOutcome.CLAIMED_ELSEWHERE
         raise RuntimeError("could not do it by hand")
 
-    assert layer.dlq.replay(lost, by_hand).outcome is ReplayOutcome.CLAIM_LOST
+    result = layer.dlq.replay(lost, by_hand)
+    assert result.outcome is ReplayOutcome.DEFERRED and op.calls == []
     filled = layer.dlq.get(lost)
     assert filled is not None and filled.original_operation == {"n": 1}
     assert filled.replay_attempts == 0 and "by hand" not in (filled.last_error or "")
-    op = Counter()
     assert layer.replay(lost, op).outcome is ReplayOutcome.REPLAYED and len(op.calls) == 1
 
 
@@ -961,6 +964,24 @@ def test_a_pass_over_one_operation_type_skips_a_record_filled_in_with_another(
     record = layer.dlq.get(second)
     assert record is not None and record.operation_type == "job"
     assert layer.replay(second, fn).outcome is ReplayOutcome.REPLAYED and seen == [{"n": 2}]
+
+
+def test_a_parking_merges_when_the_dlq_expiry_index_is_gone(
+    store: durabilis.Store, raw: Any
+) -> None:
+    """Deleted by hand or evicted: a merge extends the shared keys' TTLs from its own
+    record's expiry (it raised past its checks, half-written)."""
+    ops = layer_on(store).dlq._ops
+    prepared = ops.prepare("a1", "job", {"n": 1}, {"idempotency_key": "a1:job:k"})
+
+    def park(parking: str) -> Any:
+        return store.run(ops.enqueue_prepared(prepared, 3, "NETWORK_TIMEOUT", dlq_id=parking,
+                                              merge_key="a1:job:k"))
+
+    assert park("p-1")[0] == b"ok"
+    raw.delete(ops.expiry_key)
+    reply = park("p-2")
+    assert reply[0] == b"merged" and int(reply[3]) == 2
 
 
 def test_a_payloadless_record_is_settled_once_its_key_has_completed(
