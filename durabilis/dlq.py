@@ -505,6 +505,7 @@ Handle = Callable[[DlqRecord, str], "_Plan[BaseException | object | None]"]
 ``None`` (done), :data:`FINISHED` (done, and the record already finished in the
 handler's own step) or the failure."""
 
+
 class _TypeChanged(Exception):
     """A filtered replay pass claimed a record whose type changed since it was
     listed (a payload-less record filled in): deferred, not run."""
