@@ -510,6 +510,8 @@ class _TypeChanged(Exception):
     """A filtered replay pass claimed a record whose type changed since it was
     listed (a payload-less record filled in): deferred, not run."""
 
+    reason = "operation_type_changed"  # (the deferral's log reason)
+
     def __init__(self, wanted: str, found: str) -> None:
         super().__init__(f"listed as {wanted!r}, now {found!r}: left for its own pass")
 
@@ -1190,7 +1192,9 @@ class _DlqOps:
                 raise _corrupt(reply, key)
             _log.info(
                 "durability_dlq_replay_deferred", dlq_id=dlq_id,
-                operation_type=record.operation_type, reason=type(error).__name__,
+                operation_type=record.operation_type,
+                reason=_TypeChanged.reason if isinstance(error, _TypeChanged)
+                else type(error).__name__,
             )
             return ReplayResult(
                 dlq_id, ReplayOutcome.DEFERRED, error=error_text(error),
