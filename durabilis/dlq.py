@@ -304,8 +304,11 @@ class ReplayOutcome(str, Enum):
     """Not replayed now, and no replay attempt counted: the operation is in
     progress elsewhere (``OperationInProgress``: a live delivery or another
     record of it) or its dependency's breaker is open (``CircuitOpen``; the pass
-    replays no other record of that dependency). The record stays pending,
-    its claim released; ``error`` says which."""
+    replays no other record of that dependency), or, in a pass over one
+    operation type, the record's type changed since it was listed. Also a
+    handler that failed on a record parked without its payload, when the
+    payload was parked into it meanwhile (the handler ran, on what it saw).
+    The record stays pending, its claim released; ``error`` says which."""
     CLAIM_LOST = "claim_lost"
     """The handler ran, but the claim was lost meanwhile (it expired and was
     taken over, or an operator finished the record): nothing was recorded."""
@@ -1145,14 +1148,14 @@ class _DlqOps:
                           [token, text, dlq_id, "defer"])
 
     def fail(
-        self, dlq_id: str, token: str, error: BaseException, *, payloadless: bool = False
+        self, dlq_id: str, token: str, error: BaseException, *, payloadless: str = ""
     ) -> ScriptCall:
-        """Note a failed replay. ``payloadless``: the replay claimed the record
-        without its payload; if a parking filled it in since, the failure is
-        stale and only the claim is released (reply ``filled``)."""
+        """Note a failed replay. ``payloadless``: the stream id of the record the
+        replay claimed without its payload; if a parking filled it in since, the
+        failure is stale and only the claim is released (reply ``filled``)."""
         text = _truncate(error_text(error), self.config.max_error_bytes)
         return ScriptCall("dlq_fail", [self.record_key(dlq_id), self.log_key],
-                          [token, text, dlq_id, *(("np",) if payloadless else ())])
+                          [token, text, dlq_id, *(("np", payloadless) if payloadless else ())])
 
     def replay_steps(
         self, dlq_id: str, handle: Handle, open_breakers: dict[str, None] | None = None,
@@ -1216,16 +1219,18 @@ class _DlqOps:
     ) -> _Plan[ReplayResult]:
         """The handler raised: the record stays pending, one more attempt noted."""
         dlq_id, key = record.dlq_id, self.record_key(record.dlq_id)
-        payloadless = bool((record.metadata or {}).get("payload_error"))
-        call = self.fail(dlq_id, claimed.token, error, payloadless=payloadless)
+        payloadless = (record.metadata or {}).get("payload_error") and record.stream_id
+        call = self.fail(dlq_id, claimed.token, error, payloadless=payloadless or "")
         reply = yield call
         tag = _tag(reply, key)
         if tag == "filled":  # its payload was parked meanwhile: replayable now
-            _log.info("durability_dlq_replay_deferred", dlq_id=dlq_id,
-                      operation_type=record.operation_type, reason="filled_in")
+            text = str(call.args[1]) + " (the payload was parked meanwhile: replay it again)"
+            _log.warning("durability_dlq_replay_deferred", dlq_id=dlq_id,
+                         operation_type=record.operation_type, reason="filled_in",
+                         error=redact_error(text))
             return ReplayResult(
                 dlq_id, ReplayOutcome.DEFERRED,
-                error="its payload was parked during this replay: replay it again",
+                error=text,
                 replay_attempts=_codec.as_int(reply[1], key=key, field="ra"),
                 status=DlqStatus.PENDING,
             )

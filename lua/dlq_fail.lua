@@ -14,7 +14,9 @@ ARGV[4]  mode                       "defer": the replay did not run (the operati
                                     the claim is released, nothing counted;
                                     "np": the replay claimed the record without
                                     its payload; filled in since (no "np" in the
-                                    hash), its failure is stale: as "defer"
+                                    hash, another stream entry), its failure is
+                                    stale: as "defer"
+ARGV[5]  stream id                  ("np") the entry the replay claimed
 
 Returns one of
   {"ok", replay_attempts}
@@ -43,6 +45,7 @@ if st ~= "pending" then return {"final", st} end
 if ct ~= ARGV[1] then return {"lost"} end
 
 local stale = ARGV[4] == "np" and redis.call("HEXISTS", H, "np") == 0
+  and redis.call("HGET", H, "sid") ~= ARGV[5]
 if ARGV[4] == "defer" or stale then  -- it did not run: release the claim, count nothing
   redis.call("HDEL", H, "co", "ct", "ce")
   return {stale and "filled" or "ok", tonumber(redis.call("HGET", H, "ra") or "0")}

@@ -935,10 +935,23 @@ def test_a_replay_holding_a_payloadless_record_keeps_it_alone_and_its_failure_is
 
     result = layer.dlq.replay(lost, by_hand)
     assert result.outcome is ReplayOutcome.DEFERRED and op.calls == []
+    assert "could not do it by hand" in (result.error or "")  # told, not noted
     filled = layer.dlq.get(lost)
     assert filled is not None and filled.original_operation == {"n": 1}
     assert filled.replay_attempts == 0 and "by hand" not in (filled.last_error or "")
     assert layer.replay(lost, op).outcome is ReplayOutcome.REPLAYED and len(op.calls) == 1
+
+
+def test_a_payloadless_record_that_lost_its_mark_still_notes_its_failed_replays(
+    make_layer: Callable[..., DurabilityLayer], raw: Any
+) -> None:
+    """"Filled in since" is another stream entry, not only a missing mark: else such a
+    record was deferred at every replay, never asking for a hand."""
+    layer = make_layer(lease=0.2)
+    lost = _payloadless_orphan(layer, None)
+    raw.hdel(layer.dlq._ops.record_key(lost), "np")
+    result = layer.replay(lost, Counter())
+    assert result.outcome is ReplayOutcome.FAILED and result.replay_attempts == 1
 
 
 def test_a_pass_over_one_operation_type_skips_a_record_filled_in_with_another(
