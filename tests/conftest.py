@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
 import durabilis
 from durabilis.testing import INSTALL_HINT, RedisServer, find_redis_server, isolated_namespace
@@ -127,6 +128,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+@pytest.fixture(autouse=True)
+def _structlog_left_as_found() -> Iterator[None]:
+    """structlog unconfigured after a test that found it so.
+
+    ``structlog.testing.capture_logs`` (and ``configure(**saved)``) leave it
+    "configured" with its defaults: every later durabilis event of the process
+    is then printed to stdout, and an earlier test's leftover keep-alive
+    warning landed in a later CLI test's JSON output.
+    """
+    was = structlog.is_configured()
+    yield
+    if not was and structlog.is_configured():
+        structlog.reset_defaults()
 
 
 @pytest.fixture(scope="session")
