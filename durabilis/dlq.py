@@ -46,12 +46,13 @@ from durabilis import _codec
 from durabilis._keys import KeySpace
 from durabilis._log import get_logger
 from durabilis._scripts import ScriptCall
-from durabilis._steps import Command, Run, Sleep, adrive, drive
+from durabilis._steps import INTERRUPTS, IO, Command, Run, Sleep, adrive, drive
 from durabilis._store import AsyncStore, Store
 from durabilis.errors import (
     CircuitOpen,
     ConfigError,
     CorruptData,
+    DurabilisError,
     InvalidKey,
     InvalidPayload,
     InvalidTtl,
@@ -527,6 +528,13 @@ ANSWERED = object()
 """A handler's answer: the operation had completed (its outcome is recorded),
 so nothing ran; a record another finished meanwhile (a later delivery of the
 operation settles it) is replayed, not a lost claim."""
+
+
+def _shielded(call: ScriptCall) -> _Plan[Any]:
+    """One call of a replay that a cancellation waits for: a claim whose token
+    the replay must learn to release it, and what notes a handler's outcome
+    (a cancellation that came meanwhile is raised after it)."""
+    return (yield IO([call], shield=True))[0]
 
 
 def handler_plan(handler: Callable[[DlqRecord], Any]) -> Handle:
@@ -1172,25 +1180,18 @@ class _DlqOps:
         """
         if not self.known_id(dlq_id):
             return ReplayResult(dlq_id, ReplayOutcome.NOT_FOUND)
-        claimed = self.decode_claim(dlq_id, (yield self.claim(dlq_id)))
+        claimed = self.decode_claim(dlq_id, (yield from _shielded(self.claim(dlq_id))))
         if isinstance(claimed, ReplayResult):
             return claimed
         record = claimed.record
         key = self.record_key(dlq_id)
-        dependency = (record.metadata or {}).get("dependency")
-        error: BaseException | object | None
-        if operation_type is not None and record.operation_type != operation_type:
-            error = _TypeChanged(operation_type, record.operation_type)
-        elif open_breakers is not None and dependency is not None and dependency in open_breakers:
-            error = CircuitOpen(dependency, 0.0)
-        else:
-            error = yield from handle(record, claimed.token)
+        error = yield from self._handled(claimed, handle, open_breakers, operation_type)
         if error is FINISHED:
             return self._replayed(record, claimed)
         if isinstance(error, (OperationInProgress, CircuitOpen, _TypeChanged)):
             if isinstance(error, CircuitOpen) and open_breakers is not None:
                 open_breakers[error.dependency] = None
-            reply = yield self.defer(dlq_id, claimed.token, error)
+            reply = yield from _shielded(self.defer(dlq_id, claimed.token, error))
             if _tag(reply, key) not in ("ok", "none", "final", "lost"):
                 raise _corrupt(reply, key)
             _log.info(
@@ -1205,7 +1206,8 @@ class _DlqOps:
             )
         if isinstance(error, BaseException):
             return (yield from self._replay_failed(record, claimed, error))
-        reply = yield self.finish(dlq_id, DlqStatus.REPLAYED, claimed.token, self.owner)
+        reply = yield from _shielded(
+            self.finish(dlq_id, DlqStatus.REPLAYED, claimed.token, self.owner))
         tag = _tag(reply, key)
         if tag == "ok" or (error is ANSWERED and tag == "final"
                            and _text(reply[1], key, "st") == DlqStatus.REPLAYED.value):
@@ -1221,7 +1223,7 @@ class _DlqOps:
         dlq_id, key = record.dlq_id, self.record_key(record.dlq_id)
         payloadless = (record.metadata or {}).get("payload_error") and record.stream_id
         call = self.fail(dlq_id, claimed.token, error, payloadless=payloadless or "")
-        reply = yield call
+        reply = yield from _shielded(call)
         tag = _tag(reply, key)
         if tag == "filled":  # its payload was parked meanwhile: replayable now
             text = str(call.args[1]) + " (the payload was parked meanwhile: replay it again)"
@@ -1253,6 +1255,44 @@ class _DlqOps:
         if tag not in ("none", "final", "lost"):
             raise _corrupt(reply, key)
         return self._lost(record, error=error_text(error))
+
+    def _handled(
+        self, claimed: _Claimed, handle: Handle, open_breakers: dict[str, None] | None,
+        operation_type: str | None,
+    ) -> _Plan[BaseException | object | None]:
+        """What the handler answered, or the refusal that kept it from running."""
+        record = claimed.record
+        dependency = (record.metadata or {}).get("dependency")
+        if operation_type is not None and record.operation_type != operation_type:
+            return _TypeChanged(operation_type, record.operation_type)
+        if open_breakers is not None and dependency is not None and dependency in open_breakers:
+            return CircuitOpen(dependency, 0.0)
+        try:
+            return (yield from handle(record, claimed.token))
+        except INTERRUPTS as exc:
+            yield from self._interrupted(record, claimed, exc)
+            raise
+
+    def _interrupted(
+        self, record: DlqRecord, claimed: _Claimed, interruption: BaseException
+    ) -> _Plan[None]:
+        """A cancellation (``KeyboardInterrupt``, ``SystemExit``) while the
+        handler ran: the claim is released, nothing counted (the handler did not
+        finish: as a refusal, not a failure), so the record can be replayed at
+        once instead of after ``claim_ttl_seconds``. If the release cannot be
+        sent, the claim expires as after a crash."""
+        key = self.record_key(record.dlq_id)
+        released = False
+        try:
+            reply = yield from _shielded(self.defer(record.dlq_id, claimed.token, interruption))
+            released = _tag(reply, key) == "ok"
+        except DurabilisError:
+            pass
+        _log.warning(
+            "durability_dlq_replay_interrupted", dlq_id=record.dlq_id,
+            operation_type=record.operation_type, interruption=type(interruption).__name__,
+            claim_released=released,
+        )
 
     def _replayed(self, record: DlqRecord, claimed: _Claimed) -> ReplayResult:
         _log.info(
@@ -1670,8 +1710,11 @@ class DeadLetterQueue:
         exactly one runs the handler. On success the record becomes replayed
         (only if this replayer still holds the claim); if the handler raises,
         the record stays pending with ``replay_attempts`` + 1 and the error.
-        ``KeyboardInterrupt`` and other ``BaseException``s propagate: the
-        claim then expires after ``claim_ttl_seconds``.
+        An interruption (``KeyboardInterrupt``, ``SystemExit``; a cancellation
+        in the async twin) while the handler runs releases the claim, counting
+        nothing, and propagates; once the handler returned, its outcome is
+        noted first. Another ``BaseException`` propagates and the claim
+        expires after ``claim_ttl_seconds``, as when the process dies.
         """
         return drive(self._ops.replay_steps(dlq_id, handler_plan(handler)), self.store)
 

@@ -621,3 +621,91 @@ def test_the_async_twin_enqueues_lists_replays_and_cleans_up(
             await store.close()
 
     asyncio.run(scenario())
+
+
+# --- an interrupted replay ---------------------------------------------------------------
+
+
+def test_a_replay_cancelled_inside_its_handler_releases_the_claim_and_counts_nothing(
+    redis_url: str, namespace: str
+) -> None:
+    async def scenario() -> None:
+        store = durabilis.connect_async(redis_url, namespace=namespace)
+        try:
+            dlq = AsyncDeadLetterQueue(store, replayer_id="async-replayer")
+            dlq_id = await dlq.enqueue("a", "wiki_write", {"i": 1}, 3, "NETWORK_TIMEOUT")
+            started = asyncio.Event()
+
+            async def hangs(record: DlqRecord) -> None:
+                started.set()
+                await asyncio.sleep(30)
+
+            task = asyncio.create_task(dlq.replay(dlq_id, hangs))
+            await started.wait()
+            with capture_logs() as logs:
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+            [note] = [e for e in logs if e["event"] == "durability_dlq_replay_interrupted"]
+            assert note["interruption"] == "CancelledError" and note["claim_released"] is True
+            rec = await dlq.get(dlq_id)
+            assert rec is not None and rec.status is DlqStatus.PENDING
+            assert rec.claimed_by is None  # not held until claim_ttl_seconds (300 s)
+            assert rec.replay_attempts == 0 and rec.last_error == "NETWORK_TIMEOUT"
+            ran: list[str] = []
+
+            async def works(record: DlqRecord) -> None:
+                ran.append(record.dlq_id)
+
+            assert (await dlq.replay(dlq_id, works)).outcome is ReplayOutcome.REPLAYED
+            assert ran == [dlq_id]
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_cancellation_after_a_plain_handler_returned_marks_the_record_replayed_first(
+    redis_url: str, namespace: str
+) -> None:
+    # A plain handler runs in a worker thread and is waited for: its outcome is
+    # known, so it is noted before the cancellation is raised (not left to run
+    # again once the claim expires).
+    async def scenario() -> None:
+        store = durabilis.connect_async(redis_url, namespace=namespace)
+        try:
+            dlq = AsyncDeadLetterQueue(store, replayer_id="async-replayer")
+            dlq_id = await dlq.enqueue("a", "wiki_write", {"i": 1}, 3, "NETWORK_TIMEOUT")
+            ran: list[str] = []
+
+            def slow(record: DlqRecord) -> None:
+                time.sleep(0.3)
+                ran.append(record.dlq_id)
+
+            with pytest.raises(asyncio.TimeoutError):  # (wait_for's cancellation)
+                await asyncio.wait_for(dlq.replay(dlq_id, slow), timeout=0.1)
+            rec = await dlq.get(dlq_id)
+            assert ran == [dlq_id]
+            assert rec is not None and rec.status is DlqStatus.REPLAYED
+            assert (await dlq.replay(dlq_id, slow)).outcome is ReplayOutcome.NOT_PENDING
+            assert ran == [dlq_id]
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_keyboard_interrupt_in_a_sync_handler_releases_the_claim_and_propagates(
+    dlq: DeadLetterQueue,
+) -> None:
+    (dlq_id,) = park(dlq, 1)
+
+    def interrupted(record: DlqRecord) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        dlq.replay(dlq_id, interrupted)
+    rec = dlq.get(dlq_id)
+    assert rec is not None and rec.status is DlqStatus.PENDING and rec.claimed_by is None
+    assert rec.replay_attempts == 0
+    assert dlq.replay(dlq_id, lambda r: None).outcome is ReplayOutcome.REPLAYED

@@ -65,6 +65,36 @@ def test_async_exhaustion_non_retryable_open_breaker_and_replay(
     run(redis_url, namespace, body)
 
 
+def test_a_replay_cancelled_inside_fn_leaves_the_record_replayable_at_once(
+    redis_url: str, namespace: str
+) -> None:
+    async def body(layer: AsyncDurabilityLayer) -> None:
+        with pytest.raises(RetryExhausted) as info:
+            await layer.execute("a1", "job", "x", Counter(["NETWORK_TIMEOUT"] * 3))
+        dlq_id = str(info.value.dlq_id)
+        started = asyncio.Event()
+
+        async def hangs(ctx: OperationContext) -> None:
+            started.set()
+            await asyncio.sleep(30)
+
+        task = asyncio.create_task(layer.replay(dlq_id, hangs))
+        await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # Both claims were released: the operation's key and the DLQ record's
+        # (not held for claim_ttl_seconds, 300 s); nothing was counted.
+        record = await layer.dlq.get(dlq_id)
+        assert record is not None and record.claimed_by is None
+        assert record.replay_attempts == 0
+        replayer = Counter(result="replayed")
+        result = await layer.replay(dlq_id, replayer)
+        assert result.outcome is ReplayOutcome.REPLAYED and len(replayer.calls) == 1
+
+    run(redis_url, namespace, body)
+
+
 def test_async_gather_of_one_operation_runs_it_once(redis_url: str, namespace: str) -> None:
     async def body(layer: AsyncDurabilityLayer) -> None:
         started = 0
