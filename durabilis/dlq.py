@@ -32,6 +32,7 @@ import hashlib
 import json
 import math
 import os
+import random
 import re
 import socket
 import time
@@ -497,6 +498,7 @@ class _Claimed:
     token: str
     record: DlqRecord
     taken_over: bool
+    until: float = 0.0  # (monotonic) the claim's expiry at the latest
 
 
 # --- the steps a plan asks its driver to do ---------------------------------------
@@ -535,6 +537,14 @@ def _shielded(call: ScriptCall) -> _Plan[Any]:
     the replay must learn to release it, and what notes a handler's outcome
     (a cancellation that came meanwhile is raised after it)."""
     return (yield IO([call], shield=True))[0]
+
+
+_POLL = Sleep(0.0)
+"""An unshielded step that does nothing: where an interruption held back during
+a shielded step (a claim, the note of the last record's outcome, a plain
+handler in its thread) is delivered, before a handler starts."""
+
+_NOTE_BACKOFF = (0.05, 1.0)  # first and longest pause between tries of an outcome's note
 
 
 def handler_plan(handler: Callable[[DlqRecord], Any]) -> Handle:
@@ -1080,7 +1090,8 @@ class _DlqOps:
             record = self.record(
                 dlq_id, _flat_to_dict(reply[3], key), _flat_to_dict(reply[4], key)
             )
-            return _Claimed(token, record, taken_over=bool(int(reply[2])))
+            return _Claimed(token, record, taken_over=bool(int(reply[2])),
+                            until=time.monotonic() + self.config.claim_ttl_seconds)
         if tag == "none":
             return ReplayResult(dlq_id, ReplayOutcome.NOT_FOUND)
         if tag == "final":
@@ -1180,6 +1191,7 @@ class _DlqOps:
         """
         if not self.known_id(dlq_id):
             return ReplayResult(dlq_id, ReplayOutcome.NOT_FOUND)
+        yield _POLL  # an interruption held back (a pass's last record) stops here
         claimed = self.decode_claim(dlq_id, (yield from _shielded(self.claim(dlq_id))))
         if isinstance(claimed, ReplayResult):
             return claimed
@@ -1191,7 +1203,7 @@ class _DlqOps:
         if isinstance(error, (OperationInProgress, CircuitOpen, _TypeChanged)):
             if isinstance(error, CircuitOpen) and open_breakers is not None:
                 open_breakers[error.dependency] = None
-            reply = yield from _shielded(self.defer(dlq_id, claimed.token, error))
+            reply, _ = yield from self._noted(self.defer(dlq_id, claimed.token, error), claimed)
             if _tag(reply, key) not in ("ok", "none", "final", "lost"):
                 raise _corrupt(reply, key)
             _log.info(
@@ -1206,10 +1218,12 @@ class _DlqOps:
             )
         if isinstance(error, BaseException):
             return (yield from self._replay_failed(record, claimed, error))
-        reply = yield from _shielded(
-            self.finish(dlq_id, DlqStatus.REPLAYED, claimed.token, self.owner))
+        reply, unsure = yield from self._noted(
+            self.finish(dlq_id, DlqStatus.REPLAYED, claimed.token, self.owner), claimed)
         tag = _tag(reply, key)
-        if tag == "ok" or (error is ANSWERED and tag == "final"
+        # Replayed by another (the operation's later delivery settled it) when
+        # nothing ran, or by an earlier try of this very note whose reply was lost.
+        if tag == "ok" or ((error is ANSWERED or unsure) and tag == "final"
                            and _text(reply[1], key, "st") == DlqStatus.REPLAYED.value):
             return self._replayed(record, claimed)
         if tag not in ("none", "final", "lost"):
@@ -1223,7 +1237,7 @@ class _DlqOps:
         dlq_id, key = record.dlq_id, self.record_key(record.dlq_id)
         payloadless = (record.metadata or {}).get("payload_error") and record.stream_id
         call = self.fail(dlq_id, claimed.token, error, payloadless=payloadless or "")
-        reply = yield from _shielded(call)
+        reply, _ = yield from self._noted(call, claimed)
         tag = _tag(reply, key)
         if tag == "filled":  # its payload was parked meanwhile: replayable now
             text = str(call.args[1]) + " (the payload was parked meanwhile: replay it again)"
@@ -1268,10 +1282,33 @@ class _DlqOps:
         if open_breakers is not None and dependency is not None and dependency in open_breakers:
             return CircuitOpen(dependency, 0.0)
         try:
+            yield _POLL  # one held back during the claim: the handler does not start
             return (yield from handle(record, claimed.token))
         except INTERRUPTS as exc:
             yield from self._interrupted(record, claimed, exc)
             raise
+
+    def _noted(self, call: ScriptCall, claimed: _Claimed) -> _Plan[tuple[Any, bool]]:
+        """Send a note of the replay's outcome (shielded) until it lands, while
+        the claim lasts: a note lost to a blip, or to a sweep that cancelled its
+        step's task, would leave a handler that ran to run again once the claim
+        expired. Returns the reply and whether an earlier try may have landed."""
+        unsure = False
+        delay = _NOTE_BACKOFF[0]
+        while True:
+            try:
+                return (yield IO([call], shield=True))[0], unsure
+            except CorruptData:
+                raise
+            except DurabilisError as exc:
+                if time.monotonic() + delay >= claimed.until:
+                    raise  # the claim is over: the note would be refused anyway
+                unsure = True
+                _log.warning("durability_dlq_note_retry", dlq_id=claimed.record.dlq_id,
+                             error=f"{type(exc).__name__}: {exc}",
+                             delay_seconds=round(delay, 3))
+                yield Sleep(delay * (0.5 + random.random() / 2), shield=True)
+                delay = min(delay * 2, _NOTE_BACKOFF[1])
 
     def _interrupted(
         self, record: DlqRecord, claimed: _Claimed, interruption: BaseException
@@ -1282,7 +1319,7 @@ class _DlqOps:
         once instead of after ``claim_ttl_seconds``. If the release cannot be
         sent, the claim expires as after a crash."""
         key = self.record_key(record.dlq_id)
-        released = False
+        released: bool | None = None  # unknown: its reply was lost
         try:
             reply = yield from _shielded(self.defer(record.dlq_id, claimed.token, interruption))
             released = _tag(reply, key) == "ok"

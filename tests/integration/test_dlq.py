@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 from datetime import datetime, timedelta, timezone
@@ -709,3 +710,82 @@ def test_a_keyboard_interrupt_in_a_sync_handler_releases_the_claim_and_propagate
     assert rec is not None and rec.status is DlqStatus.PENDING and rec.claimed_by is None
     assert rec.replay_attempts == 0
     assert dlq.replay(dlq_id, lambda r: None).outcome is ReplayOutcome.REPLAYED
+
+
+def test_a_cancelled_pass_stops_after_the_handler_it_was_running(
+    redis_url: str, namespace: str
+) -> None:
+    # Plain handlers run in a worker thread and are waited for: the pass's
+    # cancellation is held back while one runs, and delivered before the next
+    # record is claimed (not after the page of up to 100 records).
+    async def scenario() -> None:
+        store = durabilis.connect_async(redis_url, namespace=namespace)
+        try:
+            dlq = AsyncDeadLetterQueue(store, replayer_id="async-replayer")
+            ids = [await dlq.enqueue("a", "wiki_write", {"i": i}, 3, "E") for i in range(8)]
+            ran: list[str] = []
+
+            def slow(record: DlqRecord) -> None:
+                ran.append(record.dlq_id)
+                time.sleep(0.2)
+
+            task = asyncio.create_task(dlq.replay_pending(slow))
+            while len(ran) < 2:
+                await asyncio.sleep(0.01)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert ran == ids[:2]
+            for dlq_id in ids:
+                rec = await dlq.get(dlq_id)
+                assert rec is not None and rec.claimed_by is None
+                assert rec.status is (
+                    DlqStatus.REPLAYED if dlq_id in ran else DlqStatus.PENDING)
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_sweep_that_cancels_the_note_of_a_handler_s_success_does_not_run_it_again(
+    redis_url: str, namespace: str
+) -> None:
+    # A shutdown sweep (every task of the loop cancelled, as at asyncio.run's
+    # end) cancels the shielded note's own task while it waits for the store's
+    # only connection: the note is sent again, so the record is replayed and
+    # the handler, which completed, is not left to run once the claim expires.
+    async def scenario() -> None:
+        store = durabilis.connect_async(redis_url, namespace=namespace, max_connections=1)
+        try:
+            dlq = AsyncDeadLetterQueue(store, DlqConfig(claim_ttl_seconds=2),
+                                       replayer_id="async-replayer")
+            dlq_id = await dlq.enqueue("a", "wiki_write", {"i": 1}, 3, "E")
+            loop = asyncio.get_running_loop()
+
+            async def hold_the_connection() -> None:
+                with contextlib.suppress(BaseException):
+                    await store.command("BLPOP", key(namespace, "blocker"), 1)
+
+            ran: list[str] = []
+
+            def handler(record: DlqRecord) -> None:
+                ran.append(record.dlq_id)
+                asyncio.run_coroutine_threadsafe(hold_the_connection(), loop)
+                time.sleep(0.1)
+
+            task = asyncio.ensure_future(dlq.replay(dlq_id, handler))
+            await asyncio.sleep(0.3)  # the handler returned; its note waits for the connection
+            for other in asyncio.all_tasks():
+                if other is not asyncio.current_task():
+                    other.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            rec = await dlq.get(dlq_id)
+            assert rec is not None and rec.status is DlqStatus.REPLAYED
+            await asyncio.sleep(2.2)  # past the claim's expiry
+            outcome = (await dlq.replay(dlq_id, handler)).outcome
+            assert outcome is ReplayOutcome.NOT_PENDING and ran == [dlq_id]
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())

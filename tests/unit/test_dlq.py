@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Any
 
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 import durabilis
 from durabilis._keys import KeySpace
 from durabilis._scripts import ScriptCall
-from durabilis._steps import IO, Run
+from durabilis._steps import IO, Run, Sleep
 from durabilis.dlq import (
     DeadLetterQueue,
     DlqConfig,
@@ -360,8 +361,14 @@ def _one_shielded_call(step: object) -> ScriptCall:
     return step.calls[0]
 
 
+def _poll(step: object) -> None:
+    """An unshielded no-op: an interruption held back meanwhile lands here."""
+    assert isinstance(step, Sleep) and step.seconds == 0 and not step.shield
+
+
 def test_a_claim_held_elsewhere_skips_without_running_the_handler() -> None:
     plan = ops().replay_steps("abc", handler_plan(_handler))
+    _poll(plan.send(None))
     call = _one_shielded_call(plan.send(None))
     assert call.name == "dlq_claim"
     with pytest.raises(StopIteration) as done:
@@ -372,10 +379,12 @@ def test_a_claim_held_elsewhere_skips_without_running_the_handler() -> None:
 
 def test_a_raising_handler_is_reported_with_its_error_and_token() -> None:
     plan = ops().replay_steps("abc", handler_plan(_handler))
+    _poll(plan.send(None))
     plan.send(None)
     h = [x for kv in hash_fields(co=b"me", ct=b"1-5", ce=b"1").items() for x in kv]
     s = [x for kv in stream_fields().items() for x in kv]
-    step = plan.send([[b"ok", b"1-5", 0, h, s]])
+    _poll(plan.send([[b"ok", b"1-5", 0, h, s]]))
+    step = plan.send(None)
     assert isinstance(step, Run) and step.fn is _handler
     assert step.arg.dlq_id == "abc"
     fail = _one_shielded_call(plan.send((False, OperationError("SERVICE_UNAVAILABLE", "down"))))
@@ -440,3 +449,17 @@ def test_text_with_lone_surrogates_is_cleaned_not_refused() -> None:
 def test_metadata_that_is_not_a_mapping_raises_invalid_payload() -> None:
     with pytest.raises(InvalidPayload):
         ops().enqueue(**enqueue_args(), metadata=[("k", "v")])  # type: ignore[arg-type]
+
+
+def test_a_cancellation_held_back_during_the_claim_releases_it_before_the_handler_starts() -> None:
+    plan = ops().replay_steps("abc", handler_plan(_handler))
+    _poll(plan.send(None))
+    plan.send(None)  # the claim, shielded: a cancellation waits for its reply
+    h = [x for kv in hash_fields(co=b"me", ct=b"1-5", ce=b"1").items() for x in kv]
+    s = [x for kv in stream_fields().items() for x in kv]
+    _poll(plan.send([[b"ok", b"1-5", 0, h, s]]))  # ... and is delivered here
+    release = _one_shielded_call(plan.throw(asyncio.CancelledError()))
+    token, _, _, mode = release.args
+    assert release.name == "dlq_fail" and token == "1-5" and mode == "defer"  # nothing counted
+    with pytest.raises(asyncio.CancelledError):
+        plan.send([[b"ok", 0]])
