@@ -34,6 +34,7 @@ Events (logger ``"durabilis"``, docs/production.md): ``durability_checkpoint_sav
 from __future__ import annotations
 
 import math
+import random
 import secrets
 import threading
 import time
@@ -47,7 +48,7 @@ from durabilis import _codec
 from durabilis._keys import KeySpace, escape_part
 from durabilis._log import get_logger
 from durabilis._scripts import ScriptCall
-from durabilis._steps import IO, Plan, Run, adrive, drive, is_async_callable
+from durabilis._steps import IO, Plan, Run, Sleep, adrive, drive, is_async_callable
 from durabilis._store import AsyncStore, Store
 from durabilis._validate import positive_number as _positive_number
 from durabilis.errors import (
@@ -77,6 +78,9 @@ _HINT = 8
 _LINEAGE_HINT_TASKS = 1024
 """Tasks whose lineage-cap candidates one manager remembers (the most recent ones)."""
 _MAX_ROUNDS = 32
+_SAVE_RESEND_SECONDS = 30.0
+"""How long a phase's save is sent again after a lost reply (its ``fn`` ran)."""
+_SAVE_BACKOFF = (0.05, 1.0)  # first and longest pause between those tries
 _CLEAR_BATCH = 256
 _MAX_CLEAR_ROUNDS = 10_000
 _MAX_PART_BYTES = 1024
@@ -610,6 +614,58 @@ class _CheckpointOps:
             call = out
         raise DurabilisError("checkpoint save kept racing other writers' evictions; try again")
 
+    def kept_save_plan(self, call: ScriptCall) -> Plan[Checkpoint]:
+        """A task run's save of a phase whose ``fn`` ran: shielded (a
+        cancellation waits for it), and sent again, with backoff, for
+        ``_SAVE_RESEND_SECONDS`` after a lost reply. The same id is sent again,
+        so a try that landed is recognised (``exists``, or a conflict naming
+        it) and read back, never saved twice nor taken for another writer's."""
+        unsure: set[str] = set()  # ids of tries whose reply was lost
+        check: str | None = None  # an id that landed: read it back
+        until: float | None = None
+        delay = _SAVE_BACKOFF[0]
+        rounds = 0
+        while True:
+            cid = str(call.args[0])
+            try:
+                reply = (yield IO([self.get(check) if check else call], shield=True))[0]
+            except CorruptData:
+                raise
+            except DurabilisError as exc:
+                now = time.monotonic()
+                until = now + _SAVE_RESEND_SECONDS if until is None else until
+                if now >= until:
+                    raise
+                unsure.add(cid)
+                _log.warning("durability_checkpoint_save_retry", checkpoint_id=cid,
+                             error=f"{type(exc).__name__}: {exc}", delay_seconds=round(delay, 3))
+                yield Sleep(delay * (0.5 + random.random() / 2), shield=True)
+                delay = min(delay * 2, _SAVE_BACKOFF[1])
+                continue
+            if check:
+                saved = self.decode_get(check, reply)
+                if saved is None:
+                    raise DurabilisError(f"checkpoint {check!r} was saved, and gone before "
+                                         "its lost reply could be read back")
+                _log.info("durability_checkpoint_saved", checkpoint_id=check,
+                          task_id=saved.task_id, agent_id=saved.agent_id, phase=saved.phase,
+                          parent_checkpoint_id=saved.parent_checkpoint_id, mode="save",
+                          read_back=True)
+                return saved
+            tag = _tag(reply, str(call.keys[0]))
+            if cid in unsure and (tag == "exists" or (
+                    tag == "conflict" and _text(reply[1], str(call.keys[0]), "actual") == cid)):
+                check = cid  # an earlier try of this very save landed
+                continue
+            out = self.decode_save(call, reply)
+            if isinstance(out, Checkpoint):
+                return out
+            rounds += 1
+            if rounds >= _MAX_ROUNDS:
+                raise DurabilisError(
+                    "checkpoint save kept racing other writers' evictions; try again")
+            call = out
+
     def lineage_limit(self, limit: int | None) -> int:
         """How many records a lineage walk follows: ``limit``, at most the lineage cap."""
         cap = self.config.max_lineage_per_task
@@ -829,7 +885,7 @@ class _RunPlan:
         ok, state = yield Run(_call_async if is_async_callable(fn) else _call, fn)
         if not ok:
             raise state
-        checkpoint = yield from self.ops.save_plan(self.save_call(name, state))
+        checkpoint = yield from self.ops.kept_save_plan(self.save_call(name, state))
         return self.saved(checkpoint)
 
     def saved(self, checkpoint: Checkpoint) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -109,3 +110,26 @@ def test_async_task_run_skips_completed_phases_and_awaits_async_phases(
 
     run(redis_url, namespace, body)
     assert ran == ["fetch", "parse"]
+
+
+def test_a_run_cancelled_while_a_plain_phase_runs_saves_its_result_first(
+    redis_url: str, namespace: str
+) -> None:
+    # A plain fn runs in a worker thread and is waited for: its result is
+    # saved, then the cancellation is raised (the phase is not run again).
+    ran: list[str] = []
+
+    def charge() -> str:
+        time.sleep(0.3)
+        ran.append("charge")
+        return "charged"
+
+    async def body(m: AsyncCheckpointManager) -> None:
+        async with m.task("job", "agent") as r:
+            with pytest.raises(asyncio.TimeoutError):  # (wait_for's cancellation)
+                await asyncio.wait_for(r.phase("charge", charge), timeout=0.1)
+        async with m.task("job", "agent") as resumed:
+            assert await resumed.phase("charge", charge) == "charged"
+        assert ran == ["charge"]
+
+    run(redis_url, namespace, body)
