@@ -16,6 +16,7 @@ events stream per breaker recording every transition.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -253,8 +254,9 @@ class Permit:
     Attributes:
         dependency: The breaker's name.
         generation: The breaker's state generation at admission.
-        probe_id: Set when the call is a HALF_OPEN probe (the id the caller
-            chose, if any, else a counter value).
+        probe_id: Set when the call is a HALF_OPEN probe: a random token
+            (the registry's ``before_call``), or the id the caller chose
+            (``ops.before_call(name, probe_id)``).
         rearmed: Admitting this probe freed every probe slot first: the newest
             probe in flight was ``probe_timeout_seconds`` old (abandoned).
     """
@@ -909,6 +911,19 @@ class _RegistryCore:
         with self._cache_lock:
             self._closed.pop(name, None)
 
+    def _admission(self, name: str) -> ScriptCall:
+        """The admission of a call the cache did not answer, with a probe id of
+        its own: one whose reply never came (interrupted) frees the probe slot
+        it may have taken (:meth:`_interrupted_admission`), instead of holding
+        the fleet's slot until ``probe_timeout_seconds``."""
+        return self._ops.before_call(name, secrets.token_hex(8))
+
+    def _interrupted_admission(self, name: str, call: ScriptCall) -> ScriptCall:
+        """The release of a probe slot ``call`` may have taken (its reply lost
+        to a cancellation or ``KeyboardInterrupt``); a no-op otherwise."""
+        self._forget(name)
+        return self._ops.release_probe(name, str(call.args[1]))
+
     def _admit(self, name: str, reply: Any) -> Permit:
         """Decode a ``cb_before`` reply; note what it says for the cache; fire."""
         try:
@@ -1101,14 +1116,23 @@ class CircuitBreakerRegistry(_RegistryCore):
             DependencyNotFound: No config for ``name`` (before any I/O).
             StorageUnavailable: Redis down. CorruptData: Foreign data at a breaker key.
         """
-        call = self._ops.before_call(name)
+        self._ops.entry(name)  # DependencyNotFound before any I/O
         registration = self.registration_call(name)
         if registration is not None:
             self.store.run(registration)
             self.mark_registered(name)
         if (cached := self._cached(name)) is not None:
             return cached
-        return self._admit(name, self.store.run(call))
+        call = self._admission(name)
+        try:
+            reply = self.store.run(call)
+        except Exception:
+            raise  # (a lost reply: a probe slot taken is re-armed after probe_timeout_seconds)
+        except BaseException:  # interrupted: the admission may have landed
+            with contextlib.suppress(Exception):
+                self.store.run(self._interrupted_admission(name, call))
+            raise
+        return self._admit(name, reply)
 
     def after_call(
         self,
@@ -1253,14 +1277,23 @@ class AsyncCircuitBreakerRegistry(_RegistryCore):
 
     async def before_call(self, name: str) -> Permit:
         """See :meth:`CircuitBreakerRegistry.before_call`."""
-        call = self._ops.before_call(name)
+        self._ops.entry(name)  # DependencyNotFound before any I/O
         registration = self.registration_call(name)
         if registration is not None:
             await self.store.run(registration)
             self.mark_registered(name)
         if (cached := self._cached(name)) is not None:
             return cached
-        return self._admit(name, await self.store.run(call))
+        call = self._admission(name)
+        try:
+            reply = await self.store.run(call)
+        except Exception:
+            raise  # (see CircuitBreakerRegistry.before_call)
+        except BaseException:  # cancelled: the admission may have landed
+            with contextlib.suppress(Exception):
+                await self.store.run(self._interrupted_admission(name, call))
+            raise
+        return self._admit(name, reply)
 
     async def after_call(
         self,

@@ -697,6 +697,65 @@ def test_async_cancelled_probe_frees_its_slot(redis_url: str, namespace: str) ->
     asyncio.run(scenario())
 
 
+def _interrupt_after_the_admission_lands(store: Any, interruption: type[BaseException]) -> None:
+    """The store's next ``cb_before`` runs in Redis, then its caller is
+    interrupted before the reply arrives (a cancellation or Ctrl-C that lands
+    while the reply is in flight)."""
+    real = store.run
+
+    def run(call: Any) -> Any:
+        reply = real(call)
+        if call.name == "cb_before":
+            store.run = real
+            if asyncio.iscoroutine(reply):
+                async def landed_then_interrupted() -> Any:
+                    await reply
+                    raise interruption
+                return landed_then_interrupted()
+            raise interruption
+        return reply
+
+    store.run = run
+
+
+def test_a_probe_admission_interrupted_in_flight_frees_the_slot_it_took(
+    store: durabilis.Store,
+) -> None:
+    registry = make(store, cfg(probe_success_required=1, probe_timeout_seconds=30))
+    registry.force_open("dep")
+    wait_reset()
+    _interrupt_after_the_admission_lands(store, KeyboardInterrupt)
+    with pytest.raises(KeyboardInterrupt):
+        registry.call("dep", lambda: "never runs")
+    info = registry.state_info("dep")
+    assert (info.state, info.probes_in_flight) == (HALF_OPEN, 0)  # not held for 30 s
+    assert registry.call("dep", lambda: "probe") == "probe"
+    assert registry.state("dep") is CLOSED
+
+
+def test_async_a_probe_admission_cancelled_in_flight_frees_the_slot_it_took(
+    redis_url: str, namespace: str
+) -> None:
+    async def scenario() -> None:
+        store = durabilis.connect_async(redis_url, namespace=namespace)
+        try:
+            registry = AsyncCircuitBreakerRegistry(
+                store, [cfg(probe_success_required=1, probe_timeout_seconds=30)])
+            await registry.force_open("dep")
+            await asyncio.sleep(RESET + 0.05)
+            _interrupt_after_the_admission_lands(store, asyncio.CancelledError)
+            with pytest.raises(asyncio.CancelledError):
+                await registry.call("dep", asyncio.sleep, 0)
+            info = await registry.state_info("dep")
+            assert (info.state, info.probes_in_flight) == (HALF_OPEN, 0)
+            await registry.call("dep", asyncio.sleep, 0)
+            assert await registry.state("dep") is CLOSED
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())
+
+
 # --- probe re-arm, abandoned probes, caller-chosen probe ids ---------------------
 
 
@@ -846,8 +905,9 @@ def test_a_caller_chosen_probe_id_is_the_probe_and_frees_its_slot_without_the_pe
     assert not release("layer-7f3a")  # already free: ignored
     late = ops.decode_after("dep", store.run(ops.after_call("dep", True, probe)))
     assert late == (False, None)  # its permit's report finds no live slot
-    counter = registry.before_call("dep")  # the public API keeps the counter ids
-    assert counter.is_probe and counter.probe_id is not None and counter.probe_id.isdigit()
+    counter = registry.before_call("dep")  # the public API chooses a random id of its own
+    assert counter.is_probe and counter.probe_id is not None
+    assert len(counter.probe_id) == 16 and int(counter.probe_id, 16) >= 0
     assert registry.after_call("dep", True, counter)
     assert registry.state("dep") is CLOSED
 
