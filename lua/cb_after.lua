@@ -166,7 +166,8 @@ local function recount()
 end
 
 if st == "C" then
-  local refresh = not h[1] or now - tx >= tonumber(ttl) / 4
+  -- (tx in the future: the server clock stepped back; refresh now, not after the jump)
+  local refresh = not h[1] or now - tx >= tonumber(ttl) / 4 or tx > now
   -- The window's size, read at every report: it is also the check of the
   -- window key's type, before any write. When the counters do not match it (a
   -- key lost or touched from outside), recount, so the rate is always the window's.
@@ -179,9 +180,21 @@ if st == "C" then
   end
   local bad = failed or is_slow
   local score = math.max(now * 1000, ls + 1)
+  -- A time-based window whose newest result is over a second "in the future":
+  -- the server clock stepped back. Like every breaker time found in the
+  -- future, the window is set to now: its newest result counts as recorded
+  -- now and the others keep their ages relative to it (the window and the
+  -- reporters are rescored by -shift after ready()), so results leave the
+  -- window window_ms after that, not after the whole jump.
+  local shift = 0
+  if window_ms ~= "0" and ls > now * 1000 + 1000000 then
+    shift = ls - now * 1000
+    score = now * 1000 + 1
+  end
   local drop = 0
   if window_ms ~= "0" then
-    drop = redis.call("ZCOUNT", wk, "-inf", string.format("(%d", (now - window_ms) * 1000))
+    drop = redis.call("ZCOUNT", wk, "-inf",
+      string.format("(%d", (now - window_ms) * 1000 + shift))
   end
   if card - drop + 1 > window_size then drop = card + 1 - window_size end
   local dropped_bad = false  -- a failure or slow call leaves the window
@@ -199,7 +212,7 @@ if st == "C" then
   -- The reporters set is read (and its type checked) before ready() whenever
   -- it will be written: a bad result joins it, a bad result leaving trims it.
   local mine = false
-  if bad or dropped_bad or min_reporters > 1 then
+  if bad or dropped_bad or min_reporters > 1 or shift > 0 then
     mine = redis.pcall("ZSCORE", rk, replica)
     if type(mine) == "table" then return {"corrupt", 5, mine.err} end
   end
@@ -214,7 +227,7 @@ if st == "C" then
   end
   if reason and min_reporters > 1 then
     -- Distinct replicas whose latest bad result is still in the window.
-    local oldest = score
+    local oldest = score + shift  -- (the reporters' scores are not rescored yet)
     if n > 1 then oldest = tonumber(redis.call("ZRANGE", wk, drop, drop, "WITHSCORES")[2]) end
     local distinct = redis.call("ZCOUNT", rk, string.format("%d", oldest), "+inf")
     if bad and not (mine and tonumber(mine) >= oldest) then distinct = distinct + 1 end
@@ -227,6 +240,14 @@ if st == "C" then
 
   ready()
   if drop > 0 then redis.call("ZREMRANGEBYRANK", wk, 0, drop - 1) end
+  if shift > 0 then  -- bounded: the window holds at most window_size results
+    for _, z in ipairs({wk, rk}) do
+      local all = redis.call("ZRANGE", z, 0, -1, "WITHSCORES")
+      for i = 1, #all, 2 do
+        redis.call("ZADD", z, string.format("%d", tonumber(all[i + 1]) - shift), all[i])
+      end
+    end
+  end
   local tr, g2 = nil, g
   if reason then
     g2 = g + 1

@@ -872,6 +872,48 @@ def test_a_dead_probe_admitted_before_the_clock_stepped_back_is_rearmed_one_time
     assert registry.state("dep") is CLOSED
 
 
+@pytest.mark.standalone_only  # (the clock hook needs one plain server)
+def test_a_clock_step_back_sets_a_time_window_to_now_and_results_leave_it_one_window_later(
+    store: durabilis.Store, raw: redis.Redis
+) -> None:
+    clock = f"{store.namespace}:clock"
+    offset_server_clock(store, clock)
+    registry = make(store, cfg(window_size=100, window_seconds=10, idle_ttl_seconds=3600))
+    raw.set(clock, 0)
+    report(registry, "FF")
+    back = -3600 * 1_000_000  # an hour behind, at once
+    raw.set(clock, back + 1_000_000)
+    report(registry, "S")  # the step is seen: the window's results count as of now
+    assert registry.state_info("dep").request_count == 3
+    raw.set(clock, back + 12_000_000)  # one window (10 s) later: they leave it
+    report(registry, "SSS")
+    info = registry.state_info("dep")
+    assert (info.state, info.request_count, info.failure_count) == (CLOSED, 3, 0)
+
+
+@pytest.mark.standalone_only  # (the clock hook needs one plain server)
+def test_a_clock_step_back_does_not_stop_a_busy_breaker_refreshing_its_ttl(
+    store: durabilis.Store, raw: redis.Redis
+) -> None:
+    # The keys' idle TTL is pushed back at most every idle_ttl / 4 (field tx);
+    # a tx "in the future" held that back for the whole jump, and the keys of a
+    # breaker in use expired under it, its window with them.
+    clock = f"{store.namespace}:clock"
+    offset_server_clock(store, clock)
+    registry = make(store, cfg(idle_ttl_seconds=8))
+    raw.set(clock, 0)
+    report(registry, "S")
+    raw.set(clock, -3600 * 1_000_000)
+    report(registry, "S")
+    state = store.keys.breaker("dep")
+    real_ms = int(raw.time()[0]) * 1000
+    first = int(raw.hget(state, "tx"))
+    assert first < real_ms - 1800 * 1000  # refreshed now, on the stepped-back clock
+    raw.incrby(clock, 3_000_000)  # a quarter of the TTL later
+    report(registry, "S")
+    assert int(raw.hget(state, "tx")) >= first + 3000
+
+
 def test_a_caller_chosen_probe_id_is_the_probe_and_frees_its_slot_without_the_permit(
     store: durabilis.Store, raw: redis.Redis
 ) -> None:
