@@ -619,7 +619,9 @@ class _CheckpointOps:
         cancellation waits for it), and sent again, with backoff, for
         ``_SAVE_RESEND_SECONDS`` after a lost reply. The same id is sent again,
         so a try that landed is recognised (``exists``, or a conflict naming
-        it) and read back, never saved twice nor taken for another writer's."""
+        it) and read back, never taken for another writer's. One deleted
+        before the resend (a cap, ``clear_task``) is saved again: a save made
+        then (docs/checkpoint.md)."""
         unsure: set[str] = set()  # ids of tries whose reply was lost
         check: str | None = None  # an id that landed: read it back
         until: float | None = None

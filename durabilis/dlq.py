@@ -28,12 +28,14 @@ is two per batch.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
 import os
 import random
 import re
+import secrets
 import socket
 import time
 import uuid
@@ -498,7 +500,7 @@ class _Claimed:
     token: str
     record: DlqRecord
     taken_over: bool
-    until: float = 0.0  # (monotonic) the claim's expiry at the latest
+    until: float = 0.0  # (monotonic) the claim's expiry at the latest (set by the replay)
 
 
 # --- the steps a plan asks its driver to do ---------------------------------------
@@ -533,9 +535,8 @@ operation settles it) is replayed, not a lost claim."""
 
 
 def _shielded(call: ScriptCall) -> _Plan[Any]:
-    """One call of a replay that a cancellation waits for: a claim whose token
-    the replay must learn to release it, and what notes a handler's outcome
-    (a cancellation that came meanwhile is raised after it)."""
+    """One call of a replay that a cancellation waits for (sent once: the
+    release of an interrupted replay's claim)."""
     return (yield IO([call], shield=True))[0]
 
 
@@ -544,7 +545,10 @@ _POLL = Sleep(0.0)
 a shielded step (a claim, the note of the last record's outcome, a plain
 handler in its thread) is delivered, before a handler starts."""
 
-_NOTE_BACKOFF = (0.05, 1.0)  # first and longest pause between tries of an outcome's note
+_NOTE_BACKOFF = (0.05, 1.0)  # first and longest pause between tries of a claim or a note
+_RESEND_SECONDS = 30.0
+"""How long a replay's claim or note is sent again after a lost reply, at most
+(a cancellation or a signal waits for it meanwhile)."""
 
 
 def handler_plan(handler: Callable[[DlqRecord], Any]) -> Handle:
@@ -1075,11 +1079,13 @@ class _DlqOps:
 
     # replay ----------------------------------------------------------------
 
-    def claim(self, dlq_id: str) -> ScriptCall:
+    def claim(self, dlq_id: str, nonce: str = "") -> ScriptCall:
+        """The claim of a record; with ``nonce`` (hex), the same call sent again
+        after a lost reply gets back the claim its earlier try made."""
         return ScriptCall(
             "dlq_claim",
             [self.stream_key, self.record_key(dlq_id)],
-            [self.owner, max(1, int(self.config.claim_ttl_seconds * 1000))],
+            [self.owner, max(1, int(self.config.claim_ttl_seconds * 1000)), nonce],
         )
 
     def decode_claim(self, dlq_id: str, reply: Any) -> _Claimed | ReplayResult:
@@ -1090,8 +1096,7 @@ class _DlqOps:
             record = self.record(
                 dlq_id, _flat_to_dict(reply[3], key), _flat_to_dict(reply[4], key)
             )
-            return _Claimed(token, record, taken_over=bool(int(reply[2])),
-                            until=time.monotonic() + self.config.claim_ttl_seconds)
+            return _Claimed(token, record, taken_over=bool(int(reply[2])))
         if tag == "none":
             return ReplayResult(dlq_id, ReplayOutcome.NOT_FOUND)
         if tag == "final":
@@ -1192,9 +1197,12 @@ class _DlqOps:
         if not self.known_id(dlq_id):
             return ReplayResult(dlq_id, ReplayOutcome.NOT_FOUND)
         yield _POLL  # an interruption held back (a pass's last record) stops here
-        claimed = self.decode_claim(dlq_id, (yield from _shielded(self.claim(dlq_id))))
+        claim = self.claim(dlq_id, secrets.token_hex(8))
+        until = time.monotonic() + self.config.claim_ttl_seconds
+        claimed = self.decode_claim(dlq_id, (yield from self._sent(claim, dlq_id, until))[0])
         if isinstance(claimed, ReplayResult):
             return claimed
+        claimed = dataclasses.replace(claimed, until=until)
         record = claimed.record
         key = self.record_key(dlq_id)
         error = yield from self._handled(claimed, handle, open_breakers, operation_type)
@@ -1289,22 +1297,33 @@ class _DlqOps:
             raise
 
     def _noted(self, call: ScriptCall, claimed: _Claimed) -> _Plan[tuple[Any, bool]]:
-        """Send a note of the replay's outcome (shielded) until it lands, while
-        the claim lasts: a note lost to a blip, or to a sweep that cancelled its
-        step's task, would leave a handler that ran to run again once the claim
-        expired. Returns the reply and whether an earlier try may have landed."""
+        """Send a note of the replay's outcome (see :meth:`_sent`): a note lost
+        to a blip, or to a sweep that cancelled its step's task, would leave a
+        handler that ran to run again once the claim expired."""
+        return (yield from self._sent(call, claimed.record.dlq_id, claimed.until))
+
+    def _sent(self, call: ScriptCall, dlq_id: str, until: float) -> _Plan[tuple[Any, bool]]:
+        """Send a step of a replay (shielded) until it lands, with backoff, for
+        ``_RESEND_SECONDS`` at most and while the claim lasts (``until``,
+        monotonic: after it the step would be refused anyway). The claim and
+        the notes can be sent again: a claim's nonce gets its own earlier try
+        back, a note is fenced by the claim's token. Returns the reply and
+        whether an earlier try may have landed."""
         unsure = False
         delay = _NOTE_BACKOFF[0]
+        stop: float | None = None
         while True:
             try:
                 return (yield IO([call], shield=True))[0], unsure
             except CorruptData:
                 raise
             except DurabilisError as exc:
-                if time.monotonic() + delay >= claimed.until:
-                    raise  # the claim is over: the note would be refused anyway
+                now = time.monotonic()
+                stop = min(until, now + _RESEND_SECONDS) if stop is None else stop
+                if now + delay >= stop:
+                    raise
                 unsure = True
-                _log.warning("durability_dlq_note_retry", dlq_id=claimed.record.dlq_id,
+                _log.warning("durability_dlq_step_retry", dlq_id=dlq_id, script=call.name,
                              error=f"{type(exc).__name__}: {exc}",
                              delay_seconds=round(delay, 3))
                 yield Sleep(delay * (0.5 + random.random() / 2), shield=True)

@@ -9,6 +9,10 @@ KEYS[1]  stream                     (<ns>:dlq:{dlq}:stream)
 KEYS[2]  the record hash            (<ns>:dlq:{dlq}:rec:<dlq_id>)
 ARGV[1]  owner                      who replays (readable: host:pid:...)
 ARGV[2]  claim_ms                   how long the claim is held, in milliseconds
+ARGV[3]  nonce                      (optional) this claim's own random id, kept as the
+                                    token's last part: a claim sent again after a lost
+                                    reply that finds its own earlier try holding the
+                                    record gets that claim back ("ok", same token)
 
 Returns one of
   {"ok", token, taken_over (0|1), record hash as a flat field/value list,
@@ -37,21 +41,26 @@ if kind ~= "hash" then
   return {"corrupt", H, "a " .. kind .. " where a DLQ record (hash) belongs"}
 end
 
-local f = redis.call("HMGET", H, "st", "exp", "sid", "co", "ce")
-local st, exp, sid, co, ce = f[1], tonumber(f[2]), f[3], f[4], tonumber(f[5])
+local f = redis.call("HMGET", H, "st", "exp", "sid", "co", "ce", "ct")
+local st, exp, sid, co, ce, ct = f[1], tonumber(f[2]), f[3], f[4], tonumber(f[5]), f[6]
+local nonce = ARGV[3] or ""
 if (st ~= "pending" and st ~= "replayed" and st ~= "abandoned") or not exp or not sid then
   return {"corrupt", H, "record hash without a valid status, expiry or stream id"}
 end
 if exp <= now then return {"none"} end
 if st ~= "pending" then return {"final", st} end
-if co and ce and ce > now then return {"busy", co, ce} end
+local mine = co and ce and ce > now and nonce ~= "" and ct
+  and string.sub(ct, -(#nonce + 1)) == "-" .. nonce
+if co and ce and ce > now and not mine then return {"busy", co, ce} end
 
 local entry = redis.call("XRANGE", S, sid, sid)
 if #entry == 0 then
   return {"corrupt", S, "stream entry " .. sid .. " of this record is missing"}
 end
+if mine then return {"ok", ct, 0, redis.call("HGETALL", H), entry[1][2]} end
 local taken_over = 0
 if co then taken_over = 1 end
 local token = string.format("%d-%d", redis.call("HINCRBY", H, "cn", 1), now)
+if nonce ~= "" then token = token .. "-" .. nonce end
 redis.call("HSET", H, "co", ARGV[1], "ct", token, "ce", now + tonumber(ARGV[2]))
 return {"ok", token, taken_over, redis.call("HGETALL", H), entry[1][2]}

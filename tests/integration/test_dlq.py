@@ -789,3 +789,46 @@ def test_a_sweep_that_cancels_the_note_of_a_handler_s_success_does_not_run_it_ag
             await store.close()
 
     asyncio.run(scenario())
+
+
+def _lose_replies(store: durabilis.Store, script: str, *, landed: bool, times: int) -> None:
+    """The next ``times`` steps running ``script`` lose their reply (after it
+    ran in Redis when ``landed``): a timeout, a blip."""
+    real = store.run_step
+    left = [times]
+
+    def run_step(calls: Any, gates: Any = None, waves: Any = None) -> Any:
+        if left[0] and calls[0].name == script:
+            left[0] -= 1
+            if landed:
+                real(calls, gates, waves)
+            raise durabilis.StorageUnavailable("the reply was lost")
+        return real(calls, gates, waves)
+
+    store.run_step = run_step  # type: ignore[method-assign]
+
+
+def test_a_claim_whose_reply_was_lost_is_sent_again_and_gets_its_own_claim_back(
+    store: durabilis.Store, dlq: DeadLetterQueue
+) -> None:
+    (dlq_id,) = park(dlq, 1)
+    _lose_replies(store, "dlq_claim", landed=True, times=1)
+    ran: list[str] = []
+    result = dlq.replay(dlq_id, lambda r: ran.append(r.dlq_id))
+    assert result.outcome is ReplayOutcome.REPLAYED and ran == [dlq_id]
+    rec = dlq.get(dlq_id)
+    assert rec is not None and rec.status is DlqStatus.REPLAYED and rec.claimed_by is None
+
+
+def test_a_note_that_cannot_be_sent_is_given_up_after_the_resend_limit_not_the_claim_ttl(
+    store: durabilis.Store, dlq: DeadLetterQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # While Redis cannot take the note, a signal or a cancellation waits: for
+    # at most _RESEND_SECONDS (30 s), not the claim's 300 s.
+    monkeypatch.setattr(durabilis.dlq, "_RESEND_SECONDS", 0.5)
+    (dlq_id,) = park(dlq, 1)
+    _lose_replies(store, "dlq_finish", landed=False, times=1000)
+    began = time.monotonic()
+    with pytest.raises(durabilis.StorageUnavailable):
+        dlq.replay(dlq_id, lambda r: None)
+    assert time.monotonic() - began < 5
