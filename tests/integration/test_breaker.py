@@ -61,6 +61,14 @@ def wait_reset() -> None:
     time.sleep(RESET + 0.05)
 
 
+def stepped_clock(store: durabilis.Store) -> str:
+    """The key whose value (microseconds) offsets the server clock the
+    breaker's scripts read (standalone only)."""
+    clock = f"{store.namespace}:clock"
+    offset_server_clock(store, clock)
+    return clock
+
+
 def half_open(registry: CircuitBreakerRegistry, name: str = "dep") -> Permit:
     trip(registry, name)
     wait_reset()
@@ -832,8 +840,7 @@ def test_a_server_clock_stepping_back_holds_a_breaker_one_timeout_more_not_for_t
     stored times are then "in the future". Each timeout restarts from now (one
     more reset or probe timeout, not an hour of refusals), probes keep their
     slots (the cap holds) and a live probe's report is still credited."""
-    clock = f"{store.namespace}:clock"
-    offset_server_clock(store, clock)
+    clock = stepped_clock(store)
     registry = make(store, cfg(probe_success_required=1))
     trip(registry)
     raw.set(clock, -3600 * 1_000_000)  # an hour behind, at once
@@ -857,8 +864,7 @@ def test_a_server_clock_stepping_back_holds_a_breaker_one_timeout_more_not_for_t
 def test_a_dead_probe_admitted_before_the_clock_stepped_back_is_rearmed_one_timeout_later(
     store: durabilis.Store, raw: redis.Redis
 ) -> None:
-    clock = f"{store.namespace}:clock"
-    offset_server_clock(store, clock)
+    clock = stepped_clock(store)
     registry = make(store, cfg(probe_success_required=1))
     dead = half_open(registry)
     raw.set(clock, -3600 * 1_000_000)
@@ -876,8 +882,7 @@ def test_a_dead_probe_admitted_before_the_clock_stepped_back_is_rearmed_one_time
 def test_a_clock_step_back_sets_a_time_window_to_now_and_results_leave_it_one_window_later(
     store: durabilis.Store, raw: redis.Redis
 ) -> None:
-    clock = f"{store.namespace}:clock"
-    offset_server_clock(store, clock)
+    clock = stepped_clock(store)
     registry = make(store, cfg(window_size=100, window_seconds=10, idle_ttl_seconds=3600))
     raw.set(clock, 0)
     report(registry, "FF")
@@ -898,8 +903,7 @@ def test_a_clock_step_back_does_not_stop_a_busy_breaker_refreshing_its_ttl(
     # The keys' idle TTL is pushed back at most every idle_ttl / 4 (field tx);
     # a tx "in the future" held that back for the whole jump, and the keys of a
     # breaker in use expired under it, its window with them.
-    clock = f"{store.namespace}:clock"
-    offset_server_clock(store, clock)
+    clock = stepped_clock(store)
     registry = make(store, cfg(idle_ttl_seconds=8))
     raw.set(clock, 0)
     report(registry, "S")

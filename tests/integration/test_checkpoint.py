@@ -22,6 +22,7 @@ from durabilis.errors import (
     CorruptData,
     InvalidTtl,
 )
+from tests.support.lossy import lose_replies
 
 
 @pytest.fixture
@@ -638,21 +639,9 @@ def test_a_foreign_member_in_the_global_order_raises_corrupt_data_and_writes_not
 @pytest.mark.parametrize("landed", [True, False], ids=["the save landed", "it did not"])
 @pytest.mark.parametrize("exclusive", [True, False], ids=["exclusive", "shared"])
 def test_a_phase_whose_save_reply_is_lost_is_saved_once_and_never_run_again(
-    store: durabilis.Store, mgr: CheckpointManager, monkeypatch: pytest.MonkeyPatch,
-    landed: bool, exclusive: bool,
+    store: durabilis.Store, mgr: CheckpointManager, landed: bool, exclusive: bool,
 ) -> None:
-    real = store.run_step
-    lost: list[str] = []
-
-    def lose_the_first_save_reply(calls: Any, gates: Any = None, waves: Any = None) -> Any:
-        if not lost and calls[0].name == "ckpt_save":
-            lost.append(str(calls[0].args[0]))
-            if landed:
-                real(calls, gates, waves)
-            raise durabilis.StorageUnavailable("the reply was lost")
-        return real(calls, gates, waves)
-
-    monkeypatch.setattr(store, "run_step", lose_the_first_save_reply)
+    lost = lose_replies(store, "ckpt_save", landed=landed, times=1)
     calls: Counter[str] = Counter()
 
     def phase(name: str) -> Any:
@@ -665,7 +654,7 @@ def test_a_phase_whose_save_reply_is_lost_is_saved_once_and_never_run_again(
         assert run.phase("fetch", phase("fetch")) == "fetch done"
         assert run.phase("fetch", phase("fetch")) == "fetch done"  # completed: not run
         assert run.phase("parse", phase("parse")) == "parse done"  # no conflict with itself
-    assert lost and calls == {"fetch": 1, "parse": 1}
+    assert lost == [0] and calls == {"fetch": 1, "parse": 1}
     current = mgr.list_current("job", "agent")
     assert sorted(c.phase for c in current) == ["fetch", "parse"]
     assert len(mgr.history("job", "agent")) == 2  # the fetch was saved once

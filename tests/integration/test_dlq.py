@@ -28,6 +28,7 @@ from durabilis.dlq import (
 )
 from durabilis.errors import CorruptData
 from tests.support.backends import keys_matching
+from tests.support.lossy import lose_replies
 
 LUA = Path(__file__).resolve().parents[2] / "lua"
 
@@ -627,43 +628,53 @@ def test_the_async_twin_enqueues_lists_replays_and_cleans_up(
 # --- an interrupted replay ---------------------------------------------------------------
 
 
-def test_a_replay_cancelled_inside_its_handler_releases_the_claim_and_counts_nothing(
-    redis_url: str, namespace: str
+def run_async_dlq(
+    redis_url: str, namespace: str, body: Any, config: DlqConfig | None = None,
+    **store_options: Any,
 ) -> None:
-    async def scenario() -> None:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
+    """``await body(dlq, store)`` with an AsyncDeadLetterQueue on its own store."""
+    async def main() -> None:
+        store = durabilis.connect_async(redis_url, namespace=namespace, **store_options)
         try:
-            dlq = AsyncDeadLetterQueue(store, replayer_id="async-replayer")
-            dlq_id = await dlq.enqueue("a", "wiki_write", {"i": 1}, 3, "NETWORK_TIMEOUT")
-            started = asyncio.Event()
-
-            async def hangs(record: DlqRecord) -> None:
-                started.set()
-                await asyncio.sleep(30)
-
-            task = asyncio.create_task(dlq.replay(dlq_id, hangs))
-            await started.wait()
-            with capture_logs() as logs:
-                task.cancel()
-                with pytest.raises(asyncio.CancelledError):
-                    await task
-            [note] = [e for e in logs if e["event"] == "durability_dlq_replay_interrupted"]
-            assert note["interruption"] == "CancelledError" and note["claim_released"] is True
-            rec = await dlq.get(dlq_id)
-            assert rec is not None and rec.status is DlqStatus.PENDING
-            assert rec.claimed_by is None  # not held until claim_ttl_seconds (300 s)
-            assert rec.replay_attempts == 0 and rec.last_error == "NETWORK_TIMEOUT"
-            ran: list[str] = []
-
-            async def works(record: DlqRecord) -> None:
-                ran.append(record.dlq_id)
-
-            assert (await dlq.replay(dlq_id, works)).outcome is ReplayOutcome.REPLAYED
-            assert ran == [dlq_id]
+            await body(AsyncDeadLetterQueue(store, config, replayer_id="async-replayer"), store)
         finally:
             await store.close()
 
-    asyncio.run(scenario())
+    asyncio.run(main())
+
+
+def test_a_replay_cancelled_inside_its_handler_releases_the_claim_and_counts_nothing(
+    redis_url: str, namespace: str
+) -> None:
+    async def scenario(dlq: AsyncDeadLetterQueue, store: Any) -> None:
+        dlq_id = await dlq.enqueue("a", "wiki_write", {"i": 1}, 3, "NETWORK_TIMEOUT")
+        started = asyncio.Event()
+
+        async def hangs(record: DlqRecord) -> None:
+            started.set()
+            await asyncio.sleep(30)
+
+        task = asyncio.create_task(dlq.replay(dlq_id, hangs))
+        await started.wait()
+        with capture_logs() as logs:
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        [note] = [e for e in logs if e["event"] == "durability_dlq_replay_interrupted"]
+        assert note["interruption"] == "CancelledError" and note["claim_released"] is True
+        rec = await dlq.get(dlq_id)
+        assert rec is not None and rec.status is DlqStatus.PENDING
+        assert rec.claimed_by is None  # not held until claim_ttl_seconds (300 s)
+        assert rec.replay_attempts == 0 and rec.last_error == "NETWORK_TIMEOUT"
+        ran: list[str] = []
+
+        async def works(record: DlqRecord) -> None:
+            ran.append(record.dlq_id)
+
+        assert (await dlq.replay(dlq_id, works)).outcome is ReplayOutcome.REPLAYED
+        assert ran == [dlq_id]
+
+    run_async_dlq(redis_url, namespace, scenario)
 
 
 def test_a_cancellation_after_a_plain_handler_returned_marks_the_record_replayed_first(
@@ -672,28 +683,23 @@ def test_a_cancellation_after_a_plain_handler_returned_marks_the_record_replayed
     # A plain handler runs in a worker thread and is waited for: its outcome is
     # known, so it is noted before the cancellation is raised (not left to run
     # again once the claim expires).
-    async def scenario() -> None:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
-        try:
-            dlq = AsyncDeadLetterQueue(store, replayer_id="async-replayer")
-            dlq_id = await dlq.enqueue("a", "wiki_write", {"i": 1}, 3, "NETWORK_TIMEOUT")
-            ran: list[str] = []
+    async def scenario(dlq: AsyncDeadLetterQueue, store: Any) -> None:
+        dlq_id = await dlq.enqueue("a", "wiki_write", {"i": 1}, 3, "NETWORK_TIMEOUT")
+        ran: list[str] = []
 
-            def slow(record: DlqRecord) -> None:
-                time.sleep(0.3)
-                ran.append(record.dlq_id)
+        def slow(record: DlqRecord) -> None:
+            time.sleep(0.3)
+            ran.append(record.dlq_id)
 
-            with pytest.raises(asyncio.TimeoutError):  # (wait_for's cancellation)
-                await asyncio.wait_for(dlq.replay(dlq_id, slow), timeout=0.1)
-            rec = await dlq.get(dlq_id)
-            assert ran == [dlq_id]
-            assert rec is not None and rec.status is DlqStatus.REPLAYED
-            assert (await dlq.replay(dlq_id, slow)).outcome is ReplayOutcome.NOT_PENDING
-            assert ran == [dlq_id]
-        finally:
-            await store.close()
+        with pytest.raises(asyncio.TimeoutError):  # (wait_for's cancellation)
+            await asyncio.wait_for(dlq.replay(dlq_id, slow), timeout=0.1)
+        rec = await dlq.get(dlq_id)
+        assert ran == [dlq_id]
+        assert rec is not None and rec.status is DlqStatus.REPLAYED
+        assert (await dlq.replay(dlq_id, slow)).outcome is ReplayOutcome.NOT_PENDING
+        assert ran == [dlq_id]
 
-    asyncio.run(scenario())
+    run_async_dlq(redis_url, namespace, scenario)
 
 
 def test_a_keyboard_interrupt_in_a_sync_handler_releases_the_claim_and_propagates(
@@ -718,33 +724,28 @@ def test_a_cancelled_pass_stops_after_the_handler_it_was_running(
     # Plain handlers run in a worker thread and are waited for: the pass's
     # cancellation is held back while one runs, and delivered before the next
     # record is claimed (not after the page of up to 100 records).
-    async def scenario() -> None:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
-        try:
-            dlq = AsyncDeadLetterQueue(store, replayer_id="async-replayer")
-            ids = [await dlq.enqueue("a", "wiki_write", {"i": i}, 3, "E") for i in range(8)]
-            ran: list[str] = []
+    async def scenario(dlq: AsyncDeadLetterQueue, store: Any) -> None:
+        ids = [await dlq.enqueue("a", "wiki_write", {"i": i}, 3, "E") for i in range(8)]
+        ran: list[str] = []
 
-            def slow(record: DlqRecord) -> None:
-                ran.append(record.dlq_id)
-                time.sleep(0.2)
+        def slow(record: DlqRecord) -> None:
+            ran.append(record.dlq_id)
+            time.sleep(0.2)
 
-            task = asyncio.create_task(dlq.replay_pending(slow))
-            while len(ran) < 2:
-                await asyncio.sleep(0.01)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-            assert ran == ids[:2]
-            for dlq_id in ids:
-                rec = await dlq.get(dlq_id)
-                assert rec is not None and rec.claimed_by is None
-                assert rec.status is (
-                    DlqStatus.REPLAYED if dlq_id in ran else DlqStatus.PENDING)
-        finally:
-            await store.close()
+        task = asyncio.create_task(dlq.replay_pending(slow))
+        while len(ran) < 2:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert ran == ids[:2]
+        for dlq_id in ids:
+            rec = await dlq.get(dlq_id)
+            assert rec is not None and rec.claimed_by is None
+            assert rec.status is (
+                DlqStatus.REPLAYED if dlq_id in ran else DlqStatus.PENDING)
 
-    asyncio.run(scenario())
+    run_async_dlq(redis_url, namespace, scenario)
 
 
 def test_a_sweep_that_cancels_the_note_of_a_handler_s_success_does_not_run_it_again(
@@ -754,68 +755,46 @@ def test_a_sweep_that_cancels_the_note_of_a_handler_s_success_does_not_run_it_ag
     # end) cancels the shielded note's own task while it waits for the store's
     # only connection: the note is sent again, so the record is replayed and
     # the handler, which completed, is not left to run once the claim expires.
-    async def scenario() -> None:
-        store = durabilis.connect_async(redis_url, namespace=namespace, max_connections=1)
-        try:
-            dlq = AsyncDeadLetterQueue(store, DlqConfig(claim_ttl_seconds=2),
-                                       replayer_id="async-replayer")
-            dlq_id = await dlq.enqueue("a", "wiki_write", {"i": 1}, 3, "E")
-            loop = asyncio.get_running_loop()
+    async def scenario(dlq: AsyncDeadLetterQueue, store: Any) -> None:
+        dlq_id = await dlq.enqueue("a", "wiki_write", {"i": 1}, 3, "E")
+        loop = asyncio.get_running_loop()
 
-            async def hold_the_connection() -> None:
-                with contextlib.suppress(BaseException):
-                    await store.command("BLPOP", key(namespace, "blocker"), 1)
+        async def hold_the_connection() -> None:
+            with contextlib.suppress(BaseException):
+                await store.command("BLPOP", key(namespace, "blocker"), 1)
 
-            ran: list[str] = []
+        ran: list[str] = []
 
-            def handler(record: DlqRecord) -> None:
-                ran.append(record.dlq_id)
-                asyncio.run_coroutine_threadsafe(hold_the_connection(), loop)
-                time.sleep(0.1)
+        def handler(record: DlqRecord) -> None:
+            ran.append(record.dlq_id)
+            asyncio.run_coroutine_threadsafe(hold_the_connection(), loop)
+            time.sleep(0.1)
 
-            task = asyncio.ensure_future(dlq.replay(dlq_id, handler))
-            await asyncio.sleep(0.3)  # the handler returned; its note waits for the connection
-            for other in asyncio.all_tasks():
-                if other is not asyncio.current_task():
-                    other.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-            rec = await dlq.get(dlq_id)
-            assert rec is not None and rec.status is DlqStatus.REPLAYED
-            await asyncio.sleep(2.2)  # past the claim's expiry
-            outcome = (await dlq.replay(dlq_id, handler)).outcome
-            assert outcome is ReplayOutcome.NOT_PENDING and ran == [dlq_id]
-        finally:
-            await store.close()
+        task = asyncio.ensure_future(dlq.replay(dlq_id, handler))
+        await asyncio.sleep(0.3)  # the handler returned; its note waits for the connection
+        for other in asyncio.all_tasks():
+            if other is not asyncio.current_task():
+                other.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        rec = await dlq.get(dlq_id)
+        assert rec is not None and rec.status is DlqStatus.REPLAYED
+        await asyncio.sleep(2.2)  # past the claim's expiry
+        outcome = (await dlq.replay(dlq_id, handler)).outcome
+        assert outcome is ReplayOutcome.NOT_PENDING and ran == [dlq_id]
 
-    asyncio.run(scenario())
-
-
-def _lose_replies(store: durabilis.Store, script: str, *, landed: bool, times: int) -> None:
-    """The next ``times`` steps running ``script`` lose their reply (after it
-    ran in Redis when ``landed``): a timeout, a blip."""
-    real = store.run_step
-    left = [times]
-
-    def run_step(calls: Any, gates: Any = None, waves: Any = None) -> Any:
-        if left[0] and calls[0].name == script:
-            left[0] -= 1
-            if landed:
-                real(calls, gates, waves)
-            raise durabilis.StorageUnavailable("the reply was lost")
-        return real(calls, gates, waves)
-
-    store.run_step = run_step  # type: ignore[method-assign]
+    run_async_dlq(redis_url, namespace, scenario, DlqConfig(claim_ttl_seconds=2),
+                  max_connections=1)
 
 
 def test_a_claim_whose_reply_was_lost_is_sent_again_and_gets_its_own_claim_back(
     store: durabilis.Store, dlq: DeadLetterQueue
 ) -> None:
     (dlq_id,) = park(dlq, 1)
-    _lose_replies(store, "dlq_claim", landed=True, times=1)
+    lost = lose_replies(store, "dlq_claim", landed=True, times=1)
     ran: list[str] = []
     result = dlq.replay(dlq_id, lambda r: ran.append(r.dlq_id))
-    assert result.outcome is ReplayOutcome.REPLAYED and ran == [dlq_id]
+    assert lost == [0] and result.outcome is ReplayOutcome.REPLAYED and ran == [dlq_id]
     rec = dlq.get(dlq_id)
     assert rec is not None and rec.status is DlqStatus.REPLAYED and rec.claimed_by is None
 
@@ -827,7 +806,7 @@ def test_a_note_that_cannot_be_sent_is_given_up_after_the_resend_limit_not_the_c
     # at most _RESEND_SECONDS (30 s), not the claim's 300 s.
     monkeypatch.setattr(durabilis.dlq, "_RESEND_SECONDS", 0.5)
     (dlq_id,) = park(dlq, 1)
-    _lose_replies(store, "dlq_finish", landed=False, times=1000)
+    lose_replies(store, "dlq_finish", landed=False, times=1000)
     began = time.monotonic()
     with pytest.raises(durabilis.StorageUnavailable):
         dlq.replay(dlq_id, lambda r: None)
