@@ -96,7 +96,8 @@ class _AppFailed(NotRetried):
 
     def __init__(self, error: BaseException | None, status: int = 0) -> None:
         super().__init__(f"{type(error).__name__}: {exception_str(error)}" if error is not None
-                         else f"the application answered {status}")
+                         else f"the application answered {status}" if status
+                         else "the client went away before the response was complete")
         self.error = error
         # The code the retry log shows: the exception's type, or the status.
         self.code = type(error).__name__ if error is not None else f"HTTP_{status}"
@@ -294,7 +295,11 @@ class DurableIdempotencyMiddleware:
         except _AppFailed as failed:
             exchange.raise_cancelled()  # (its response was not recorded either)
             if failed.error is None:  # its answer (5xx, 429...), not recorded: key released
-                await exchange.flush()
+                if exchange.client_gone and not exchange.complete:
+                    _log.info("durability_http_client_gone", path=scope.get("path", ""),
+                              operation_type=self.operation_type)
+                else:
+                    await exchange.flush()
                 await exchange.finish_app()
                 return
             # It raised before its response was complete, or the response is
@@ -518,6 +523,7 @@ class _Exchange:
         # response all the same: raised once that response is recorded.
         self.cancelled: BaseException | None = None
         self.stopping = False  # its application was cancelled (once: its cleanup runs on)
+        self.client_gone = False  # its application was told the client disconnected
 
     async def run(self, ctx: OperationContext) -> dict[str, Any]:
         """The layer's ``fn``: run the application until its response is
@@ -555,6 +561,10 @@ class _Exchange:
             raise
         if not self.complete:  # the application ended (raised or returned) first
             error = None if task.cancelled() else task.exception()
+            if error is None and self.client_gone:
+                # It saw its client disconnect and stopped (a stream cut short):
+                # the server's giving up, not the application's error.
+                raise _AppFailed(None)
             raise _AppFailed(error or RuntimeError(
                 "the application returned without a complete response"))
         return self._outcome()
@@ -630,7 +640,10 @@ class _Exchange:
         if self.receive is None:  # a replay has no client: it "leaves" once answered
             await self._done.wait()
             return {"type": "http.disconnect"}
-        return await self.receive()
+        message = await self.receive()
+        if message.get("type") == "http.disconnect":
+            self.client_gone = True
+        return message
 
     async def _app_send(self, message: Message) -> None:
         kind = message.get("type")

@@ -198,7 +198,8 @@ class IdempotencyConfig:
             (the seed silently turned dedup off instead).
         in_progress_ttl_seconds: Lease of an in-progress claim (30 s, whatever
             builds the config); after it a dead owner's claim is taken over or
-            recovered. A live owner renews it (the layer's keep-alive).
+            recovered. A live owner renews it (the layer's keep-alive;
+            ``IdempotencyGuard.renew`` used directly).
         max_value_bytes: Largest encoded placeholder/result stored.
         key_secret: The namespace's secret for content keys (HMAC-SHA-256 instead
             of SHA-256, so key names do not reveal guessable payloads); ``None``:
@@ -444,6 +445,13 @@ class _IdemOps:
         """The ``idem_renew`` call extending one claim's lease (reply ``[1]``: still held)."""
         return ScriptCall("idem_renew", [self.keys.idem(key.value)], [token, lease_ms, "token"])
 
+    def decode_renew(self, key: IdempotencyKey, reply: Any) -> bool:
+        try:
+            return bool(int(reply[0]))
+        except (TypeError, ValueError, IndexError, KeyError) as exc:
+            raise CorruptData(self.keys.idem(key.value),
+                              f"unexpected script reply {reply!r}") from exc
+
     def reclaim(self, key: str, lease_ms: int, nonce: str) -> ScriptCall:
         """The ``idem_reclaim`` call taking an orphaned claim over for recovery."""
         return ScriptCall("idem_reclaim", [self.keys.idem(key)], [lease_ms, nonce])
@@ -546,6 +554,24 @@ class IdempotencyGuard:
             return False
         return bool(self.store.run(self._ops.release(key, token)))
 
+    def renew(self, key: IdempotencyKey | str, token: str) -> bool:
+        """Keep an in-progress claim: its lease runs ``in_progress_ttl_seconds``
+        from now. An owner whose operation may outlast the lease calls it
+        (say, every third of it): a claim whose lease ran out is taken over by
+        the next caller, which then runs the operation too. (The layer's
+        keep-alive does this for its operations.)
+
+        Returns:
+            ``True`` if ``token`` still holds the claim; ``False`` if not
+            (recorded, released, taken over or expired): another caller may
+            run the operation now.
+        """
+        key = self._ops.validate_key(key)
+        if not self.config.enabled:
+            return False
+        reply = self.store.run(self._ops.renew(key, token, self._ops.lease_ms))
+        return self._ops.decode_renew(key, reply)
+
     def check(self, key: IdempotencyKey | str) -> Duplicate | None:
         """Read-only look-up: the existing record as a :class:`Duplicate`, or ``None``."""
         key = self._ops.validate_key(key)
@@ -597,6 +623,14 @@ class AsyncIdempotencyGuard:
         if not self.config.enabled:
             return False
         return bool(await self.store.run(self._ops.release(key, token)))
+
+    async def renew(self, key: IdempotencyKey | str, token: str) -> bool:
+        """See :meth:`IdempotencyGuard.renew`."""
+        key = self._ops.validate_key(key)
+        if not self.config.enabled:
+            return False
+        reply = await self.store.run(self._ops.renew(key, token, self._ops.lease_ms))
+        return self._ops.decode_renew(key, reply)
 
     async def check(self, key: IdempotencyKey | str) -> Duplicate | None:
         """See :meth:`IdempotencyGuard.check`."""

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from structlog.testing import capture_logs
 
 import durabilis
 from durabilis import ConfigError
@@ -666,9 +667,12 @@ def test_framing_headers_cannot_be_stored(redis_url: str, namespace: str) -> Non
 
 
 async def _call(
-    mw: DurableIdempotencyMiddleware, idem_key: bytes, body: bytes = b"{}"
+    mw: DurableIdempotencyMiddleware, idem_key: bytes, body: bytes = b"{}",
+    *, leaves: bool = False,
 ) -> list[dict[str, Any]]:
-    """One raw ASGI POST with ``idem_key``; the messages the middleware sent."""
+    """One raw ASGI POST with ``idem_key``; the messages the middleware sent.
+    The client stays until the response, or (``leaves``) is gone once its
+    request was read."""
     given = False
 
     async def receive() -> dict[str, Any]:
@@ -676,7 +680,8 @@ async def _call(
         if not given:
             given = True
             return {"type": "http.request", "body": body, "more_body": False}
-        await asyncio.Event().wait()  # the client stays until the response
+        if not leaves:
+            await asyncio.Event().wait()
         return {"type": "http.disconnect"}
 
     sent: list[dict[str, Any]] = []
@@ -733,6 +738,37 @@ def test_an_app_error_that_cannot_be_printed_runs_the_app_once_and_reaches_the_s
         durabilis.RetryPolicy("*", max_attempts=3, initial_delay_ms=1, max_delay_ms=1,
                               retryable_errors=()),
     )))
+
+
+def test_a_stream_its_app_ends_on_a_client_disconnect_releases_the_key_without_an_error(
+    redis_url: str, namespace: str
+) -> None:
+    """A server that does not cancel the app on a disconnect (uvicorn): the app
+    sees ``http.disconnect`` and returns mid-stream (Starlette's
+    StreamingResponse). That is the client going away, as documented for a
+    cancellation: the key is released, and no error reaches the server."""
+    runs: list[int] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        runs.append(1)
+        await receive()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+        if (await receive())["type"] == "http.disconnect":
+            return  # the stream is cut short: no final body message
+
+    async def body(mw: DurableIdempotencyMiddleware, layer: AsyncDurabilityLayer) -> None:
+        with capture_logs() as logs:
+            sent = await asyncio.wait_for(_call(mw, b"stream-1", leaves=True), 10)
+        assert sent[0]["status"] == 200  # what the client got before it left
+        assert [e["event"] for e in logs if e["event"] == "durability_http_client_gone"] == [
+            "durability_http_client_gone"]
+        assert await layer.dlq.pending_count() == 0  # released, not parked
+        await asyncio.wait_for(_call(mw, b"stream-1", leaves=True), 10)
+        assert runs == [1, 1]  # the retry runs it: its response was never complete
+
+    _served(redis_url, namespace, app, body)
 
 
 def test_a_cancelled_request_keeps_its_key_until_the_app_has_stopped(

@@ -125,6 +125,21 @@ def test_expired_lease_is_taken_over_and_the_stale_owner_cannot_record(
     assert isinstance(dup, Duplicate) and dup.original_result == "heir result"
 
 
+def test_a_live_owner_that_renews_its_claim_is_never_taken_over(
+    any_store: durabilis.Store,
+) -> None:
+    guard = IdempotencyGuard(any_store, IdempotencyConfig(in_progress_ttl_seconds=0.4))
+    owner = guard.check_and_record(key())
+    assert isinstance(owner, New) and owner.token
+    for _ in range(4):  # 0.8 s of work: twice the lease
+        time.sleep(0.2)
+        assert guard.renew(key(), owner.token) is True
+        assert isinstance(guard.check_and_record(key()), Duplicate)  # not taken over
+    guard.record(key(), "done", token=owner.token)
+    assert guard.renew(key(), owner.token) is False  # recorded: nothing to keep
+    assert guard.renew(key("never claimed"), owner.token) is False
+
+
 def test_record_with_a_token_after_release_is_lease_lost(any_store: durabilis.Store) -> None:
     guard = IdempotencyGuard(any_store)
     claim = guard.check_and_record(key())
@@ -268,7 +283,9 @@ def test_async_guard_runs_the_same_flow(redis_url: str, namespace: str) -> None:
             assert await guard.record_count() == 1
             other = await guard.check_and_record(key("other"))
             assert isinstance(other, New) and other.token
+            assert await guard.renew(key("other"), other.token) is True
             assert await guard.release(key("other"), other.token) is True
+            assert await guard.renew(key("other"), other.token) is False
         finally:
             await store.close()
 
