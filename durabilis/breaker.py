@@ -916,7 +916,8 @@ class _RegistryCore:
         its own: one whose reply never came (interrupted) frees the probe slot
         it may have taken (:meth:`_interrupted_admission`), instead of holding
         the fleet's slot until ``probe_timeout_seconds``."""
-        return self._ops.before_call(name, secrets.token_hex(8))
+        before = self._ops.entry(name).before  # (the id is ours: valid, not checked)
+        return ScriptCall(before.name, before.keys, (before.args[0], os.urandom(8).hex()))
 
     def _interrupted_admission(self, name: str, call: ScriptCall) -> ScriptCall:
         """The release of a probe slot ``call`` may have taken (its reply lost

@@ -241,11 +241,18 @@ if st == "C" then
   ready()
   if drop > 0 then redis.call("ZREMRANGEBYRANK", wk, 0, drop - 1) end
   if shift > 0 then  -- bounded: the window holds at most window_size results
-    for _, z in ipairs({wk, rk}) do
-      local all = redis.call("ZRANGE", z, 0, -1, "WITHSCORES")
-      for i = 1, #all, 2 do
-        redis.call("ZADD", z, string.format("%d", tonumber(all[i + 1]) - shift), all[i])
-      end
+    -- A window member is named by its score ("<score><flag>"): renamed with
+    -- it, so the new results' names (above every shifted score) never meet an
+    -- old one's. Oldest first: a new name can only be one already renamed.
+    local all = redis.call("ZRANGE", wk, 0, -1, "WITHSCORES")
+    for i = 1, #all, 2 do
+      local moved = string.format("%d", tonumber(all[i + 1]) - shift)
+      redis.call("ZREM", wk, all[i])
+      redis.call("ZADD", wk, moved, moved .. string.sub(all[i], -1))
+    end
+    all = redis.call("ZRANGE", rk, 0, -1, "WITHSCORES")
+    for i = 1, #all, 2 do
+      redis.call("ZADD", rk, string.format("%d", tonumber(all[i + 1]) - shift), all[i])
     end
   end
   local tr, g2 = nil, g

@@ -897,6 +897,32 @@ def test_a_clock_step_back_sets_a_time_window_to_now_and_results_leave_it_one_wi
 
 
 @pytest.mark.standalone_only  # (the clock hook needs one plain server)
+def test_after_a_clock_step_back_every_new_result_is_a_window_member_of_its_own(
+    store: durabilis.Store, raw: redis.Redis
+) -> None:
+    # Members are named by their score: a window set to now renames them, or
+    # the new results (on the earlier clock) would meet the old names and
+    # overwrite old results instead of joining them.
+    clock = stepped_clock(store)
+    registry = CircuitBreakerRegistry(store, [cfg(window_size=100_000, window_seconds=600)],
+                                      replica_id="r1", cached_admission_seconds=0)
+    raw.set(clock, 0)
+
+    def busy(seconds: float) -> int:
+        end, n = time.monotonic() + seconds, 0
+        while time.monotonic() < end:
+            report(registry, "S")
+            n += 1
+        return n
+
+    reported = busy(1.2)
+    raw.set(clock, -2_000_000)  # 2 s back: the next 1.2 s retrace the old results' times
+    reported += busy(1.2)
+    assert raw.zcard(store.keys.breaker_window("dep")) == reported
+    assert registry.state_info("dep").request_count == reported
+
+
+@pytest.mark.standalone_only  # (the clock hook needs one plain server)
 def test_a_clock_step_back_does_not_stop_a_busy_breaker_refreshing_its_ttl(
     store: durabilis.Store, raw: redis.Redis
 ) -> None:
