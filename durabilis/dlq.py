@@ -1245,7 +1245,7 @@ class _DlqOps:
         dlq_id, key = record.dlq_id, self.record_key(record.dlq_id)
         payloadless = (record.metadata or {}).get("payload_error") and record.stream_id
         call = self.fail(dlq_id, claimed.token, error, payloadless=payloadless or "")
-        reply, _ = yield from self._noted(call, claimed)
+        reply, unsure = yield from self._noted(call, claimed)
         tag = _tag(reply, key)
         if tag == "filled":  # its payload was parked meanwhile: replayable now
             text = str(call.args[1]) + " (the payload was parked meanwhile: replay it again)"
@@ -1258,8 +1258,10 @@ class _DlqOps:
                 replay_attempts=_codec.as_int(reply[1], key=key, field="ra"),
                 status=DlqStatus.PENDING,
             )
-        if tag == "ok":
-            attempts = _codec.as_int(reply[1], key=key, field="ra")
+        if tag == "ok" or (unsure and tag == "lost"):
+            # ("lost" after a try whose reply was lost: that try may have
+            # noted it and released the claim; the handler failed either way.)
+            attempts = _codec.as_int(reply[1], key=key, field="ra") if tag == "ok" else None
             _log.warning(
                 "durability_dlq_replay_failed",
                 dlq_id=dlq_id,

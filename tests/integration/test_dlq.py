@@ -811,3 +811,19 @@ def test_a_note_that_cannot_be_sent_is_given_up_after_the_resend_limit_not_the_c
     with pytest.raises(durabilis.StorageUnavailable):
         dlq.replay(dlq_id, lambda r: None)
     assert time.monotonic() - began < 5
+
+
+def test_a_failed_replay_whose_note_landed_but_lost_its_reply_is_still_failed(
+    store: durabilis.Store, dlq: DeadLetterQueue
+) -> None:
+    (dlq_id,) = park(dlq, 1)
+    lost = lose_replies(store, "dlq_fail", landed=True, times=1)
+
+    def down(record: DlqRecord) -> None:
+        raise durabilis.OperationError("SERVICE_UNAVAILABLE", "still down")
+
+    result = dlq.replay(dlq_id, down)
+    assert lost == [0] and result.outcome is ReplayOutcome.FAILED  # not CLAIM_LOST
+    rec = dlq.get(dlq_id)
+    assert rec is not None and rec.replay_attempts == 1 and rec.claimed_by is None
+    assert rec.last_error == "SERVICE_UNAVAILABLE: still down"
