@@ -59,6 +59,7 @@ from durabilis.errors import (
     DurabilisError,
     InvalidKey,
     InvalidTtl,
+    StorageUnavailable,
 )
 
 __all__ = [
@@ -631,9 +632,7 @@ class _CheckpointOps:
             cid = str(call.args[0])
             try:
                 reply = (yield IO([self.get(check) if check else call], shield=True))[0]
-            except CorruptData:
-                raise
-            except DurabilisError as exc:
+            except StorageUnavailable as exc:  # (a script's own error is not sent again)
                 now = time.monotonic()
                 until = now + _SAVE_RESEND_SECONDS if until is None else until
                 if now >= until:

@@ -61,6 +61,7 @@ from durabilis.errors import (
     InvalidTtl,
     OperationInProgress,
     PayloadTooLarge,
+    StorageUnavailable,
 )
 from durabilis.events import error_text, redact_error
 
@@ -1317,9 +1318,7 @@ class _DlqOps:
         while True:
             try:
                 return (yield IO([call], shield=True))[0], unsure
-            except CorruptData:
-                raise
-            except DurabilisError as exc:
+            except StorageUnavailable as exc:  # (a script's own error is not sent again)
                 now = time.monotonic()
                 stop = min(until, now + _RESEND_SECONDS) if stop is None else stop
                 if now + delay >= stop:

@@ -827,3 +827,17 @@ def test_a_failed_replay_whose_note_landed_but_lost_its_reply_is_still_failed(
     rec = dlq.get(dlq_id)
     assert rec is not None and rec.replay_attempts == 1 and rec.claimed_by is None
     assert rec.last_error == "SERVICE_UNAVAILABLE: still down"
+
+
+def test_a_script_error_is_raised_at_once_never_sent_again_for_the_resend_limit(
+    dlq: DeadLetterQueue, raw: redis.Redis
+) -> None:
+    # Only a lost reply (StorageUnavailable) is sent again: foreign data that
+    # makes the claim's script fail fails the same way on every try.
+    (dlq_id,) = park(dlq, 1)
+    raw.hset(dlq._ops.record_key(dlq_id), "cn", "not a number")
+    began = time.monotonic()
+    with pytest.raises(durabilis.DurabilisError) as failed:
+        dlq.replay(dlq_id, lambda r: None)
+    assert not isinstance(failed.value, durabilis.StorageUnavailable)
+    assert time.monotonic() - began < 5  # not 30 s of tries
