@@ -14,6 +14,12 @@ Workloads (factories for :mod:`benchmarks._harness`):
   flight in one event loop (their scripts auto-pipelined, standalone).
 - ``durable_duplicate``: a call whose operation already completed (a retry of
   a finished write): the stored result comes back, ``fn`` does not run.
+- ``durable_scripts_raw``: the floor of the durable call's design: the very two
+  scripts a durable call sends (the fused claim, then the record, captured from
+  a real call and sent for a new key each time) through the store's own
+  ``Store.run``, with no layer around them: key derivation, plan, envelopes,
+  reply decoding, breaker and counters all left out (1 process and N). The durable call over
+  this figure is the share of its rate the layer's own Python costs.
 - ``durable_contention``: every process walks the SAME sequence of payloads, so
   the processes race for the same keys: one wins each key ("new"), the others
   get its stored result ("duplicate") or, while the winner runs,
@@ -26,11 +32,13 @@ key as the layer does by default.
 from __future__ import annotations
 
 import itertools
+import uuid
 from typing import Any
 
 import durabilis
 from benchmarks._harness import Workload
 from durabilis import AsyncDurabilityLayer, DurabilityLayer, OperationInProgress
+from durabilis._scripts import ScriptCall
 
 NAMESPACE = "bench"
 TEXT = "x" * 100
@@ -142,6 +150,84 @@ class DurableDuplicate(Workload):
         self.inner.close()
 
 
+class DurableScriptsRaw(Workload):
+    """The durable call's two scripts, sent bare: what the layer costs at least.
+
+    One real durable call (in a namespace of its own, so that no layer of the
+    run ever recovers the in-flight entries this workload leaves) is captured
+    at the store: its fused claim step and its record. Each timed call sends
+    both again for a new key (the captured key's hash replaced by one of this
+    workload's own), the record with the token the claim returned, through
+    ``Store.run``. The in-flight entries it adds are never removed (the layer's
+    batched removal, once a second, is left out with the rest of the layer).
+    """
+
+    def __init__(self, url: str, index: int) -> None:
+        self.store = durabilis.connect(url, namespace=f"{NAMESPACE}-raw")
+        captured: list[ScriptCall] = []
+        run = self.store.run
+
+        def capture(call: ScriptCall) -> Any:
+            captured.append(call)
+            return run(call)
+
+        layer = DurabilityLayer(self.store)
+        # A first call warms the breaker's cached admission (as in any timed
+        # durable call): the captured one sends no breaker script.
+        once = uuid.uuid4().hex  # every workload built captures a new key of its own
+        layer.execute("agent-1", "memory_write", payload(f"warm-up-{once}", index, 0), _result)
+        self.store.run = capture  # type: ignore[method-assign]
+        try:
+            layer.execute(
+                "agent-1", "memory_write", payload(f"template-{once}", index, 0), _result
+            )
+        finally:
+            del self.store.run
+            layer.close()
+        claims = [c for c in captured if "idem_claim" in c.name]
+        records = [c for c in captured if c.name == "idem_record"]
+        if len(claims) != 1 or len(records) != 1:
+            raise RuntimeError(f"expected one claim and one record, captured {captured!r}")
+        self.claim, self.record = claims[0], records[0]
+        key = self.record.keys[0]
+        self.hash = key[key.rindex(":") + 1:key.rindex("}")]
+        self.once = once
+        self.tag = "-"
+        self.counter = itertools.count()
+
+    def start(self, tag: str) -> None:
+        self.tag = tag
+        self.counter = itertools.count()
+
+    def _fresh(self, call: ScriptCall, new: str, token: Any = None) -> ScriptCall:
+        def swap(v: Any) -> Any:
+            return v.replace(self.hash, new) if isinstance(v, str) else v
+
+        args = [swap(a) for a in call.args]
+        if token is not None:
+            args[1] = token  # the record's ARGV[2]: the claim's fencing token
+        return ScriptCall(call.name, [swap(k) for k in call.keys], args)
+
+    def call(self) -> object:
+        new = f"{self.once}-{self.tag}-{next(self.counter)}"
+        reply = self.store.run(self._fresh(self.claim, new))
+        claimed = reply[-1]  # the fused step's last reply is the claim's {"new", token, ...}
+        if claimed[0] != b"new":
+            raise RuntimeError(f"the claim was not new: {claimed!r}")
+        token = claimed[1]
+        done = self.store.run(self._fresh(self.record, new, token))
+        if done[0] != b"ok":
+            raise RuntimeError(f"the record was refused: {done!r}")
+        return None
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def durable_scripts_raw(url: str, index: int) -> Workload:
+    return DurableScriptsRaw(url, index)
+
+
 def durable_sync(url: str, index: int) -> Workload:
     return DurableSync(url, index)
 
@@ -172,6 +258,7 @@ def durable_duplicate(url: str, index: int) -> Workload:
 
 SINGLE = {
     "durable call (sync)": "benchmarks.bench_layer:durable_sync",
+    "durable call's 2 scripts, no layer (sync)": "benchmarks.bench_layer:durable_scripts_raw",
     "durable call + checkpoint (sync)": "benchmarks.bench_layer:durable_sync_checkpoint",
     "durable call (async, 1 in flight)": "benchmarks.bench_layer:durable_async",
     "durable call (async, 16 in flight)": "benchmarks.bench_layer:durable_async_x16",
@@ -182,6 +269,7 @@ SINGLE = {
 
 PROCESSES = {
     "durable call (sync)": "benchmarks.bench_layer:durable_sync",
+    "durable call's 2 scripts, no layer (sync)": "benchmarks.bench_layer:durable_scripts_raw",
     "durable call (async)": "benchmarks.bench_layer:durable_async",
     "contention: same keys (sync)": "benchmarks.bench_layer:durable_contention",
 }

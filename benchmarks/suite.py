@@ -38,6 +38,7 @@ PING_ASYNC = "redis PING (asyncio, 1 connection)"
 ASYNC_64 = "durable call (async, 64 in flight)"
 EVALSHA = "redis EVALSHA (return 1)"
 DURABLE = "durable call (sync)"
+RAW_SCRIPTS = "durable call's 2 scripts, no layer (sync)"
 IDEM = "idempotency claim+record"
 POWERTOOLS = "powertools idempotency (Redis)"
 STACK = bench_peers.STACK
@@ -107,6 +108,7 @@ def run_suite(settings: Settings, out_dir: Path | None = None) -> dict[str, Any]
     results["targets"] = targets(results)
     results["fleet_targets"] = fleet_targets(results)
     results["ratios"] = more_ratios(results)
+    results["floors"] = floors(results)
     results["errors"] = errors
     results["meta"]["duration_s"] = round(time.monotonic() - started, 1)
 
@@ -270,6 +272,48 @@ def fleet_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             retry.get(RETRY_PAIR), 1 / 3, "<=", f"bench_retry: '{RETRY_PAIR}'",
         ),
     ]
+
+
+FLEET_BAR_1_PROCESS = 0.65
+"""Issue 15's bar for the durable call against PING/2 (1 process)."""
+
+
+def floors(results: dict[str, Any]) -> dict[str, float | None]:
+    """What the durable call could reach here, from this run's figures.
+
+    ``RAW_SCRIPTS`` sends the durable call's own two scripts with no layer
+    around them: its rate over PING/2 is the ceiling of the design's 2 round
+    trips on this machine, and the time per call between it and the durable
+    call is what the layer's Python costs, live. The budget is the time per
+    call the 0.65 bar leaves that Python (one call at a time, so the client's
+    and the server's time add up). The same scripts over ``FLEET_PROCESSES``
+    processes are the ceiling of the fleet row.
+    """
+    single, procs = results.get("single", {}), results.get("processes", {})
+    ping = single.get(PING, {}).get("median")
+    durable = single.get(DURABLE, {}).get("median")
+    raw = single.get(RAW_SCRIPTS, {}).get("median")
+    if not (ping and durable and raw):
+        return {}
+    n = str(FLEET_PROCESSES)
+    ping_n = procs.get(PING, {}).get(n, {}).get("median")
+    raw_n = procs.get(RAW_SCRIPTS, {}).get(n, {}).get("median")
+    bar = FLEET_BAR_1_PROCESS * ping / 2
+    out: dict[str, float | None] = {
+        "the durable call's 2 scripts, no layer / (PING/s / 2)": raw / (ping / 2),
+        "durable call / its 2 scripts with no layer": durable / raw,
+        "the layer's time per call, us (durable call - its 2 scripts)":
+            1e6 / durable - 1e6 / raw,
+        f"the layer's budget per call under the {FLEET_BAR_1_PROCESS} bar, us":
+            1e6 / bar - 1e6 / raw,
+        "client CPU per call, us: the durable call's 2 scripts, no layer": single.get(
+            RAW_SCRIPTS, {}).get("client_cpu_us"),
+        "client CPU per call, us: the durable call": single.get(DURABLE, {}).get(
+            "client_cpu_us"),
+        f"{n} processes: the durable call's 2 scripts, no layer / (PING/s / 2)":
+            _over(raw_n, ping_n and ping_n / 2),
+    }
+    return {k: None if v is None else round(float(v), 3) for k, v in out.items()}
 
 
 def more_ratios(results: dict[str, Any]) -> dict[str, float | None]:
@@ -442,6 +486,10 @@ def report(results: dict[str, Any]) -> str:  # noqa: PLR0912  (one table, read t
     lines += _target_lines(results.get("fleet_targets", []))
     lines.append("  Cluster rows (2 round trips; >= 0.8 x standalone): "
                  "python -m benchmarks.bench_cluster")
+    if results.get("floors"):
+        lines.append(f"The floor of the durable call ('{RAW_SCRIPTS}', same rounds)")
+        for name, value in results["floors"].items():
+            lines.append(f"  {name:<72} {'-' if value is None else f'{value:.2f}':>8}")
     lines.append("Other ratios of this run")
     for name, value in results.get("ratios", {}).items():
         lines.append(f"  {name:<72} {'-' if value is None else f'{value:.2f}':>6}")

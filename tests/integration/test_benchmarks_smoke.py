@@ -53,7 +53,8 @@ def test_the_suite_runs_in_smoke_mode_and_writes_every_section(tmp_path: Path) -
     single, procs = results["single"], results["processes"]
     for kind in (
         "redis PING", "redis EVALSHA (return 1)", "durable call (sync)",
-        "durable call + checkpoint (sync)", "durable call (async, 1 in flight)",
+        "durable call's 2 scripts, no layer (sync)", "durable call + checkpoint (sync)",
+        "durable call (async, 1 in flight)",
         "durable call (async, 16 in flight)", "durable call, completed duplicate (sync)",
         "idempotency claim+record", "idempotency duplicate (completed key)",
         "breaker admit+report", "checkpoint save", "checkpoint restore", "DLQ enqueue",
@@ -62,6 +63,7 @@ def test_the_suite_runs_in_smoke_mode_and_writes_every_section(tmp_path: Path) -
         _figure(single[kind])
         assert single[kind]["client_cpu_us"] > 0, kind
     for kind in ("redis PING", "durable call (sync)", "durable call (async)",
+                 "durable call's 2 scripts, no layer (sync)",
                  "contention: same keys (sync)", "idempotency claim+record"):
         assert set(procs[kind]) == {"1", "2"}, kind
         for f in procs[kind].values():
@@ -106,6 +108,16 @@ def test_the_suite_runs_in_smoke_mode_and_writes_every_section(tmp_path: Path) -
     )
     eight = next(t for name, t in fleet.items() if "8 processes" in name)
     assert (eight["met"] is None) == (8 not in measured)
+
+    # The 1-process floor: the durable call's own scripts with no layer, same rounds.
+    floors = results["floors"]
+    raw, durable_rate = single["durable call's 2 scripts, no layer (sync)"], single[
+        "durable call (sync)"]
+    assert floors["durable call / its 2 scripts with no layer"] == pytest.approx(
+        durable_rate["median"] / raw["median"], abs=1e-3)
+    assert floors["the durable call's 2 scripts, no layer / (PING/s / 2)"] == pytest.approx(
+        raw["median"] / (single["redis PING"]["median"] / 2), abs=1e-3)
+    assert "The floor of the durable call" in table
 
     # Each peer is measured when its bench-only extra is installed, else says why not.
     powertools = single["powertools idempotency (Redis)"]
