@@ -353,7 +353,9 @@ def costs(
 
 COST = {
     "redis PING": "benchmarks.bench_pillars:ping",
+    "redis EVALSHA (return 1)": "benchmarks.bench_pillars:evalsha",
     "durable call (new key)": "benchmarks.bench_layer:durable_sync",
+    "durable call's 2 scripts, no layer": "benchmarks.bench_layer:durable_scripts_raw",
     "durable call (completed duplicate)": "benchmarks.bench_layer:durable_duplicate",
     "idempotency claim+record": "benchmarks.bench_pillars:idempotency",
     "idempotency duplicate (completed key)": "benchmarks.bench_pillars:idempotency_duplicate",

@@ -287,7 +287,9 @@ def floors(results: dict[str, Any]) -> dict[str, float | None]:
     call is what the layer's Python costs, live. The budget is the time per
     call the 0.65 bar leaves that Python (one call at a time, so the client's
     and the server's time add up). The same scripts over ``FLEET_PROCESSES``
-    processes are the ceiling of the fleet row.
+    processes are the ceiling of the fleet row. On the server's side (the cost
+    table), two scripts of ``return 1`` are what any design of two script round
+    trips costs before its scripts do anything, against the 2.5 bar.
     """
     single, procs = results.get("single", {}), results.get("processes", {})
     ping = single.get(PING, {}).get("median")
@@ -298,6 +300,8 @@ def floors(results: dict[str, Any]) -> dict[str, float | None]:
     n = str(FLEET_PROCESSES)
     ping_n = procs.get(PING, {}).get(n, {}).get("median")
     raw_n = procs.get(RAW_SCRIPTS, {}).get(n, {}).get("median")
+    per_op = results.get("cost", {}).get("per_operation", {})
+    ping_cpu = per_op.get(PING, {}).get("server_cpu_us")
     bar = FLEET_BAR_1_PROCESS * ping / 2
     out: dict[str, float | None] = {
         "the durable call's 2 scripts, no layer / (PING/s / 2)": raw / (ping / 2),
@@ -312,6 +316,12 @@ def floors(results: dict[str, Any]) -> dict[str, float | None]:
             "client_cpu_us"),
         f"{n} processes: the durable call's 2 scripts, no layer / (PING/s / 2)":
             _over(raw_n, ping_n and ping_n / 2),
+        # The server's side (cost table): any 2 script round trips, then these 2.
+        "server CPU per call / PING's: 2 x EVALSHA of 'return 1'": _over(
+            per_op.get("redis EVALSHA (return 1)", {}).get("server_cpu_us"),
+            ping_cpu and ping_cpu / 2),
+        "server CPU per call / PING's: the durable call's 2 scripts, no layer": _over(
+            per_op.get("durable call's 2 scripts, no layer", {}).get("server_cpu_us"), ping_cpu),
     }
     return {k: None if v is None else round(float(v), 3) for k, v in out.items()}
 

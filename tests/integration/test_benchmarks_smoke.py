@@ -118,6 +118,11 @@ def test_the_suite_runs_in_smoke_mode_and_writes_every_section(tmp_path: Path) -
     assert floors["the durable call's 2 scripts, no layer / (PING/s / 2)"] == pytest.approx(
         raw["median"] / (single["redis PING"]["median"] / 2), abs=1e-3)
     assert "The floor of the durable call" in table
+    raw_cost = costs["durable call's 2 scripts, no layer"]
+    assert raw_cost["round_trips"] == 2.0 and raw_cost["scripts"] == 2.0
+    assert floors["server CPU per call / PING's: 2 x EVALSHA of 'return 1'"] == pytest.approx(
+        2 * costs["redis EVALSHA (return 1)"]["server_cpu_us"]
+        / costs["redis PING"]["server_cpu_us"], abs=1e-3)
 
     # Each peer is measured when its bench-only extra is installed, else says why not.
     powertools = single["powertools idempotency (Redis)"]
