@@ -535,12 +535,6 @@ so nothing ran; a record another finished meanwhile (a later delivery of the
 operation settles it) is replayed, not a lost claim."""
 
 
-def _shielded(call: ScriptCall) -> _Plan[Any]:
-    """One call of a replay that a cancellation waits for (sent once: the
-    release of an interrupted replay's claim)."""
-    return (yield IO([call], shield=True))[0]
-
-
 _POLL = Sleep(0.0)
 """An unshielded step that does nothing: where an interruption held back during
 a shielded step (a claim, the note of the last record's outcome, a plain
@@ -1341,7 +1335,9 @@ class _DlqOps:
         key = self.record_key(record.dlq_id)
         released: bool | None = None  # unknown: its reply was lost
         try:
-            reply = yield from _shielded(self.defer(record.dlq_id, claimed.token, interruption))
+            # Shielded (a cancellation waits for it), sent once.
+            call = self.defer(record.dlq_id, claimed.token, interruption)
+            reply = (yield IO([call], shield=True))[0]
             released = _tag(reply, key) == "ok"
         except DurabilisError:
             pass

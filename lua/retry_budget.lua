@@ -21,7 +21,8 @@ Returns one of
 
 Fields of the hash: b bucket_ms the buckets were made with, c<n> calls and
 r<n> retries of bucket n = floor(server_ms / bucket_ms). Stale buckets are
-deleted here; the key expires one window after its last write.
+deleted here, buckets ahead of the server clock (it stepped back) are moved
+into the current one; the key expires one window after its last write.
 ]]
 local key = KEYS[1]
 local mode = ARGV[1]
@@ -41,6 +42,12 @@ end
 
 local calls, retries = 0, 0
 local stale = {}
+-- Buckets AHEAD of the current one were written before the server clock
+-- stepped back (an NTP correction, a failover to a replica with a slower
+-- clock): still counted, and moved into the current bucket (below), so they
+-- leave the window one window from now instead of only once the clock has
+-- caught up with them (a spent budget would not come back for that long).
+local ahead = {}
 if kind == "hash" then
   local flat = redis.call("HGETALL", key)
   local made_with = nil
@@ -59,16 +66,21 @@ if kind == "hash" then
     local name, value = flat[i], tonumber(flat[i + 1])
     if name ~= "b" then
       local what, n = string.match(name, "^([cr])(%d+)$")
-      if not what or not value then
+      if not what or not value or value ~= math.floor(value) or value < 0 or value > 1e15 then
         return {"corrupt", "unexpected field " .. name .. " in a retry budget"}
       end
       n = tonumber(n)
       if n < oldest then
         stale[#stale + 1] = name
-      elseif what == "c" then
-        calls = calls + value
       else
-        retries = retries + value
+        if n > current then
+          ahead[#ahead + 1] = {name, what, value}
+        end
+        if what == "c" then
+          calls = calls + value
+        else
+          retries = retries + value
+        end
       end
     end
   end
@@ -81,6 +93,10 @@ if stale == nil then
   redis.call("DEL", key)
 elseif #stale > 0 then
   redis.call("HDEL", key, unpack(stale))
+end
+for _, moved in ipairs(ahead) do
+  redis.call("HDEL", key, moved[1])
+  redis.call("HINCRBY", key, moved[2] .. current, string.format("%d", moved[3]))
 end
 
 local tag = "ok"
@@ -96,7 +112,7 @@ elseif mode == "retry" then
     tag = "denied"
   end
 end
-if tag == "ok" then
+if tag == "ok" or #ahead > 0 then  -- (a denial that moved buckets wrote them too)
   redis.call("HSET", key, "b", bucket_ms)
   redis.call("PEXPIRE", key, (buckets + 1) * bucket_ms)
 end

@@ -21,7 +21,7 @@ from durabilis.retry import (
     RetryPolicy,
     retry,
 )
-from durabilis.testing import RedisServer
+from durabilis.testing import RedisServer, offset_server_clock
 from tests.integration._retry_workers import fail_every_call
 
 DOWN = OperationError("SERVICE_UNAVAILABLE", "down")
@@ -156,6 +156,31 @@ def test_a_changed_window_starts_the_budget_afresh(store: durabilis.Store) -> No
     assert second.execute("flaky_dep", always_down).attempts == 2
 
 
+def test_a_server_clock_step_back_keeps_the_spent_budget_one_window_not_for_the_whole_step(
+    store: durabilis.Store, raw: redis.Redis
+) -> None:
+    clock = f"{store.namespace}:clock"
+    offset_server_clock(store, clock)
+    key = store.keys.retry_budget("flaky_dep")
+    eng = engine(store, policy(ratio=0, min_retries=1, window_seconds=1))
+    raw.set(clock, 30_000_000)  # the server clock 30 s ahead...
+    assert eng.execute("flaky_dep", always_down).attempts == 2
+    assert eng.execute("flaky_dep", always_down).stop_reason == RETRY_BUDGET_EXHAUSTED
+    raw.set(clock, 0)  # ...then stepped back: the retry spent is still counted
+    assert eng.execute("flaky_dep", always_down).stop_reason == RETRY_BUDGET_EXHAUSTED
+    assert budget_counts(raw, key) == (3, 1)
+    began = time.monotonic()
+    while time.monotonic() - began < 1.3:  # steady traffic keeps the key alive
+        assert eng.execute("flaky_dep", lambda: "ok").success
+        time.sleep(0.1)
+    # One window later (not 30 s) the retry has left it, and none is ahead of the clock.
+    assert eng.execute("flaky_dep", always_down).attempts == 2
+    seconds, micros = raw.time()
+    now_bucket = (seconds * 1000 + micros // 1000) // 100  # 10 buckets of 100 ms
+    assert all(int(f[1:]) <= now_bucket for f in (k.decode() for k in raw.hkeys(key))
+               if f != "b")
+
+
 def test_a_success_after_a_retry_spends_one_retry(store: durabilis.Store, raw: redis.Redis) -> None:
     steps: list[object] = [DOWN, "ok"]
 
@@ -216,17 +241,20 @@ def test_the_decorator_applies_the_budget(store: durabilis.Store) -> None:
         lambda r, k: r.hset(k, mapping={"b": 1000, "zzz": 1}),
         lambda r, k: r.hset(k, mapping={"b": 1000, "c5": "many"}),
         lambda r, k: r.hset(k, mapping={"c5": 1}),
+        lambda r, k: r.hset(k, mapping={"b": 1000, "r5": "1.5"}),
     ],
-    ids=["string", "unknown-field", "non-numeric", "no-width"],
+    ids=["string", "unknown-field", "non-numeric", "no-width", "fraction"],
 )
 def test_foreign_data_at_the_budget_key_is_corrupt_data_naming_the_key(
     store: durabilis.Store, raw: redis.Redis, plant: Any
 ) -> None:
     key = store.keys.retry_budget("flaky_dep")
     plant(raw, key)
+    before = raw.dump(key)
     with pytest.raises(CorruptData) as info:
         engine(store, policy(window_seconds=10)).execute("flaky_dep", always_down)
     assert info.value.key == key
+    assert raw.dump(key) == before  # nothing half-written
 
 
 def test_redis_down_with_a_budget_raises_before_running_the_operation(
