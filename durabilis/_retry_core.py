@@ -88,13 +88,14 @@ class NotRetried(Exception):
 
 
 JITTER_SHARE = 0.3
+"""Jitter adds a uniform share in ``[0, JITTER_SHARE)`` of the delay (seed: 30 %)."""
 
 MAX_DELAY_MS = 3_600_000
-"""Longest ``initial_delay_ms`` / ``max_delay_ms`` (one hour); every sleep is clamped to it."""
+"""Longest ``initial_delay_ms`` / ``max_delay_ms`` (one hour). A sleep is the
+backoff (at most ``max_delay_ms``) plus its jitter: up to 1.3 hours."""
 
 MAX_DEADLINE_MS = 86_400_000
 """Longest ``deadline_ms`` (one day)."""
-"""Jitter adds a uniform share in ``[0, JITTER_SHARE)`` of the delay (seed: 30 %)."""
 
 
 # --- error classification ------------------------------------------------------
@@ -642,6 +643,11 @@ class RetryDecision:
     def deny_budget(self) -> RetryDecision:
         """This planned retry, turned into a stop because the retry budget is spent."""
         return replace(self, retry=False, delay=0.0, stop_reason=RETRY_BUDGET_EXHAUSTED)
+
+    def deny_deadline(self) -> RetryDecision:
+        """This planned retry, turned into a stop because the round trips made
+        after the decision (the budget's, the breaker's) took the time left."""
+        return replace(self, retry=False, delay=0.0, stop_reason=DEADLINE_EXCEEDED)
 
 
 def decide(

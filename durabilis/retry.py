@@ -345,6 +345,28 @@ class _EngineBase:
         return decide(policy, attempt, exc, elapsed=elapsed, deadline=deadline, rng=self._rng)
 
     @staticmethod
+    def _budget_named(operation_type: str) -> None:
+        """The operation type names its budget's key (a ``"*"`` policy's budget
+        meets types no policy validated)."""
+        try:
+            operation_type.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError(
+                "operation_type", "must be valid Unicode (no lone surrogates): it names "
+                "the retry budget's key"
+            ) from None
+
+    def _in_time(
+        self, decision: RetryDecision, *, start: float, skipped: float, deadline: float | None
+    ) -> RetryDecision:
+        """A retry the budget granted, checked again against the deadline: its
+        round trip took time too, and a retry is never slept into the deadline
+        (the retry stays charged to the budget, never made)."""
+        if deadline is not None and self._clock() - start + skipped + decision.delay >= deadline:
+            return decision.deny_deadline()
+        return decision
+
+    @staticmethod
     def _stop(operation_type: str, decision: RetryDecision, exc: Exception) -> RetryOutcome[Any]:
         emit_retry_stop(operation_type, decision, last_error=error_text(exc))
         return RetryOutcome.failed(decision, exc)
@@ -407,8 +429,11 @@ class RetryEngine(_EngineBase):
             A :class:`RetryOutcome`; failures are reported in it, not raised.
 
         Raises:
-            ConfigError: A bad ``operation_type`` or ``deadline_seconds`` (before ``fn`` runs).
-            TypeError: ``fn`` is not callable.
+            ConfigError: A bad ``operation_type`` (one that cannot name a ``"*"``
+                policy's budget key too) or ``deadline_seconds`` (before ``fn`` runs).
+            TypeError: ``fn`` is not callable, or returned a coroutine (an async
+                ``fn``: use :class:`AsyncRetryEngine`; the coroutine is closed
+                unstarted, never retried).
             StorageUnavailable: Only with a budget: its Redis is unreachable.
             CorruptData: Only with a budget: foreign data at its key.
         """
@@ -430,23 +455,36 @@ class RetryEngine(_EngineBase):
         budget = None if policy is None else policy.budget
         if policy is not None and deadline is None:
             deadline = policy._deadline_s
-        if budget is not None:
-            self._budget_call(operation_type, budget, spend=False)
+        # The deadline counts from the call, its budget's round trip included.
         start = self._clock() if deadline is not None else 0.0
+        if budget is not None:
+            self._budget_named(operation_type)
+            self._budget_call(operation_type, budget, spend=False)
         skipped = 0.0
         attempt = 0
         while True:
             try:
-                return succeeded(fn(*args, **kwargs), attempt + 1)
+                result = fn(*args, **kwargs)
             except Exception as exc:
                 last = exc
                 decision = self._decide(
                     policy, attempt, exc, start=start, skipped=skipped, deadline=deadline
                 )
-            if decision.retry and budget is not None and not self._budget_call(
-                operation_type, budget, spend=True
-            ):
-                decision = decision.deny_budget()
+            else:
+                if inspect.iscoroutine(result):
+                    result.close()  # never started: nothing of it ran
+                    raise TypeError(
+                        "fn returned a coroutine, which RetryEngine does not await: "
+                        "use AsyncRetryEngine for a coroutine function"
+                    )
+                return succeeded(result, attempt + 1)
+            if decision.retry and budget is not None:
+                if self._budget_call(operation_type, budget, spend=True):
+                    decision = self._in_time(
+                        decision, start=start, skipped=skipped, deadline=deadline
+                    )
+                else:
+                    decision = decision.deny_budget()
             if not decision.retry:
                 return self._stop(operation_type, decision, last)
             emit_retry_attempt(operation_type, decision)
@@ -501,7 +539,13 @@ class AsyncRetryEngine(_EngineBase):
         *,
         deadline_seconds: float | None = None,
     ) -> RetryOutcome[T]:
-        """See :meth:`RetryEngine.execute`; ``fn()`` returns an awaitable."""
+        """See :meth:`RetryEngine.execute`; ``fn()`` returns an awaitable.
+
+        Raises:
+            TypeError: As :meth:`RetryEngine.execute`, and when ``fn()`` returned
+                something not awaitable (a plain function: it ran once, and is
+                never retried for this).
+        """
         if deadline_seconds is not None or type(operation_type) is not str or not (
             operation_type and callable(fn)
         ):
@@ -520,23 +564,38 @@ class AsyncRetryEngine(_EngineBase):
         budget = None if policy is None else policy.budget
         if policy is not None and deadline is None:
             deadline = policy._deadline_s
-        if budget is not None:
-            await self._budget_call(operation_type, budget, spend=False)
         start = self._clock() if deadline is not None else 0.0
+        if budget is not None:
+            self._budget_named(operation_type)
+            await self._budget_call(operation_type, budget, spend=False)
         skipped = 0.0
         attempt = 0
         while True:
             try:
-                return succeeded(await fn(*args, **kwargs), attempt + 1)
+                pending: Any = fn(*args, **kwargs)
+                awaitable = inspect.isawaitable(pending)
+                result: T = (await pending) if awaitable else pending
             except Exception as exc:
                 last = exc
                 decision = self._decide(
                     policy, attempt, exc, start=start, skipped=skipped, deadline=deadline
                 )
-            if decision.retry and budget is not None and not await self._budget_call(
-                operation_type, budget, spend=True
-            ):
-                decision = decision.deny_budget()
+            else:
+                if not awaitable:
+                    # fn ran (a plain function): its effect happened once; never again.
+                    raise TypeError(
+                        f"fn returned {type(result).__name__}, not an awaitable: "
+                        "AsyncRetryEngine awaits what fn returns; use RetryEngine for a "
+                        "plain function"
+                    )
+                return succeeded(result, attempt + 1)
+            if decision.retry and budget is not None:
+                if await self._budget_call(operation_type, budget, spend=True):
+                    decision = self._in_time(
+                        decision, start=start, skipped=skipped, deadline=deadline
+                    )
+                else:
+                    decision = decision.deny_budget()
             if not decision.retry:
                 return self._stop(operation_type, decision, last)
             emit_retry_attempt(operation_type, decision)

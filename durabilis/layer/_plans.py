@@ -920,6 +920,18 @@ class _LayerCore:
                         "durability_release_failed", req.key.value,
                     )
                     return (yield from self._park_failed(req, cl, failed, broke))
+            if attempt > 0 and self._past(deadline, start, slept):
+                # The round trips after the backoff (renewal, admission) ran
+                # into the deadline: no attempt starts past it.
+                if probe is not None:
+                    assert dep is not None
+                    yield from self._best_effort(
+                        [self._breakers.ops.release_probe(dep, probe)],
+                        "durability_release_failed", req.key.value,
+                    )
+                assert failed is not None
+                failed = (failed[0], failed[1].deny_deadline())
+                return (yield from self._park_failed(req, cl, failed, None))
             ctx = OperationContext(
                 req.agent_id, req.operation_type, req.payload, req.key.value, cl.token, attempt,
                 dep, req.task_id, req.phase, req.replay, cl.taken_over,
@@ -968,14 +980,24 @@ class _LayerCore:
             if dep is not None:
                 self._breakers._reported(dep, permit, replies[0], took_ms)  # fires; notes the cache
             if decision.retry and budget is not None:
-                state = self._budget.decode(req.operation_type, replies[-1])
+                try:
+                    state = self._budget.decode(req.operation_type, replies[-1])
+                except DurabilisError as broke:  # foreign data at the budget's key
+                    return (yield from self._park_failed(req, cl, failed, broke))
                 if not state.allowed:
                     decision = decision.deny_budget()
+                elif self._past(deadline, start, slept, decision.delay):
+                    # The round trip itself took the time left: the retry is not
+                    # made (its budget stays spent: a retry charged, never run).
+                    decision = decision.deny_deadline()
                 else:
                     yield from self._best_effort(
                         [self._note("none", retries=1)], "durability_note_failed",
                         req.key.value,
                     )
+            elif decision.retry and self._past(deadline, start, slept, decision.delay):
+                decision = decision.deny_deadline()  # the breaker's report took the time left
+            failed = (exc, decision)
             if not decision.retry:
                 return (yield from self._park_failed(req, cl, failed, None))
             emit_retry_attempt(req.operation_type, decision, agent_id=req.agent_id)
@@ -986,6 +1008,12 @@ class _LayerCore:
                 raise
             slept += decision.delay if TESTING.instant else 0.0
             attempt += 1
+
+    def _past(
+        self, deadline: float | None, start: float, slept: float, delay: float = 0.0
+    ) -> bool:
+        """Whether ``delay`` more seconds reach the attempts' deadline."""
+        return deadline is not None and self.clock() - start + slept + delay >= deadline
 
     def _park_failed(
         self, req: _Request, cl: _Claim, failed: tuple[BaseException, RetryDecision] | None,

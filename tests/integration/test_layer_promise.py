@@ -750,6 +750,101 @@ def test_duplicates_are_not_charged_to_the_retry_budget(store: durabilis.Store, 
     assert calls == 1
 
 
+def test_an_operation_the_budget_refuses_is_parked_with_that_reason(
+    store: durabilis.Store,
+) -> None:
+    policy = RetryPolicy("job", 3, 1, 2, jitter=False, retryable_errors=("NETWORK_TIMEOUT",),
+                         budget=RetryBudget(ratio=0, min_retries=0))
+    layer = DurabilityLayer(store, fast_config(retry_policies=(policy,)))
+    op = Counter(["NETWORK_TIMEOUT"] * 3)
+    with pytest.raises(RetryExhausted) as info:
+        layer.execute("a1", "job", "p", op)
+    assert len(op.calls) == 1
+    parked = layer.dlq.get(info.value.dlq_id)
+    assert parked is not None and parked.metadata["reason"] == "RETRY_BUDGET_EXHAUSTED"
+
+
+def test_foreign_data_at_the_budget_key_parks_the_operation_it_does_not_leave_it_claimed(
+    store: durabilis.Store, raw: Any
+) -> None:
+    policy = RetryPolicy("job", 3, 1, 2, jitter=False, retryable_errors=("NETWORK_TIMEOUT",),
+                         budget=RetryBudget(min_retries=10))
+    layer = DurabilityLayer(store, fast_config(retry_policies=(policy,)))
+
+    def op(ctx: OperationContext) -> str:
+        raw.set(store.keys.retry_budget("job"), "foreign")  # after the call was recorded
+        raise OperationError("NETWORK_TIMEOUT", "down")
+
+    with pytest.raises(RetryExhausted) as info:
+        layer.execute("a1", "job", "p", op)
+    assert isinstance(info.value.__cause__, durabilis.CorruptData)
+    assert layer.dlq.get(info.value.dlq_id) is not None
+    state = layer.idempotency.check(IdempotencyKey.new("a1", "job", "p"))
+    assert state is None or not state.in_progress  # parked: not left for recovery to run again
+
+
+def _slow_after_first(admin: redis.Redis, pause_ms: int, *, at: float = 0.0) -> Counter:
+    """Fails with NETWORK_TIMEOUT; its first call stalls Redis's writes for
+    ``pause_ms``, at once or ``at`` seconds later (during the backoff)."""
+
+    class Stalling(Counter):
+        def __call__(self, ctx: OperationContext) -> Any:
+            if not self.calls:
+                def pause() -> None:
+                    admin.execute_command("CLIENT", "PAUSE", pause_ms, "WRITE")
+
+                if at:
+                    threading.Timer(at, pause).start()
+                else:
+                    pause()
+            return super().__call__(ctx)
+
+    return Stalling(["NETWORK_TIMEOUT"] * 3)
+
+
+@pytest.mark.parametrize("budget", [True, False], ids=["budget", "no-budget"])
+def test_a_retry_whose_round_trip_reaches_the_deadline_is_not_made(
+    private_redis: RedisServer, namespace: str, budget: bool
+) -> None:
+    store = durabilis.connect(private_redis.url, namespace=namespace)
+    admin = redis.Redis.from_url(private_redis.url)
+    policy = RetryPolicy("job", 3, 500, 500, jitter=False, retryable_errors=("NETWORK_TIMEOUT",),
+                         budget=RetryBudget(min_retries=10) if budget else None)
+    layer = DurabilityLayer(store, fast_config(retry_policies=(policy,)))
+    try:
+        op = _slow_after_first(admin, 800)  # the report (and spend) wait 0.8 s
+        with pytest.raises(RetryExhausted) as info:
+            layer.execute("a1", "job", "p", op, deadline_seconds=1.0)
+        assert len(op.calls) == 1  # 0.8 s + the 0.5 s backoff reach the 1 s deadline
+        parked = layer.dlq.get(info.value.dlq_id)
+        assert parked is not None and parked.metadata["reason"] == "DEADLINE_EXCEEDED"
+    finally:
+        layer.close()
+        admin.close()
+        store.close()
+
+
+def test_no_retry_starts_past_the_deadline_when_its_admission_was_slow(
+    private_redis: RedisServer, namespace: str
+) -> None:
+    store = durabilis.connect(private_redis.url, namespace=namespace)
+    admin = redis.Redis.from_url(private_redis.url)
+    policy = RetryPolicy("job", 3, 300, 300, jitter=False, retryable_errors=("NETWORK_TIMEOUT",))
+    layer = DurabilityLayer(store, fast_config(retry_policies=(policy,)))
+    try:
+        op = _slow_after_first(admin, 900, at=0.1)  # during the backoff: the admission waits
+        began = time.monotonic()
+        with pytest.raises(RetryExhausted) as info:
+            layer.execute("a1", "job", "p", op, deadline_seconds=0.8)
+        assert len(op.calls) == 1 and time.monotonic() - began >= 0.8
+        parked = layer.dlq.get(info.value.dlq_id)
+        assert parked is not None and parked.metadata["reason"] == "DEADLINE_EXCEEDED"
+    finally:
+        layer.close()
+        admin.close()
+        store.close()
+
+
 def test_thousands_of_metadata_fields_are_a_typed_error(store: durabilis.Store) -> None:
     dlq = durabilis.DeadLetterQueue(store)
     with pytest.raises(InvalidPayload):

@@ -11,13 +11,15 @@ import pytest
 import redis
 
 import durabilis
-from durabilis.errors import CorruptData, OperationError, StorageUnavailable
+from durabilis.errors import ConfigError, CorruptData, OperationError, StorageUnavailable
 from durabilis.retry import (
+    DEADLINE_EXCEEDED,
     EXHAUSTED,
     RETRY_BUDGET_EXHAUSTED,
     AsyncRetryEngine,
     RetryBudget,
     RetryEngine,
+    RetryOutcome,
     RetryPolicy,
     retry,
 )
@@ -269,3 +271,97 @@ def test_redis_down_with_a_budget_raises_before_running_the_operation(
         assert ran == []
     finally:
         store.close()
+
+
+# --- the deadline counts the budget's round trips ---------------------------------------------
+
+
+def _pausing(admin: redis.Redis, ms: int, calls: list[float], began: float) -> Any:
+    """A failing operation whose first attempt stalls Redis's writes for ``ms``."""
+
+    def op() -> None:
+        calls.append(time.monotonic() - began)
+        if len(calls) == 1:
+            admin.execute_command("CLIENT", "PAUSE", ms, "WRITE")
+        raise DOWN
+
+    return op
+
+
+def test_a_retry_the_budget_grants_after_the_deadline_came_is_not_made(
+    private_redis: RedisServer,
+) -> None:
+    store = durabilis.connect(private_redis.url, namespace="late")
+    admin = redis.Redis.from_url(private_redis.url)
+    try:
+        eng = RetryEngine(store, policies=[RetryPolicy(
+            "flaky_dep", 3, 500, 500, jitter=False, budget=RetryBudget(min_retries=10),
+        )])
+        calls: list[float] = []
+        outcome = eng.execute("flaky_dep", _pausing(admin, 800, calls, time.monotonic()),
+                              deadline_seconds=1.0)
+        # The spend waited 0.8 s: 0.8 + the 0.5 s backoff reach the deadline.
+        assert outcome.stop_reason == DEADLINE_EXCEEDED and outcome.sent_to_dlq
+        assert len(calls) == 1
+    finally:
+        admin.close()
+        store.close()
+
+
+def test_the_deadline_counts_from_the_call_its_budget_round_trip_included(
+    private_redis: RedisServer,
+) -> None:
+    store = durabilis.connect(private_redis.url, namespace="late")
+    admin = redis.Redis.from_url(private_redis.url)
+    try:
+        eng = RetryEngine(store, policies=[RetryPolicy(
+            "flaky_dep", 3, 100, 100, jitter=False, budget=RetryBudget(min_retries=10),
+        )])
+        calls: list[float] = []
+        began = time.monotonic()
+        admin.execute_command("CLIENT", "PAUSE", 900, "WRITE")  # the call's record waits
+        outcome = eng.execute("flaky_dep", _pausing(admin, 1, calls, began),
+                              deadline_seconds=0.8)
+        assert len(calls) == 1 and calls[0] >= 0.8  # the first attempt always runs...
+        assert outcome.stop_reason == DEADLINE_EXCEEDED  # ...and no retry after the deadline
+    finally:
+        admin.close()
+        store.close()
+
+
+def test_the_async_engine_counts_the_budget_round_trip_against_the_deadline(
+    private_redis: RedisServer,
+) -> None:
+    admin = redis.Redis.from_url(private_redis.url)
+
+    async def main() -> tuple[RetryOutcome[Any], list[float]]:
+        astore = durabilis.connect_async(private_redis.url, namespace="late")
+        try:
+            eng = AsyncRetryEngine(astore, policies=[RetryPolicy(
+                "flaky_dep", 3, 500, 500, jitter=False, budget=RetryBudget(min_retries=10),
+            )])
+            calls: list[float] = []
+            op = _pausing(admin, 800, calls, time.monotonic())
+
+            async def aop() -> None:
+                op()
+
+            return await eng.execute("flaky_dep", aop, deadline_seconds=1.0), calls
+        finally:
+            await astore.close()
+
+    try:
+        outcome, calls = asyncio.run(main())
+        assert outcome.stop_reason == DEADLINE_EXCEEDED and len(calls) == 1
+    finally:
+        admin.close()
+
+
+def test_an_operation_type_that_cannot_name_the_budget_key_is_a_config_error(
+    store: durabilis.Store,
+) -> None:
+    ran: list[int] = []
+    eng = engine(store, policy("*"))
+    with pytest.raises(ConfigError):
+        eng.execute("bad\ud800type", lambda: ran.append(1))
+    assert ran == []

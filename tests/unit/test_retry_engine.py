@@ -215,6 +215,31 @@ def test_a_non_callable_operation_is_a_type_error() -> None:
         RetryEngine().execute("mcp_call", 42)  # type: ignore[arg-type]
 
 
+def test_a_plain_function_on_the_async_engine_runs_once_and_is_a_type_error() -> None:
+    ran: list[int] = []
+
+    def write() -> str:  # not async: its effect happens when it is called
+        ran.append(1)
+        return "written"
+
+    engine = AsyncRetryEngine(policies=[RetryPolicy("*", 3, 1, 1, retryable_errors=())])
+    with pytest.raises(TypeError, match="not an awaitable"):
+        asyncio.run(engine.execute("mcp_call", write))  # type: ignore[arg-type]
+    assert ran == [1]  # never retried (a retry-everything policy would have run it 3 times)
+
+
+def test_a_coroutine_function_on_the_sync_engine_is_a_type_error_and_never_starts() -> None:
+    ran: list[int] = []
+
+    async def write() -> str:
+        ran.append(1)
+        return "written"
+
+    with pytest.raises(TypeError, match="AsyncRetryEngine"):
+        RetryEngine().execute("mcp_call", write)
+    assert ran == []
+
+
 @MODES
 def test_base_exceptions_are_not_retried_or_swallowed(mode: str) -> None:
     t = FakeTime()
