@@ -639,24 +639,36 @@ class _ConfigOps:
             [mode, _field_bytes(entry), text, self.replica_id, self.log_maxlen],
         )
 
-    def decode_publish(self, reply: Any) -> tuple[bool, int]:
-        """``(changed, version)``."""
+    def decode_publish(self, reply: Any) -> tuple[bool, int, int | None]:
+        """``(changed, version, updated_ms)``: ``updated_ms`` is the change's
+        server time (``t``), ``None`` when nothing was written."""
         tag = _codec.as_text(reply[0], key=self.fleet_key, field="reply")
         if tag in ("ok", "same"):
-            return tag == "ok", _codec.as_int(reply[1], key=self.fleet_key, field="v")
+            version = _codec.as_int(reply[1], key=self.fleet_key, field="v")
+            at = _codec.as_int(reply[2], key=self.fleet_key, field="t") if tag == "ok" else None
+            return tag == "ok", version, at
         if tag == "corrupt":
             key = _codec.as_text(reply[1], key=self.fleet_key, field="key")
             raise CorruptData(key, _codec.as_text(reply[2], key=key, field="detail"))
         raise CorruptData(self.fleet_key, f"unexpected script reply {reply!r}")
 
-    def version_command(self) -> tuple[str, str, str]:
-        return ("HGET", self.fleet_key, "v")
+    def version_command(self) -> tuple[str, str, str, str]:
+        return ("HMGET", self.fleet_key, "v", "t")
 
     def snapshot_command(self) -> tuple[str, str]:
         return ("HGETALL", self.fleet_key)
 
-    def decode_version(self, reply: Any) -> int:
-        return 0 if reply is None else _codec.as_int(reply, key=self.fleet_key, field="v")
+    def decode_version(self, reply: Any) -> tuple[int, int | None]:
+        """``(version, updated_ms)`` of the fleet config: the pair names one
+        change. The version alone does not: if the hash is lost (a restart
+        without persistence, ``FLUSHALL``, a failover to a replica that was
+        behind), later publishes count again from there, and may reach the
+        version a replica holds with other entries."""
+        v, t = reply if reply is not None else (None, None)
+        version = 0 if v is None else _codec.as_int(
+            _codec.as_text(v, key=self.fleet_key, field="v"), key=self.fleet_key, field="v"
+        )
+        return version, None if t is None else _timestamp(t)
 
     def decode_entries(self, reply: Any) -> tuple[int, int | None, dict[str, bytes]]:
         """``(version, updated_ms, {field: raw value})`` of an HGETALL reply.
@@ -721,7 +733,7 @@ def _field_bytes(entry: str) -> bytes:
         raise ConfigError("entry", f"cannot be sent to Redis: {exc.reason}") from exc
 
 
-def _timestamp(value: bytes) -> int | None:
+def _timestamp(value: bytes | str) -> int | None:
     try:
         return int(value)
     except (TypeError, ValueError):
@@ -880,11 +892,14 @@ class _Applier:
         )
         self.applied: dict[str, bytes] = {}
         self.rejected: dict[str, tuple[bytes, str]] = {}  # name -> (digest of the value, why)
-        # Entries this replica published itself, with the version that made
-        # them: a snapshot older than that (read by the polling thread while
-        # the publish ran) must not put the previous value back.
-        self.pinned: dict[str, int] = {}
+        # Entries this replica published itself, with the version and server
+        # time (None: unknown) that made them: a snapshot older than that (read
+        # by the polling thread while the publish ran) must not put the
+        # previous value back. A snapshot with a lower version but a later
+        # time is no such thing: the hash was lost and published again since.
+        self.pinned: dict[str, tuple[int, int | None]] = {}
         self.version: int | None = None
+        self.mark: tuple[int, int | None] | None = None  # (version, updated_ms) applied
         self.lock = threading.Lock()
 
     def install(self, decoded: RetryPolicy | CircuitBreakerConfig) -> bool:
@@ -898,20 +913,33 @@ class _Applier:
         self.breakers.upsert_config(decoded)
         return True
 
-    def note_published(self, entry: str, text: str | None, version: int) -> None:
+    def published_here(
+        self, entry: str, config: RetryPolicy | CircuitBreakerConfig | None, text: str | None,
+        *, version: int, at: int | None, changed: bool,
+    ) -> None:
+        """This replica published ``entry`` (``config``; ``None``: removed it):
+        applied here at once, in ONE step with the note of it (a poll applying
+        an older snapshot in between would otherwise stay installed)."""
         with self.lock:
-            if text is None:
-                self.applied.pop(entry, None)
+            if config is None:
+                was = self.applied.pop(entry, None) is not None
+                if changed or was:  # (gone already: another removed it, or our lost try)
+                    self.restore_own(entry)
             else:
-                self.applied[entry] = text.encode("utf-8")
+                self.install(config)
+                self.applied[entry] = (text or "").encode("utf-8")
             self.rejected.pop(entry, None)
-            self.pinned[entry] = max(version, self.pinned.get(entry, 0))
+            pin = self.pinned.get(entry)
+            if pin is None or version >= pin[0]:
+                self.pinned[entry] = (version, at)
 
     def rejections(self) -> dict[str, str]:
         with self.lock:
             return {name: why for name, (_, why) in sorted(self.rejected.items())}
 
-    def apply(self, version: int, entries: Mapping[str, str | bytes]) -> Reload:
+    def apply(
+        self, version: int, entries: Mapping[str, str | bytes], at: int | None = None
+    ) -> Reload:
         """Apply a snapshot's entries (raw values: each is decoded on its own).
 
         Never raises for an entry: whatever goes wrong decoding or installing
@@ -922,7 +950,10 @@ class _Applier:
             policies: list[str] = []
             breakers: list[str] = []
             rejected: dict[str, str] = {}
-            stale = {name for name, pin in self.pinned.items() if pin > version}
+            stale = {
+                name for name, (pinned, pinned_at) in self.pinned.items()
+                if pinned > version and (pinned_at is None or at is None or pinned_at >= at)
+            }
             self.pinned = {name: self.pinned[name] for name in stale}
             for name, value in sorted(entries.items()):
                 if name in stale:
@@ -957,6 +988,7 @@ class _Applier:
             for name in set(self.rejected) - set(entries):
                 del self.rejected[name]
             self.version = version
+            self.mark = (version, at)
             return Reload(
                 version, tuple(policies), tuple(breakers), tuple(removed), rejected, initial
             )
@@ -1026,9 +1058,10 @@ class _SyncCore:
         entry = self.ops.entry(kind, name)
         if config is None:
             return self.removed(entry, reply)
-        changed, version = self.ops.decode_publish(reply)
-        self.applier.install(config)
-        self.applier.note_published(entry, text, version)
+        changed, version, at = self.ops.decode_publish(reply)
+        self.applier.published_here(
+            entry, config, text, version=version, at=at, changed=changed
+        )
         _log.info(
             "durability_config_published",
             kind=kind, name=name, version=version, removed=False, changed=changed,
@@ -1037,10 +1070,10 @@ class _SyncCore:
         return version
 
     def removed(self, entry: str, reply: Any) -> int:
-        changed, version = self.ops.decode_publish(reply)
-        self.applier.note_published(entry, None, version)
-        if changed:
-            self.applier.restore_own(entry)
+        changed, version, at = self.ops.decode_publish(reply)
+        self.applier.published_here(
+            entry, None, None, version=version, at=at, changed=changed
+        )
         kind, _, name = entry.partition(":")
         _log.info(
             "durability_config_published",
@@ -1049,9 +1082,14 @@ class _SyncCore:
         )
         return version
 
+    def moved(self, reply: Any) -> bool:
+        """Whether the fleet config changed since the snapshot applied here
+        (the reply of ``version_command``)."""
+        return self.ops.decode_version(reply) != self.applier.mark
+
     def reloaded(self, reply: Any) -> Reload | None:
-        version, _, entries = self.ops.decode_entries(reply)
-        result = self.applier.apply(version, entries)
+        version, at, entries = self.ops.decode_entries(reply)
+        result = self.applier.apply(version, entries, at)
         for name, reason in result.rejected.items():
             _log.warning(
                 "durability_config_entry_rejected", entry=printable_entry(name), reason=reason,
@@ -1181,8 +1219,7 @@ class ConfigSync:
                 (not a hash, or a version ``v`` that is not a number).
         """
         core = self._core
-        version = core.ops.decode_version(self.store.command(*core.ops.version_command()))
-        if version == core.applier.version:
+        if not core.moved(self.store.command(*core.ops.version_command())):
             return None
         return core.reloaded(self.store.command(*core.ops.snapshot_command()))
 
@@ -1337,8 +1374,7 @@ class AsyncConfigSync:
     async def refresh(self) -> Reload | None:
         """See :meth:`ConfigSync.refresh`."""
         core = self._core
-        version = core.ops.decode_version(await self.store.command(*core.ops.version_command()))
-        if version == core.applier.version:
+        if not core.moved(await self.store.command(*core.ops.version_command())):
             return None
         return core.reloaded(await self.store.command(*core.ops.snapshot_command()))
 

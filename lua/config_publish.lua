@@ -2,7 +2,9 @@
 
 The fleet config is ONE hash, readable with redis-cli HGETALL:
   "v"                       version, bumped by every change (replicas poll it)
-  "t"                       server time of the last change (ms)
+  "t"                       server time of the last change (ms); replicas poll
+                            the pair (v, t): should the hash be lost, later
+                            publishes count v from 0 again
   "retry:<operation_type>"  a retry policy as JSON text
   "breaker:<name>"          a circuit breaker config as JSON text
 Every change is also appended to a capped log stream (what, who, when).
@@ -37,8 +39,9 @@ end
 local cur = redis.call("HMGET", fleet, "v", field)
 local v = 0
 if cur[1] then
-  v = tonumber(cur[1])
-  if not v or v ~= math.floor(v) or v < 0 then
+  -- Digits only, as replicas read it (tonumber would also take "1e3", "0x10").
+  v = string.match(cur[1], "^%d+$") and tonumber(cur[1])
+  if not v or v >= 1e15 then
     return {"corrupt", fleet, "field v is not a version number"}
   end
 end

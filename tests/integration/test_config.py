@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -70,7 +71,7 @@ def test_another_replica_applies_changes_on_refresh_and_logs_durability_config_r
         first = sync.refresh()
     assert first is not None and first.initial and first.retry_policies == ("mcp_call",)
     assert replica.retry.get_policy("mcp_call") == MCP5
-    assert sync.refresh() is None  # the version has not moved: one HGET, nothing applied
+    assert sync.refresh() is None  # the version has not moved: one HMGET, nothing applied
 
     operator.publish_breaker(MEM)
     with capture_logs() as more:
@@ -139,6 +140,87 @@ def test_foreign_data_at_the_fleet_key_is_corrupt_data_naming_it(
         ConfigSync(store).refresh()
     with pytest.raises(CorruptData):
         ConfigSync(store).publish_policy(MCP5)
+
+
+def test_a_replica_applies_a_config_published_after_the_hash_was_lost_at_the_same_version(
+    store: durabilis.Store, namespace: str, raw: redis.Redis
+) -> None:
+    operator = ConfigSync(store)
+    replica = DurabilityLayer(store, DurabilityConfig.seed(), replica_id="replica-b")
+    sync = ConfigSync(replica)
+    assert operator.publish_policy(MCP5) == 1
+    assert sync.refresh() is not None and replica.retry.get_policy("mcp_call") == MCP5
+    # Redis loses the hash (a restart without persistence, a failover to a
+    # replica that was behind): the next publish counts from 0 again.
+    raw.delete(fleet_key(namespace))
+    time.sleep(0.002)  # (a later millisecond: the change's server time differs)
+    mcp9 = RetryPolicy("mcp_call", 9, 100, 1000, jitter=False)
+    assert operator.publish_policy(mcp9) == 1  # the version this replica holds
+    reload = sync.refresh()
+    assert reload is not None and reload.retry_policies == ("mcp_call",)
+    assert replica.retry.get_policy("mcp_call") == mcp9
+    replica.close()
+
+
+def test_a_replica_s_own_publish_does_not_hide_changes_made_after_the_hash_was_lost(
+    store: durabilis.Store, namespace: str, raw: redis.Redis
+) -> None:
+    replica = DurabilityLayer(store, DurabilityConfig.seed(), replica_id="replica-b")
+    sync = ConfigSync(replica)
+    assert sync.publish_policy(RetryPolicy("mcp_call", 7, 100, 1000, jitter=False)) == 1
+    assert sync.publish_policy(RetryPolicy("mcp_call", 8, 100, 1000, jitter=False)) == 2
+    raw.delete(fleet_key(namespace))  # lost before this replica polled
+    time.sleep(0.002)
+    assert ConfigSync(store).publish_policy(MCP5) == 1  # an operator's, after the loss
+    assert sync.refresh() is not None
+    assert replica.retry.get_policy("mcp_call") == MCP5  # not pinned to its own v2
+    replica.close()
+
+
+def test_removing_an_entry_someone_removed_already_still_restores_this_replicas_own(
+    store: durabilis.Store,
+) -> None:
+    own = RetryPolicy("mcp_call", 1, 100, 1000, jitter=False)
+    replica = DurabilityLayer(store, DurabilityConfig(retry_policies=(own,)))
+    sync = ConfigSync(replica)
+    operator = ConfigSync(store)
+    operator.publish_policy(MCP5)
+    assert sync.refresh() is not None and replica.retry.get_policy("mcp_call") == MCP5
+    operator.unpublish("retry", "mcp_call")  # removed by another, before this replica polls
+    assert sync.unpublish("retry", "mcp_call") == 2  # nothing left to remove ("same")
+    assert replica.retry.get_policy("mcp_call") == own  # back to its own, as documented
+    sync.refresh()
+    assert replica.retry.get_policy("mcp_call") == own
+    replica.close()
+
+
+def test_a_poll_applying_an_older_snapshot_during_a_publish_never_wins(
+    store: durabilis.Store, namespace: str, raw: redis.Redis
+) -> None:
+    replica = DurabilityLayer(store, DurabilityConfig.seed(), replica_id="replica-b")
+    sync = ConfigSync(replica)
+    sync.publish_policy(MCP5)
+    ConfigSync(store).publish_policy(RetryPolicy("mcp_call", 7, 100, 1000, jitter=False))
+    older = raw.hgetall(fleet_key(namespace))  # what a poll read just before the publish
+    mcp9 = RetryPolicy("mcp_call", 9, 100, 1000, jitter=False)
+    upsert = replica.retry.upsert_policy
+    polls: list[threading.Thread] = []
+
+    def installing(policy: RetryPolicy) -> None:
+        upsert(policy)
+        if policy == mcp9 and not polls:  # installed by the publish: a poll applies now
+            poll = threading.Thread(target=sync._core.reloaded, args=(older,))
+            polls.append(poll)
+            poll.start()
+            poll.join(0.5)  # (it waits, where the publish and its note are one step)
+
+    replica.retry.upsert_policy = installing  # type: ignore[method-assign]
+    sync.publish_policy(mcp9)
+    polls[0].join(5)
+    assert replica.retry.get_policy("mcp_call") == mcp9
+    sync.refresh()
+    assert replica.retry.get_policy("mcp_call") == mcp9
+    replica.close()
 
 
 def test_invalid_arguments_are_refused_before_any_redis_call() -> None:

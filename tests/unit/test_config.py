@@ -418,12 +418,23 @@ def test_a_snapshot_older_than_this_replicas_own_publish_does_not_revert_it() ->
     applier.apply(1, dict([entry(old)]))
     # This replica publishes v2 while its poller holds a snapshot of v1.
     name, text = entry(new)
-    engine.upsert_policy(new)
-    applier.note_published(name, text, 2)
-    stale = applier.apply(1, dict([entry(old)]))
+    applier.published_here(name, new, text, version=2, at=200, changed=True)
+    assert engine.get_policy("mcp_call") == new
+    stale = applier.apply(1, dict([entry(old)]), 100)
     assert not stale.changed and engine.get_policy("mcp_call") == new
-    fresh = applier.apply(2, dict([entry(new)]))
+    fresh = applier.apply(2, dict([entry(new)]), 200)
     assert not fresh.changed and engine.get_policy("mcp_call") == new
+
+
+def test_a_snapshot_with_a_lower_version_but_a_later_time_is_applied_over_a_pin() -> None:
+    engine = RetryEngine()
+    applier = _Applier(engine, None)
+    mine, theirs = RetryPolicy("mcp_call", 2, 1, 1), RetryPolicy("mcp_call", 9, 1, 1)
+    name, text = entry(mine)
+    applier.published_here(name, mine, text, version=5, at=200, changed=True)
+    # The hash was lost and published again since: version 1, but a later change.
+    reload = applier.apply(1, dict([entry(theirs)]), 300)
+    assert reload.retry_policies == ("mcp_call",) and engine.get_policy("mcp_call") == theirs
 
 
 def test_a_rejected_entry_is_reported_once_and_others_still_apply() -> None:
