@@ -443,8 +443,10 @@ class _Session:
             import durabilis  # noqa: PLC0415
             from durabilis.errors import ConfigError  # noqa: PLC0415
 
-            if not (isinstance(self.timeout, (int, float)) and self.timeout > 0):
-                raise CliError(EXIT_USAGE, f"--timeout must be > 0, got {self.timeout!r}")
+            if not (isinstance(self.timeout, (int, float)) and 0 < self.timeout < math.inf):
+                raise CliError(
+                    EXIT_USAGE, f"--timeout must be a finite number > 0, got {self.timeout!r}"
+                )
             try:
                 self._store = durabilis.connect(
                     getattr(self.args, "url", None), namespace=self.namespace,
@@ -814,12 +816,18 @@ def _breakers(s: _Session) -> tuple[Any, set[str], set[str]]:
     false in the output: rates and timeouts may differ from the fleet's).
     """
     from durabilis.breaker import CircuitBreakerConfig  # noqa: PLC0415
+    from durabilis.errors import ConfigError  # noqa: PLC0415
 
     registry = s.layer().breakers
     configured = set(registry.names())
     stored = registry.stored_names()
-    for name in stored - configured:
-        registry.upsert_config(CircuitBreakerConfig(name))
+    for name in sorted(stored - configured):
+        try:
+            registry.upsert_config(CircuitBreakerConfig(name))
+        except ConfigError as exc:  # a member no durabilis process wrote
+            print(f"durabilis: warning: skipping {name!r} found among the breaker names in "
+                  f"Redis: {exc}", file=sys.stderr)
+            stored = stored - {name}
     return registry, configured, stored
 
 
@@ -982,19 +990,31 @@ IDEM_DLQ_SCAN_LIMIT = 10_000
 """DLQ records ``idem show`` looks through, at most, for a key with no idempotency record."""
 
 
+def _as_id(value: Any) -> list[str]:
+    """The DLQ id a by-key index entry names: none for a missing entry, or for
+    bytes that are not UTF-8 (not an id durabilis wrote: a miss)."""
+    if isinstance(value, bytes):
+        try:
+            return [value.decode("utf-8")]
+        except UnicodeDecodeError:
+            return []
+    return [str(value)] if value else []
+
+
 def _parked_with_key(s: _Session, key: str) -> tuple[list[Any], bool]:
     """DLQ records whose metadata carries idempotency key ``key`` (pending ones
     first, then the others), and whether the walk stopped at its bound."""
     from durabilis.dlq import record_id_for  # noqa: PLC0415
+    from durabilis.errors import CorruptData  # noqa: PLC0415
 
     dlq = s.layer().dlq
     # The by-key index names the operation's current record in one read (one
     # record per operation); its first record has the id derived from the key.
-    current = s.store().command("HGET", dlq._ops.bykey_key, key)
-    for dlq_id in dict.fromkeys(
-        [*([current.decode() if isinstance(current, bytes) else str(current)]
-           if current else []), record_id_for(key)]
-    ):
+    try:
+        current = s.store().command("HGET", dlq._ops.bykey_key, key)
+    except CorruptData as exc:  # not a hash: name the key (a plain command cannot)
+        raise CorruptData(dlq._ops.bykey_key, "not the DLQ's by-key index (hash)") from exc
+    for dlq_id in dict.fromkeys([*_as_id(current), record_id_for(key)]):
         record = dlq.get(dlq_id)
         if record is not None and record.metadata.get("idempotency_key") == key:
             return [record], False
@@ -1327,7 +1347,9 @@ def _run(args: argparse.Namespace) -> int:
         print(f"durabilis: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except StorageUnavailable as exc:
-        print(f"durabilis: Redis unavailable: {exc}", file=sys.stderr)
+        text = str(exc)
+        prefix = "" if text.startswith("Redis unavailable") else "Redis unavailable: "
+        print(f"durabilis: {prefix}{text}", file=sys.stderr)
         return EXIT_UNAVAILABLE
     except (CheckpointNotFound, DependencyNotFound) as exc:
         print(f"durabilis: {exc}", file=sys.stderr)

@@ -1634,9 +1634,11 @@ class _LayerCore:
 
     def decode_stats(self, raw: Mapping[Any, Any], in_flight: int) -> LayerStats:
         values = {}
+        counters = LayerStats.__dataclass_fields__
         for k, v in (raw or {}).items():
-            name = k.decode() if isinstance(k, bytes) else str(k)
-            values[name] = _codec.as_int(v, key=self._stats, field=name)
+            name = k.decode("utf-8", "replace") if isinstance(k, bytes) else str(k)
+            if name in counters and name != "in_flight":  # (a field not ours is no counter)
+                values[name] = _codec.as_int(v, key=self._stats, field=name)
         known = {f: values.get(f, 0) for f in LayerStats.__dataclass_fields__ if f != "in_flight"}
         return LayerStats(**known, in_flight=in_flight)
 

@@ -400,6 +400,38 @@ def test_idem_show_reports_done_and_in_progress_records(
     assert code == EXIT_NOT_FOUND and "no idempotency record" in err
 
 
+def test_a_breaker_name_no_durabilis_process_wrote_is_skipped_with_a_warning(
+    cli: Run, store: durabilis.Store, raw: redis.Redis
+) -> None:
+    CircuitBreakerRegistry(store, [CircuitBreakerConfig("svc")]).before_call("svc")
+    raw.sadd(store.keys.breaker_names(), "")
+    code, out, err = cli("breaker", "ls", "--json")
+    assert code == EXIT_OK, err
+    assert "warning: skipping ''" in err
+    assert "svc" in {b["name"] for b in json.loads(out)["breakers"]}
+
+
+def test_foreign_bytes_in_the_keys_idem_show_and_stats_read_never_crash_the_cli(
+    cli: Run, store: durabilis.Store, raw: redis.Redis, namespace: str
+) -> None:
+    # A by-key index entry that is no id durabilis wrote: a miss, not a traceback.
+    raw.hset(f"{namespace}:dlq:{{dlq}}:bykey", "order-9", b"\xff\xfe")
+    code, _, err = cli("idem", "show", "order-9")
+    assert code == EXIT_NOT_FOUND and "Traceback" not in err
+    # A field of the layer's counters that is not one of them (another version's,
+    # or foreign): skipped; the counters are still read.
+    raw.hset(f"{namespace}:layer:{{layer}}:stats", mapping={b"\xff\xfe": b"1", "started": 3})
+    assert js(cli("stats", "--json"))["started"] == 3
+    raw.hset(f"{namespace}:layer:{{layer}}:stats", "started", "many")  # one of ours: refused
+    code, _, err = cli("stats")
+    assert code == EXIT_ERROR and "started" in err
+    # A by-key index that is not a hash: CorruptData naming it.
+    raw.delete(f"{namespace}:dlq:{{dlq}}:bykey")
+    raw.set(f"{namespace}:dlq:{{dlq}}:bykey", "x")
+    code, _, err = cli("idem", "show", "order-9")
+    assert code == EXIT_ERROR and f"{namespace}:dlq:{{dlq}}:bykey" in err
+
+
 def test_recover_parks_a_dead_workers_operation_and_stats_count_it(
     cli: Run, redis_url: str, namespace: str
 ) -> None:
@@ -466,7 +498,11 @@ def test_redis_unavailable_exits_3_and_foreign_data_exits_4(
     for args in (("dlq", "ls"), ("breaker", "ls"), ("idem", "show", "k"), ("recover",)):
         code = main([*args, "--url", url, "--timeout", "0.5"])
         assert code == EXIT_UNAVAILABLE, args
-        assert "Redis unavailable" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert err.count("Redis unavailable") == 1, err
+    for timeout in ("inf", "0", "nan"):
+        assert main(["dlq", "ls", "--url", url, "--timeout", timeout]) == EXIT_USAGE, timeout
+        assert "--timeout must be a finite number" in capsys.readouterr().err
 
     raw.set(f"{namespace}:dlq:{{dlq}}:counts", "not a hash")
     code, _, err = cli("dlq", "stats")
