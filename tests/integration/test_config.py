@@ -25,6 +25,10 @@ MCP5 = RetryPolicy("mcp_call", 5, 100, 1000, jitter=False)
 MEM = CircuitBreakerConfig("memory_service", 0.9, 10, 30, 2, 20, 30)
 
 
+def mcp(attempts: int) -> RetryPolicy:
+    return RetryPolicy("mcp_call", attempts, 100, 1000, jitter=False)
+
+
 def fleet_key(namespace: str) -> str:
     return f"{namespace}:config:{{config}}:fleet"
 
@@ -154,7 +158,7 @@ def test_a_replica_applies_a_config_published_after_the_hash_was_lost_at_the_sam
     # replica that was behind): the next publish counts from 0 again.
     raw.delete(fleet_key(namespace))
     time.sleep(0.002)  # (a later millisecond: the change's server time differs)
-    mcp9 = RetryPolicy("mcp_call", 9, 100, 1000, jitter=False)
+    mcp9 = mcp(9)
     assert operator.publish_policy(mcp9) == 1  # the version this replica holds
     reload = sync.refresh()
     assert reload is not None and reload.retry_policies == ("mcp_call",)
@@ -167,8 +171,8 @@ def test_a_replica_s_own_publish_does_not_hide_changes_made_after_the_hash_was_l
 ) -> None:
     replica = DurabilityLayer(store, DurabilityConfig.seed(), replica_id="replica-b")
     sync = ConfigSync(replica)
-    assert sync.publish_policy(RetryPolicy("mcp_call", 7, 100, 1000, jitter=False)) == 1
-    assert sync.publish_policy(RetryPolicy("mcp_call", 8, 100, 1000, jitter=False)) == 2
+    assert sync.publish_policy(mcp(7)) == 1
+    assert sync.publish_policy(mcp(8)) == 2
     raw.delete(fleet_key(namespace))  # lost before this replica polled
     time.sleep(0.002)
     assert ConfigSync(store).publish_policy(MCP5) == 1  # an operator's, after the loss
@@ -180,7 +184,7 @@ def test_a_replica_s_own_publish_does_not_hide_changes_made_after_the_hash_was_l
 def test_removing_an_entry_someone_removed_already_still_restores_this_replicas_own(
     store: durabilis.Store,
 ) -> None:
-    own = RetryPolicy("mcp_call", 1, 100, 1000, jitter=False)
+    own = mcp(1)
     replica = DurabilityLayer(store, DurabilityConfig(retry_policies=(own,)))
     sync = ConfigSync(replica)
     operator = ConfigSync(store)
@@ -200,9 +204,9 @@ def test_a_poll_applying_an_older_snapshot_during_a_publish_never_wins(
     replica = DurabilityLayer(store, DurabilityConfig.seed(), replica_id="replica-b")
     sync = ConfigSync(replica)
     sync.publish_policy(MCP5)
-    ConfigSync(store).publish_policy(RetryPolicy("mcp_call", 7, 100, 1000, jitter=False))
+    ConfigSync(store).publish_policy(mcp(7))
     older = raw.hgetall(fleet_key(namespace))  # what a poll read just before the publish
-    mcp9 = RetryPolicy("mcp_call", 9, 100, 1000, jitter=False)
+    mcp9 = mcp(9)
     upsert = replica.retry.upsert_policy
     polls: list[threading.Thread] = []
 

@@ -802,47 +802,49 @@ def _slow_after_first(admin: redis.Redis, pause_ms: int, *, at: float = 0.0) -> 
     return Stalling(["NETWORK_TIMEOUT"] * 3)
 
 
-@pytest.mark.parametrize("budget", [True, False], ids=["budget", "no-budget"])
-def test_a_retry_whose_round_trip_reaches_the_deadline_is_not_made(
-    private_redis: RedisServer, namespace: str, budget: bool
-) -> None:
+@pytest.fixture
+def stalling(
+    private_redis: RedisServer, namespace: str
+) -> Iterator[tuple[durabilis.Store, redis.Redis]]:
+    """A store on a private server, and an admin client to stall its writes."""
     store = durabilis.connect(private_redis.url, namespace=namespace)
     admin = redis.Redis.from_url(private_redis.url)
+    yield store, admin
+    admin.close()
+    store.close()
+
+
+def _deadline_parked(layer: DurabilityLayer, op: Counter, deadline: float) -> None:
+    with pytest.raises(RetryExhausted) as info:
+        layer.execute("a1", "job", "p", op, deadline_seconds=deadline)
+    assert len(op.calls) == 1
+    parked = layer.dlq.get(info.value.dlq_id)
+    assert parked is not None and parked.metadata["reason"] == "DEADLINE_EXCEEDED"
+    layer.close()
+
+
+@pytest.mark.parametrize("budget", [True, False], ids=["budget", "no-budget"])
+def test_a_retry_whose_round_trip_reaches_the_deadline_is_not_made(
+    stalling: tuple[durabilis.Store, redis.Redis], budget: bool
+) -> None:
+    store, admin = stalling
     policy = RetryPolicy("job", 3, 500, 500, jitter=False, retryable_errors=("NETWORK_TIMEOUT",),
                          budget=RetryBudget(min_retries=10) if budget else None)
     layer = DurabilityLayer(store, fast_config(retry_policies=(policy,)))
-    try:
-        op = _slow_after_first(admin, 800)  # the report (and spend) wait 0.8 s
-        with pytest.raises(RetryExhausted) as info:
-            layer.execute("a1", "job", "p", op, deadline_seconds=1.0)
-        assert len(op.calls) == 1  # 0.8 s + the 0.5 s backoff reach the 1 s deadline
-        parked = layer.dlq.get(info.value.dlq_id)
-        assert parked is not None and parked.metadata["reason"] == "DEADLINE_EXCEEDED"
-    finally:
-        layer.close()
-        admin.close()
-        store.close()
+    # The report (and the spend) wait 0.8 s: with the 0.5 s backoff, past 1 s.
+    _deadline_parked(layer, _slow_after_first(admin, 800), 1.0)
 
 
 def test_no_retry_starts_past_the_deadline_when_its_admission_was_slow(
-    private_redis: RedisServer, namespace: str
+    stalling: tuple[durabilis.Store, redis.Redis],
 ) -> None:
-    store = durabilis.connect(private_redis.url, namespace=namespace)
-    admin = redis.Redis.from_url(private_redis.url)
+    store, admin = stalling
     policy = RetryPolicy("job", 3, 300, 300, jitter=False, retryable_errors=("NETWORK_TIMEOUT",))
     layer = DurabilityLayer(store, fast_config(retry_policies=(policy,)))
-    try:
-        op = _slow_after_first(admin, 900, at=0.1)  # during the backoff: the admission waits
-        began = time.monotonic()
-        with pytest.raises(RetryExhausted) as info:
-            layer.execute("a1", "job", "p", op, deadline_seconds=0.8)
-        assert len(op.calls) == 1 and time.monotonic() - began >= 0.8
-        parked = layer.dlq.get(info.value.dlq_id)
-        assert parked is not None and parked.metadata["reason"] == "DEADLINE_EXCEEDED"
-    finally:
-        layer.close()
-        admin.close()
-        store.close()
+    began = time.monotonic()
+    # Stalled during the backoff: the admission of the retry waits past 0.8 s.
+    _deadline_parked(layer, _slow_after_first(admin, 900, at=0.1), 0.8)
+    assert time.monotonic() - began >= 0.8
 
 
 def test_thousands_of_metadata_fields_are_a_typed_error(store: durabilis.Store) -> None:

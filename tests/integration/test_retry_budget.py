@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -288,45 +289,44 @@ def _pausing(admin: redis.Redis, ms: int, calls: list[float], began: float) -> A
     return op
 
 
-def test_a_retry_the_budget_grants_after_the_deadline_came_is_not_made(
-    private_redis: RedisServer,
-) -> None:
+@pytest.fixture
+def stalling(private_redis: RedisServer) -> Iterator[tuple[durabilis.Store, redis.Redis]]:
+    """A store on a private server, and an admin client to stall its writes."""
     store = durabilis.connect(private_redis.url, namespace="late")
     admin = redis.Redis.from_url(private_redis.url)
-    try:
-        eng = RetryEngine(store, policies=[RetryPolicy(
-            "flaky_dep", 3, 500, 500, jitter=False, budget=RetryBudget(min_retries=10),
-        )])
-        calls: list[float] = []
-        outcome = eng.execute("flaky_dep", _pausing(admin, 800, calls, time.monotonic()),
-                              deadline_seconds=1.0)
-        # The spend waited 0.8 s: 0.8 + the 0.5 s backoff reach the deadline.
-        assert outcome.stop_reason == DEADLINE_EXCEEDED and outcome.sent_to_dlq
-        assert len(calls) == 1
-    finally:
-        admin.close()
-        store.close()
+    yield store, admin
+    admin.close()
+    store.close()
+
+
+def test_a_retry_the_budget_grants_after_the_deadline_came_is_not_made(
+    stalling: tuple[durabilis.Store, redis.Redis],
+) -> None:
+    store, admin = stalling
+    eng = RetryEngine(store, policies=[RetryPolicy(
+        "flaky_dep", 3, 500, 500, jitter=False, budget=RetryBudget(min_retries=10),
+    )])
+    calls: list[float] = []
+    outcome = eng.execute("flaky_dep", _pausing(admin, 800, calls, time.monotonic()),
+                          deadline_seconds=1.0)
+    # The spend waited 0.8 s: 0.8 + the 0.5 s backoff reach the deadline.
+    assert outcome.stop_reason == DEADLINE_EXCEEDED and outcome.sent_to_dlq
+    assert len(calls) == 1
 
 
 def test_the_deadline_counts_from_the_call_its_budget_round_trip_included(
-    private_redis: RedisServer,
+    stalling: tuple[durabilis.Store, redis.Redis],
 ) -> None:
-    store = durabilis.connect(private_redis.url, namespace="late")
-    admin = redis.Redis.from_url(private_redis.url)
-    try:
-        eng = RetryEngine(store, policies=[RetryPolicy(
-            "flaky_dep", 3, 100, 100, jitter=False, budget=RetryBudget(min_retries=10),
-        )])
-        calls: list[float] = []
-        began = time.monotonic()
-        admin.execute_command("CLIENT", "PAUSE", 900, "WRITE")  # the call's record waits
-        outcome = eng.execute("flaky_dep", _pausing(admin, 1, calls, began),
-                              deadline_seconds=0.8)
-        assert len(calls) == 1 and calls[0] >= 0.8  # the first attempt always runs...
-        assert outcome.stop_reason == DEADLINE_EXCEEDED  # ...and no retry after the deadline
-    finally:
-        admin.close()
-        store.close()
+    store, admin = stalling
+    eng = RetryEngine(store, policies=[RetryPolicy(
+        "flaky_dep", 3, 100, 100, jitter=False, budget=RetryBudget(min_retries=10),
+    )])
+    calls: list[float] = []
+    began = time.monotonic()
+    admin.execute_command("CLIENT", "PAUSE", 900, "WRITE")  # the call's record waits
+    outcome = eng.execute("flaky_dep", _pausing(admin, 1, calls, began), deadline_seconds=0.8)
+    assert len(calls) == 1 and calls[0] >= 0.8  # the first attempt always runs...
+    assert outcome.stop_reason == DEADLINE_EXCEEDED  # ...and no retry after the deadline
 
 
 def test_the_async_engine_counts_the_budget_round_trip_against_the_deadline(
