@@ -52,6 +52,7 @@ import hashlib
 import importlib
 import json
 import os
+import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -590,6 +591,10 @@ class Reload:
         return bool(self.retry_policies or self.breakers or self.removed)
 
 
+_VERSION = re.compile(rb"[0-9]{1,15}")
+"""A fleet config version, as ``config_publish.lua`` accepts it."""
+
+
 class _ConfigOps:
     """Builds the fleet config's calls and decodes its replies (no I/O)."""
 
@@ -639,14 +644,11 @@ class _ConfigOps:
             [mode, _field_bytes(entry), text, self.replica_id, self.log_maxlen],
         )
 
-    def decode_publish(self, reply: Any) -> tuple[bool, int, int | None]:
-        """``(changed, version, updated_ms)``: ``updated_ms`` is the change's
-        server time (``t``), ``None`` when nothing was written."""
+    def decode_publish(self, reply: Any) -> tuple[bool, int]:
+        """``(changed, version)``."""
         tag = _codec.as_text(reply[0], key=self.fleet_key, field="reply")
         if tag in ("ok", "same"):
-            version = _codec.as_int(reply[1], key=self.fleet_key, field="v")
-            at = _codec.as_int(reply[2], key=self.fleet_key, field="t") if tag == "ok" else None
-            return tag == "ok", version, at
+            return tag == "ok", _codec.as_int(reply[1], key=self.fleet_key, field="v")
         if tag == "corrupt":
             key = _codec.as_text(reply[1], key=self.fleet_key, field="key")
             raise CorruptData(key, _codec.as_text(reply[2], key=key, field="detail"))
@@ -665,10 +667,15 @@ class _ConfigOps:
         behind), later publishes count again from there, and may reach the
         version a replica holds with other entries."""
         v, t = reply if reply is not None else (None, None)
-        version = 0 if v is None else _codec.as_int(
-            _codec.as_text(v, key=self.fleet_key, field="v"), key=self.fleet_key, field="v"
-        )
+        version = 0 if v is None else self._version(v)
         return version, None if t is None else _timestamp(t)
+
+    def _version(self, value: Any) -> int:
+        """``v`` as ``config_publish.lua`` reads it: ASCII digits only."""
+        raw = value if isinstance(value, (bytes, bytearray)) else str(value).encode()
+        if not _VERSION.fullmatch(raw):
+            raise CorruptData(self.fleet_key, f"field 'v' is not a version number: {value!r}")
+        return int(raw)
 
     def decode_entries(self, reply: Any) -> tuple[int, int | None, dict[str, bytes]]:
         """``(version, updated_ms, {field: raw value})`` of an HGETALL reply.
@@ -693,10 +700,7 @@ class _ConfigOps:
                 else _as_bytes(str(raw_value))
             )
             if name == "v":
-                version = _codec.as_int(
-                    _codec.as_text(value, key=self.fleet_key, field="v"),
-                    key=self.fleet_key, field="v",
-                )
+                version = self._version(value)
             elif name == "t":
                 at = _timestamp(value)
             else:
@@ -892,12 +896,13 @@ class _Applier:
         )
         self.applied: dict[str, bytes] = {}
         self.rejected: dict[str, tuple[bytes, str]] = {}  # name -> (digest of the value, why)
-        # Entries this replica published itself, with the version and server
-        # time (None: unknown) that made them: a snapshot older than that (read
-        # by the polling thread while the publish ran) must not put the
-        # previous value back. A snapshot with a lower version but a later
-        # time is no such thing: the hash was lost and published again since.
-        self.pinned: dict[str, tuple[int, int | None]] = {}
+        # Entries this replica published itself, each with the number of this
+        # replica's publish that made it (``seq`` counts them): a snapshot read
+        # before that publish was done (by the polling thread while it ran)
+        # must not put the previous value back. Local order, not versions or
+        # server times: those restart or step back when the hash is lost.
+        self.seq = 0
+        self.pinned: dict[str, int] = {}
         self.version: int | None = None
         self.mark: tuple[int, int | None] | None = None  # (version, updated_ms) applied
         self.lock = threading.Lock()
@@ -915,7 +920,7 @@ class _Applier:
 
     def published_here(
         self, entry: str, config: RetryPolicy | CircuitBreakerConfig | None, text: str | None,
-        *, version: int, at: int | None, changed: bool,
+        *, changed: bool,
     ) -> None:
         """This replica published ``entry`` (``config``; ``None``: removed it):
         applied here at once, in ONE step with the note of it (a poll applying
@@ -929,18 +934,21 @@ class _Applier:
                 self.install(config)
                 self.applied[entry] = (text or "").encode("utf-8")
             self.rejected.pop(entry, None)
-            pin = self.pinned.get(entry)
-            if pin is None or version >= pin[0]:
-                self.pinned[entry] = (version, at)
+            self.seq += 1
+            self.pinned[entry] = self.seq
 
     def rejections(self) -> dict[str, str]:
         with self.lock:
             return {name: why for name, (_, why) in sorted(self.rejected.items())}
 
     def apply(
-        self, version: int, entries: Mapping[str, str | bytes], at: int | None = None
+        self, version: int, entries: Mapping[str, str | bytes], at: int | None = None,
+        read_at: int | None = None,
     ) -> Reload:
         """Apply a snapshot's entries (raw values: each is decoded on its own).
+
+        ``read_at``: :attr:`seq` when the snapshot was asked for (``None``: now);
+        an entry this replica published since is left as published.
 
         Never raises for an entry: whatever goes wrong decoding or installing
         one (any exception) rejects that entry with a reason; the others apply.
@@ -950,10 +958,8 @@ class _Applier:
             policies: list[str] = []
             breakers: list[str] = []
             rejected: dict[str, str] = {}
-            stale = {
-                name for name, (pinned, pinned_at) in self.pinned.items()
-                if pinned > version and (pinned_at is None or at is None or pinned_at >= at)
-            }
+            seen = self.seq if read_at is None else read_at
+            stale = {name for name, pin in self.pinned.items() if pin > seen}
             self.pinned = {name: self.pinned[name] for name in stale}
             for name, value in sorted(entries.items()):
                 if name in stale:
@@ -1058,10 +1064,8 @@ class _SyncCore:
         entry = self.ops.entry(kind, name)
         if config is None:
             return self.removed(entry, reply)
-        changed, version, at = self.ops.decode_publish(reply)
-        self.applier.published_here(
-            entry, config, text, version=version, at=at, changed=changed
-        )
+        changed, version = self.ops.decode_publish(reply)
+        self.applier.published_here(entry, config, text, changed=changed)
         _log.info(
             "durability_config_published",
             kind=kind, name=name, version=version, removed=False, changed=changed,
@@ -1070,10 +1074,8 @@ class _SyncCore:
         return version
 
     def removed(self, entry: str, reply: Any) -> int:
-        changed, version, at = self.ops.decode_publish(reply)
-        self.applier.published_here(
-            entry, None, None, version=version, at=at, changed=changed
-        )
+        changed, version = self.ops.decode_publish(reply)
+        self.applier.published_here(entry, None, None, changed=changed)
         kind, _, name = entry.partition(":")
         _log.info(
             "durability_config_published",
@@ -1087,9 +1089,9 @@ class _SyncCore:
         (the reply of ``version_command``)."""
         return self.ops.decode_version(reply) != self.applier.mark
 
-    def reloaded(self, reply: Any) -> Reload | None:
+    def reloaded(self, reply: Any, read_at: int | None = None) -> Reload | None:
         version, at, entries = self.ops.decode_entries(reply)
-        result = self.applier.apply(version, entries, at)
+        result = self.applier.apply(version, entries, at, read_at)
         for name, reason in result.rejected.items():
             _log.warning(
                 "durability_config_entry_rejected", entry=printable_entry(name), reason=reason,
@@ -1221,7 +1223,8 @@ class ConfigSync:
         core = self._core
         if not core.moved(self.store.command(*core.ops.version_command())):
             return None
-        return core.reloaded(self.store.command(*core.ops.snapshot_command()))
+        read_at = core.applier.seq  # before the read: a publish done after it is pinned
+        return core.reloaded(self.store.command(*core.ops.snapshot_command()), read_at)
 
     def start(self) -> ConfigSync:
         """Apply what is published now, then keep polling in a daemon thread.
@@ -1376,7 +1379,8 @@ class AsyncConfigSync:
         core = self._core
         if not core.moved(await self.store.command(*core.ops.version_command())):
             return None
-        return core.reloaded(await self.store.command(*core.ops.snapshot_command()))
+        read_at = core.applier.seq  # before the read: a publish done after it is pinned
+        return core.reloaded(await self.store.command(*core.ops.snapshot_command()), read_at)
 
     async def start(self) -> AsyncConfigSync:
         """See :meth:`ConfigSync.start` (the polling runs as a task of the running loop)."""

@@ -63,10 +63,12 @@ if kind == "hash" then
     flat = {}
   end
   for i = 1, #flat, 2 do
-    local name, value = flat[i], tonumber(flat[i + 1])
+    local name, text = flat[i], flat[i + 1]
     if name ~= "b" then
       local what, n = string.match(name, "^([cr])(%d+)$")
-      if not what or not value or value ~= math.floor(value) or value < 0 or value > 1e15 then
+      -- Digits only, as HINCRBY reads them (tonumber also takes "5.0", "1e1", "0x3").
+      local value = string.match(text, "^%d+$") and #text <= 15 and tonumber(text)
+      if not what or not value then
         return {"corrupt", "unexpected field " .. name .. " in a retry budget"}
       end
       n = tonumber(n)

@@ -230,7 +230,8 @@ class LayerStats:
         started: Operations that won their claim and ran.
         succeeded: Operations whose result was recorded.
         duplicates: Calls answered from a stored result or refused as in progress.
-        retries: Retries made (attempts after the first).
+        retries: Retries made (attempts after the first), counted as each
+            starts, in the process's batch of counts.
         parked: Operations parked in the DLQ (exhausted, circuit open, recovered).
         non_retryable: Operations stopped by a non-retryable error.
         recovered: Orphans (dead workers) moved to the DLQ by ``recover_orphans``.

@@ -932,6 +932,10 @@ class _LayerCore:
                 assert failed is not None
                 failed = (failed[0], failed[1].deny_deadline())
                 return (yield from self._park_failed(req, cl, failed, None))
+            if attempt > 0:
+                # Counted as it starts (never one denied after its decision), in
+                # this process's batch of counts, like the other counters.
+                self._leave([], {"retries": 1})
             ctx = OperationContext(
                 req.agent_id, req.operation_type, req.payload, req.key.value, cl.token, attempt,
                 dep, req.task_id, req.phase, req.replay, cl.taken_over,
@@ -965,10 +969,8 @@ class _LayerCore:
                 calls.append(self._breakers.ops.after_call(dep, False, permit, took_ms))
             if decision.retry and budget is not None:
                 calls.append(self._budget.spend_retry(req.operation_type, budget))
-            elif decision.retry:
-                calls.append(self._note("none", retries=1))
             failed = (exc, decision)
-            try:  # the report and the budget (or the count) are independent: at once
+            try:  # the report and the budget are independent: at once
                 replies = (yield IO(calls, waves=[0] * len(calls))) if calls else Replies([], "")
             except INTERRUPTS:
                 yield from self._abandon(req, cl, permit, probe, started=1)
@@ -986,17 +988,11 @@ class _LayerCore:
                     return (yield from self._park_failed(req, cl, failed, broke))
                 if not state.allowed:
                     decision = decision.deny_budget()
-                elif self._past(deadline, start, slept, decision.delay):
-                    # The round trip itself took the time left: the retry is not
-                    # made (its budget stays spent: a retry charged, never run).
-                    decision = decision.deny_deadline()
-                else:
-                    yield from self._best_effort(
-                        [self._note("none", retries=1)], "durability_note_failed",
-                        req.key.value,
-                    )
-            elif decision.retry and self._past(deadline, start, slept, decision.delay):
-                decision = decision.deny_deadline()  # the breaker's report took the time left
+            if decision.retry and self._past(deadline, start, slept, decision.delay):
+                # The round trip itself (the breaker's report, the budget's
+                # answer) took the time left: the retry is not made (a budget
+                # stays spent: a retry charged, never run).
+                decision = decision.deny_deadline()
             failed = (exc, decision)
             if not decision.retry:
                 return (yield from self._park_failed(req, cl, failed, None))
@@ -1029,7 +1025,10 @@ class _LayerCore:
         exc, decision = failed
         text = error_text(exc)
         error = text if text.startswith(decision.error_code) else f"{decision.error_code}: {text}"
-        reason = str(decision.stop_reason) if broke is None else "STORAGE_UNAVAILABLE"
+        reason = (
+            str(decision.stop_reason) if broke is None
+            else "CORRUPT_DATA" if isinstance(broke, CorruptData) else "STORAGE_UNAVAILABLE"
+        )
         return (yield from self._park(
             req, cl, attempts=decision.attempts if broke is None else decision.attempt + 1,
             error=error, reason=reason, cause=broke or exc,

@@ -139,11 +139,12 @@ def test_foreign_data_at_the_fleet_key_is_corrupt_data_naming_it(
         ConfigSync(store).publish_policy(MCP5)
     assert info.value.key == fleet_key(namespace)
     raw.delete(fleet_key(namespace))
-    raw.hset(fleet_key(namespace), "v", "seven")
-    with pytest.raises(CorruptData):
-        ConfigSync(store).refresh()
-    with pytest.raises(CorruptData):
-        ConfigSync(store).publish_policy(MCP5)
+    for v in ("seven", "+3", " 3", "3_0", "\u0663", "1e3"):  # a version is ASCII digits only
+        raw.hset(fleet_key(namespace), "v", v)
+        with pytest.raises(CorruptData):
+            ConfigSync(store).refresh()
+        with pytest.raises(CorruptData):
+            ConfigSync(store).publish_policy(MCP5)
 
 
 def test_a_replica_applies_a_config_published_after_the_hash_was_lost_at_the_same_version(
@@ -181,6 +182,23 @@ def test_a_replica_s_own_publish_does_not_hide_changes_made_after_the_hash_was_l
     replica.close()
 
 
+def test_publishing_the_same_value_again_does_not_pin_a_replica_past_a_lost_hash(
+    store: durabilis.Store, namespace: str, raw: redis.Redis
+) -> None:
+    replica = DurabilityLayer(store, DurabilityConfig.seed(), replica_id="replica-b")
+    sync = ConfigSync(replica)
+    for attempts in (3, 4, 3):
+        sync.publish_policy(mcp(attempts))
+    assert sync.refresh() is not None
+    assert sync.publish_policy(mcp(3)) == 3  # the same value again (at a start): "same"
+    raw.delete(fleet_key(namespace))
+    time.sleep(0.002)
+    assert ConfigSync(store).publish_policy(mcp(7)) == 1
+    assert sync.refresh() is not None
+    assert replica.retry.get_policy("mcp_call") == mcp(7)
+    replica.close()
+
+
 def test_removing_an_entry_someone_removed_already_still_restores_this_replicas_own(
     store: durabilis.Store,
 ) -> None:
@@ -205,7 +223,8 @@ def test_a_poll_applying_an_older_snapshot_during_a_publish_never_wins(
     sync = ConfigSync(replica)
     sync.publish_policy(MCP5)
     ConfigSync(store).publish_policy(mcp(7))
-    older = raw.hgetall(fleet_key(namespace))  # what a poll read just before the publish
+    read_at = sync._core.applier.seq  # a poll reads the snapshot just before the publish
+    older = raw.hgetall(fleet_key(namespace))
     mcp9 = mcp(9)
     upsert = replica.retry.upsert_policy
     polls: list[threading.Thread] = []
@@ -213,7 +232,7 @@ def test_a_poll_applying_an_older_snapshot_during_a_publish_never_wins(
     def installing(policy: RetryPolicy) -> None:
         upsert(policy)
         if policy == mcp9 and not polls:  # installed by the publish: a poll applies now
-            poll = threading.Thread(target=sync._core.reloaded, args=(older,))
+            poll = threading.Thread(target=sync._core.reloaded, args=(older, read_at))
             polls.append(poll)
             poll.start()
             poll.join(0.5)  # (it waits, where the publish and its note are one step)

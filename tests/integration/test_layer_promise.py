@@ -778,7 +778,8 @@ def test_foreign_data_at_the_budget_key_parks_the_operation_it_does_not_leave_it
     with pytest.raises(RetryExhausted) as info:
         layer.execute("a1", "job", "p", op)
     assert isinstance(info.value.__cause__, durabilis.CorruptData)
-    assert layer.dlq.get(info.value.dlq_id) is not None
+    parked = layer.dlq.get(info.value.dlq_id)
+    assert parked is not None and parked.metadata["reason"] == "CORRUPT_DATA"
     state = layer.idempotency.check(IdempotencyKey.new("a1", "job", "p"))
     assert state is None or not state.in_progress  # parked: not left for recovery to run again
 

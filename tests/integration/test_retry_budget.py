@@ -245,8 +245,9 @@ def test_the_decorator_applies_the_budget(store: durabilis.Store) -> None:
         lambda r, k: r.hset(k, mapping={"b": 1000, "c5": "many"}),
         lambda r, k: r.hset(k, mapping={"c5": 1}),
         lambda r, k: r.hset(k, mapping={"b": 1000, "r5": "1.5"}),
+        lambda r, k: r.hset(k, mapping={"b": 1000, f"c{time.time_ns() // 10**9}": "1e1"}),
     ],
-    ids=["string", "unknown-field", "non-numeric", "no-width", "fraction"],
+    ids=["string", "unknown-field", "non-numeric", "no-width", "fraction", "exponent"],
 )
 def test_foreign_data_at_the_budget_key_is_corrupt_data_naming_the_key(
     store: durabilis.Store, raw: redis.Redis, plant: Any

@@ -417,23 +417,24 @@ def test_a_snapshot_older_than_this_replicas_own_publish_does_not_revert_it() ->
     old, new = RetryPolicy("mcp_call", 2, 1, 1), RetryPolicy("mcp_call", 9, 1, 1)
     applier.apply(1, dict([entry(old)]))
     # This replica publishes v2 while its poller holds a snapshot of v1.
+    read_at = applier.seq  # the poller asks for a snapshot...
     name, text = entry(new)
-    applier.published_here(name, new, text, version=2, at=200, changed=True)
+    applier.published_here(name, new, text, changed=True)  # ...this replica publishes...
     assert engine.get_policy("mcp_call") == new
-    stale = applier.apply(1, dict([entry(old)]), 100)
+    stale = applier.apply(1, dict([entry(old)]), read_at=read_at)  # ...the snapshot lands
     assert not stale.changed and engine.get_policy("mcp_call") == new
-    fresh = applier.apply(2, dict([entry(new)]), 200)
+    fresh = applier.apply(2, dict([entry(new)]), read_at=applier.seq)
     assert not fresh.changed and engine.get_policy("mcp_call") == new
 
 
-def test_a_snapshot_with_a_lower_version_but_a_later_time_is_applied_over_a_pin() -> None:
+def test_a_snapshot_read_after_this_replicas_publish_applies_whatever_its_version() -> None:
     engine = RetryEngine()
     applier = _Applier(engine, None)
     mine, theirs = RetryPolicy("mcp_call", 2, 1, 1), RetryPolicy("mcp_call", 9, 1, 1)
     name, text = entry(mine)
-    applier.published_here(name, mine, text, version=5, at=200, changed=True)
-    # The hash was lost and published again since: version 1, but a later change.
-    reload = applier.apply(1, dict([entry(theirs)]), 300)
+    applier.published_here(name, mine, text, changed=True)  # at version 5, say
+    # The hash was lost and published again since: version 1, read after the publish.
+    reload = applier.apply(1, dict([entry(theirs)]), read_at=applier.seq)
     assert reload.retry_policies == ("mcp_call",) and engine.get_policy("mcp_call") == theirs
 
 
