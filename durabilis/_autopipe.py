@@ -27,6 +27,18 @@ What does not change:
   reaches Redis after it, never before on another connection. The batch
   itself is never interrupted, so a cancelled caller no longer costs a
   connection (redis-py drops a connection whose reply it stopped reading).
+  A sender cancelled itself (a sweep cancelling every task) puts a batch it
+  has not sent back in the queue, and fails one it has sent with a lost
+  connection (outcome unknown): never with a cancellation its callers did not
+  get.
+- Arguments: a command whose arguments cannot be sent (a type Redis does not
+  take, text that is not valid Unicode) fails alone; the rest of its batch
+  goes.
+- Timeouts: Redis answers a pipeline once it has run all of it, so a batch's
+  replies come together: the batch as a whole gets the socket timeout. A
+  script is microseconds to milliseconds, so a batch is too; one that ran for
+  seconds would time out the others of its batch ("outcome unknown", as for a
+  lost connection: they may have run).
 """
 
 from __future__ import annotations
@@ -37,6 +49,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeout
 
@@ -105,13 +118,17 @@ async def _outcome(entries: Sequence[_Entry]) -> list[Any]:
             e.future.add_done_callback(_retrieve)
         raise
     except asyncio.CancelledError:
-        for e in entries:
-            if e.taken is None:
-                e.future.cancel()
-        batches = {e.taken for e in entries if e.taken is not None and not e.taken.done()}
-        while batches:
+        while True:
+            # (again after each wait: a sender cancelled before it sent puts
+            # its batch back, not taken; another sender may have taken it since)
+            for e in entries:
+                if e.taken is None:
+                    e.future.cancel()
+            batches = {e.taken for e in entries if e.taken is not None and not e.taken.done()}
+            if not batches:
+                break
             try:
-                _, batches = await asyncio.wait(batches)
+                await asyncio.wait(batches)
             except asyncio.CancelledError:
                 continue  # cancelled again: it is already being cancelled
         raise
@@ -212,18 +229,17 @@ class AutoPipeline:
         self.commands += len(batch)
         client = self._client
         pool = client.connection_pool
-        try:
-            conn = await pool.get_connection()  # (connects; a failure returns it itself)
-        except BaseException as exc:
-            _fail(batch, exc)  # Redis unreachable or no free connection: nothing was sent
-            if not isinstance(exc, Exception):
-                raise
+        conn = await self._connection(pool, batch)
+        if conn is None:
             return
-        sent = [e for e in batch if not e.confirm]
+        sent, packed = _packed(conn, [e for e in batch if not e.confirm])
         confirms = [e for e in batch if e.confirm]
         closing = _merged(confirms)
+        if not sent and not confirms:  # (every command had arguments Redis cannot take)
+            await pool.release(conn)
+            return
         try:
-            await conn.send_packed_command(_pack(conn, [*(e.args for e in sent), *closing]))
+            await conn.send_packed_command([*packed, *_pack(conn, closing)])
             replies = _Replies(client, conn)
             async with replies.deadline():
                 for entry in sent:
@@ -242,13 +258,40 @@ class AutoPipeline:
                                       f"come within the socket timeout ({conn.socket_timeout} s)"))
         except BaseException as exc:
             # The connection is out of step (or gone): drop it. Every command not
-            # answered yet has an unknown outcome; its caller gets the error.
+            # answered yet has an unknown outcome; its caller gets the error. This
+            # sender's own cancellation (a sweep of every task) is not the
+            # callers': they get a lost connection, an unknown outcome.
             await conn.disconnect(nowait=True)
-            _fail(batch, exc)
+            _fail(batch, RedisConnectionError(
+                "the batch's sender task was cancelled: the outcome is unknown"
+            ) if isinstance(exc, asyncio.CancelledError) else exc)
             if not isinstance(exc, Exception):
                 raise
         finally:
             await pool.release(conn)
+
+    async def _connection(self, pool: Any, batch: list[_Entry]) -> Any:
+        """A connection for ``batch``; ``None`` when there is none (its callers
+        got the error: nothing was sent)."""
+        try:
+            return await pool.get_connection()  # (connects; a failure returns it itself)
+        except asyncio.CancelledError:
+            # This sender was cancelled (a sweep of every task), not the callers:
+            # nothing was sent, so the batch goes back to the queue for the next
+            # sender (see _sender_done), its callers none the wiser.
+            self._requeue(batch)
+            raise
+        except BaseException as exc:
+            _fail(batch, exc)  # Redis unreachable or no free connection
+            if not isinstance(exc, Exception):
+                raise
+            return None
+
+    def _requeue(self, batch: list[_Entry]) -> None:
+        """Commands taken but never sent: first in the queue again, not taken."""
+        for e in batch:
+            e.taken = None
+        self._queue[:0] = [e for e in batch if not e.future.done()]
 
     async def aclose(self) -> None:
         """Wait for the batches that are out (their callers wait for them anyway)."""
@@ -256,15 +299,36 @@ class AutoPipeline:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
 
-def _pack(conn: Any, commands: Sequence[tuple[Any, ...]]) -> Any:
+def _pack(conn: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
     """The RESP bytes of ``commands`` (hiredis when installed, else redis-py's packer)."""
     if _c_pack is not None:
         try:
-            return b"".join([_c_pack(args) for args in commands])
+            return [_c_pack(args) for args in commands]
         except TypeError:
             pass  # an argument hiredis does not take: redis-py's encoder decides
     packer: Callable[..., Any] = conn.pack_commands
-    return packer(commands)
+    return list(packer(commands)) if commands else []
+
+
+def _packed(conn: Any, entries: Sequence[_Entry]) -> tuple[list[_Entry], list[Any]]:
+    """The entries that could be packed, and their RESP bytes. One whose
+    arguments cannot be sent (a type, text that is not valid Unicode) gets its
+    own error and is left out: the rest of the batch does not pay for it."""
+    try:
+        return list(entries), _pack(conn, [e.args for e in entries])
+    except Exception:
+        pass  # one entry at a time, below, finds which
+    ok: list[_Entry] = []
+    packed: list[Any] = []
+    for e in entries:
+        try:
+            packed += _pack(conn, [e.args])
+        except Exception as exc:
+            if not e.future.done():
+                e.future.set_exception(exc)
+            continue
+        ok.append(e)
+    return ok, packed
 
 
 def _raw_read(conn: Any) -> Callable[[], Any] | None:
@@ -281,11 +345,13 @@ class _Replies:
     redis-py's ``read_response`` arms and cancels a timeout for every reply:
     ~11 of its ~12 us per reply here, ~20 us per durable call. Script replies
     are read from the parser itself instead, under ONE timer for the batch
-    (Python 3.11+) that keeps redis-py's meaning: each reply may take the whole
-    socket timeout, counted from the previous one (a batch whose replies each
-    come in time never fails for their sum). The timer is pushed back once a
-    reply took more than a hundredth of the timeout, so replies read from the
-    buffer cost no timer work. Older Pythons, connections that add to the read
+    (Python 3.11+): each reply may take the whole socket timeout, counted from
+    the previous one. Redis sends a pipeline's replies once it has run all of
+    it, so in practice the first reply waits for the whole batch's run and the
+    rest are in the buffer: the batch gets one socket timeout (see the module
+    docstring). The timer is pushed back once a reply took more than a
+    hundredth of the timeout, so replies read from the buffer cost no timer
+    work. Older Pythons, connections that add to the read
     (Sentinel's failover, fakeredis) and replies with a response callback keep
     redis-py's own read and its timeout.
     """

@@ -223,6 +223,93 @@ def test_a_sender_cancelled_before_its_first_step_does_not_stop_the_store_for_go
     assert asyncio.run(main()) == [True, True]
 
 
+@pytest.mark.standalone_only  # auto-pipelining is the standalone store's
+def test_a_command_whose_arguments_cannot_be_sent_fails_alone_its_batch_goes(
+    redis_url: str,
+) -> None:
+    """Found by an adversarial review: the batch was packed as a whole, so one
+    caller's bad argument (a bool, a lone surrogate) failed every command of
+    its batch, none sent."""
+
+    async def main() -> list[Any]:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        pipe = AutoPipeline(client)
+        try:
+            return await asyncio.gather(
+                pipe.execute("SET", "autopipe:a", "1"),
+                pipe.execute("SET", "autopipe:b", True),
+                pipe.execute("SET", "autopipe:c", "x\udcff"),
+                pipe.execute("GET", "autopipe:a"),
+                return_exceptions=True,
+            )
+        finally:
+            await client.delete("autopipe:a")
+            await client.aclose()
+
+    ok, boolean, surrogate, read = asyncio.run(main())
+    assert ok is True and read == b"1"
+    assert isinstance(boolean, redis.exceptions.DataError)
+    assert isinstance(surrogate, UnicodeEncodeError)
+
+
+_SLOW = """local t = redis.call('TIME')
+local began = t[1] * 1e6 + t[2]
+repeat t = redis.call('TIME') until t[1] * 1e6 + t[2] - began > tonumber(ARGV[1]) * 1000
+redis.call('SET', KEYS[1], 'written')
+return 1"""
+
+
+@pytest.mark.standalone_only  # auto-pipelining is the standalone store's
+def test_a_sender_cancelled_mid_batch_fails_its_callers_as_a_lost_connection_not_cancelled(
+    redis_url: str,
+) -> None:
+    """Found by an adversarial review: a sweep cancelling every task but one
+    (a shutdown idiom) cancelled the batch's sender too, and the spared task,
+    never cancelled, got CancelledError for its command (which had run)."""
+
+    async def main() -> tuple[Any, Any]:
+        client = redis.asyncio.Redis.from_url(redis_url, socket_timeout=5)
+        pipe = AutoPipeline(client)
+        try:
+            sha = await client.script_load(_SLOW)
+            spared = asyncio.ensure_future(pipe.execute("EVALSHA", sha, 1, "autopipe:slow", 50))
+            await asyncio.sleep(0.01)  # the batch is out, its script running
+            for sender in pipe._tasks:
+                sender.cancel()
+            outcome = (await asyncio.gather(spared, return_exceptions=True))[0]
+            return outcome, await asyncio.wait_for(pipe.execute("PING"), 5)
+        finally:
+            await client.delete("autopipe:slow")
+            await client.aclose()
+
+    outcome, after = asyncio.run(main())
+    assert isinstance(outcome, redis.exceptions.ConnectionError), outcome  # outcome unknown
+    assert after is True
+
+
+@pytest.mark.standalone_only  # auto-pipelining is the standalone store's
+def test_a_sender_cancelled_while_waiting_for_a_connection_leaves_its_batch_for_the_next(
+    redis_url: str,
+) -> None:
+    async def main() -> Any:
+        pool = redis.asyncio.BlockingConnectionPool.from_url(redis_url, max_connections=1)
+        client = redis.asyncio.Redis(connection_pool=pool)
+        pipe = AutoPipeline(client)
+        held = await pool.get_connection()
+        try:
+            waiting = asyncio.ensure_future(pipe.execute("PING"))
+            await asyncio.sleep(0.02)  # its sender waits for the pool's one connection
+            for sender in list(pipe._tasks):
+                sender.cancel()
+            await asyncio.sleep(0.02)
+            await pool.release(held)
+            return await asyncio.wait_for(waiting, 5)  # sent by the next sender
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(main()) is True
+
+
 @pytest.mark.standalone_only  # SIGSTOP of a server of its own
 def test_a_batch_of_scripts_keeps_each_reply_its_caller_s_and_fails_whole_when_redis_stops(
     private_redis: RedisServer,
