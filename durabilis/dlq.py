@@ -397,6 +397,10 @@ def sort_key(stream_id: str) -> str:
     return f"{ms.zfill(15)}-{chr(96 + len(seq))}{seq}"
 
 
+_BY_BYTES = 256
+"""The longest ``replayed_by`` / ``by`` name kept on a record (bytes)."""
+
+
 def _clean(text: str) -> str:
     """``text`` with lone surrogates (from badly decoded bytes) replaced by ``?``.
 
@@ -1124,6 +1128,8 @@ class _DlqOps:
         see :meth:`settle_miss`, or ``"none"`` when the key has none)."""
         if target is DlqStatus.PENDING:
             raise ValueError("a record can only be finished as replayed or abandoned")
+        if by is not None and not isinstance(by, str):
+            raise ConfigError("by", f"must be a string or None, got {type(by).__name__}")
         return ScriptCall(
             "dlq_finish",
             [
@@ -1135,7 +1141,7 @@ class _DlqOps:
                 self.bykey_key,
                 self.log_key,
             ],
-            [dlq_id, target.value, token, by or "", merge_key or ""],
+            [dlq_id, target.value, token, _truncate(_clean(by or ""), _BY_BYTES), merge_key or ""],
         )
 
     def settle_miss(self, reply: Any) -> str | None:
@@ -1743,6 +1749,10 @@ class DeadLetterQueue:
         Returns:
             ``True`` if it was pending; ``False`` for an unknown/expired id or a
             record already replayed or abandoned (nothing changes).
+
+        Raises:
+            ConfigError: ``replayed_by`` is not a string (nothing sent). Text is
+                kept cleaned of lone surrogates, and cut at 256 bytes.
         """
         if not self._ops.known_id(dlq_id):
             return False

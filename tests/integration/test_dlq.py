@@ -26,7 +26,7 @@ from durabilis.dlq import (
     _Claimed,
     _DlqOps,
 )
-from durabilis.errors import CorruptData
+from durabilis.errors import ConfigError, CorruptData
 from tests.support.backends import keys_matching
 from tests.support.lossy import lose_replies
 
@@ -122,6 +122,19 @@ def test_mark_replayed_moves_a_pending_record_to_replayed_once(dlq: DeadLetterQu
     assert rec.replayed_by == "operator" and rec.replayed_at is not None
     assert dlq.mark_replayed(dlq_id) is False  # final
     assert dlq.abandon(dlq_id) is False
+
+
+def test_who_marked_a_record_must_be_text_kept_clean_and_short(dlq: DeadLetterQueue) -> None:
+    first, second = park(dlq, 2)
+    with pytest.raises(ConfigError):
+        dlq.mark_replayed(first, replayed_by=True)  # type: ignore[arg-type]
+    rec = dlq.get(first)
+    assert rec is not None and rec.status is DlqStatus.PENDING  # nothing sent
+    assert dlq.mark_replayed(first, replayed_by="op\udcff" + "x" * 1000) is True
+    assert dlq.abandon(second, by=None) is True
+    rec = dlq.get(first)
+    assert rec is not None and rec.replayed_by is not None
+    assert rec.replayed_by.startswith("op?x") and len(rec.replayed_by.encode()) <= 256
 
 
 def test_mark_replayed_on_an_abandoned_record_returns_false_and_changes_nothing(
