@@ -232,13 +232,12 @@ class AutoPipeline:
         conn = await self._connection(pool, batch)
         if conn is None:
             return
-        sent, packed = _packed(conn, [e for e in batch if not e.confirm])
         confirms = [e for e in batch if e.confirm]
         closing = _merged(confirms)
-        if not sent and not confirms:  # (every command had arguments Redis cannot take)
-            await pool.release(conn)
-            return
         try:
+            sent, packed = _packed(conn, [e for e in batch if not e.confirm])
+            if not sent and not confirms:  # (every command had arguments Redis cannot take)
+                return
             await conn.send_packed_command([*packed, *_pack(conn, closing)])
             replies = _Replies(client, conn)
             async with replies.deadline():

@@ -159,6 +159,7 @@ def test_a_changed_window_starts_the_budget_afresh(store: durabilis.Store) -> No
     assert second.execute("flaky_dep", always_down).attempts == 2
 
 
+@pytest.mark.standalone_only  # offset_server_clock reads an undeclared key
 def test_a_server_clock_step_back_keeps_the_spent_budget_one_window_not_for_the_whole_step(
     store: durabilis.Store, raw: redis.Redis
 ) -> None:
