@@ -53,6 +53,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeout
 
+from durabilis._fork import reset_in_child
+
 try:  # hiredis (the `hiredis` extra) packs a command in C; redis-py's asyncio
     # connection packs in Python, ~150 us per durable call (its fused scripts
     # carry ~25 arguments each).
@@ -146,6 +148,16 @@ class AutoPipeline:
         self._tasks: set[asyncio.Task[None]] = set()
         self.batches = 0  # batches sent (for tests and benchmarks)
         self.commands = 0  # commands sent in them
+        reset_in_child(self)
+
+    def after_fork_in_child(self) -> None:
+        """The queue and the senders are the parent loop's: a forked child never
+        sends what its parent queued (its store refuses it anyway, see
+        ``AsyncStore._on_home_loop``)."""
+        self._queue = []
+        self._senders = 0
+        self._woken = False
+        self._tasks = set()
 
     async def execute(self, *args: Any) -> Any:
         """Send one command with whatever else is ready; its reply or its error.

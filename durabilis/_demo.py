@@ -320,7 +320,7 @@ def read_report(store: durabilis.Store, tasks: list[str]) -> dict[str, Any]:
         "duplicates_suppressed": stats.duplicates,
         "retries": stats.retries,
         "parked_in_dlq": dlq.total,  # operations: every parking of one lands in its record
-        "parkings": stats.parked,
+        "parkings": stats.parkings,
         "orphans_recovered": stats.recovered,
         "in_flight": stats.in_flight,
         "dlq_replayed": dlq.by_status[durabilis.DlqStatus.REPLAYED],

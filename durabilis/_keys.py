@@ -104,8 +104,10 @@ class KeySpace:
     # --- retry budget: one tag per operation type ---------------------------
 
     def retry_budget(self, operation_type: str) -> str:
-        """The hash of bucketed call/retry counts of an operation type's retry budget."""
-        return f"{self.namespace}:retry:{{{escape_part(operation_type)}}}:budget"
+        """The hash of bucketed call/retry counts (and the settings seen) of an
+        operation type's retry budget (``budget2``: the layout of 0.x kept
+        ``budget``, which replicas of both versions must not share)."""
+        return f"{self.namespace}:retry:{{{escape_part(operation_type)}}}:budget2"
 
     # --- checkpoints: one tag for the namespace's checkpoints ---------------
     # One slot holds them all so the fleet-wide ``max_checkpoints`` cap is one

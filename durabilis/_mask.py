@@ -34,6 +34,8 @@ def mask_url(url: str) -> str:
             if any(k.lower() in _SECRET_PARAMS for k, _ in pairs):
                 query = urlencode([(k, MASK if k.lower() in _SECRET_PARAMS else v)
                                    for k, v in pairs], safe="*")
+        if netloc == parts.netloc and query == parts.query:
+            return url  # nothing to mask: as given (urlunsplit drops an empty "//")
         return urlunsplit(parts._replace(netloc=netloc, query=query))
     except Exception:
         return _CREDENTIALS.sub(lambda m: m.group(1) + MASK + "@", url)

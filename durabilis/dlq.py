@@ -23,7 +23,11 @@ expires after ``claim_ttl_seconds``.
 Round trips: ``enqueue``, ``get``, ``mark_replayed``, ``abandon``, ``stats``
 and ``pending_count`` are one each; ``replay`` is three (claim, handler,
 finish); listings are two per page of up to 100 records; ``cleanup_expired``
-is two per batch.
+is two per batch; ``cleanup_due`` one for its lease, then as ``cleanup_expired``.
+
+Nothing leaves silently: a record that reaches its TTL while pending is
+reported by the cleanup that removes it (event ``durability_dlq_expired``, an
+``expired`` log entry, ``DlqStats.expired``), exactly once.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from durabilis import _codec
 from durabilis._keys import KeySpace
+from durabilis._limits import MAX_STORED_TTL_SECONDS, check_limits
 from durabilis._log import get_logger
 from durabilis._scripts import ScriptCall
 from durabilis._steps import INTERRUPTS, IO, Command, Run, Sleep, adrive, drive
@@ -67,6 +72,7 @@ from durabilis.events import error_text, redact_error
 
 __all__ = [
     "AsyncDeadLetterQueue",
+    "CleanupReport",
     "DeadLetterQueue",
     "DlqConfig",
     "DlqListing",
@@ -88,9 +94,8 @@ MAX_METADATA_FIELDS = 1000
 """Most metadata fields a record may carry (each is a field of its stream entry)."""
 # Caller-chosen ids end up inside index members separated by "|": keep them plain.
 _ID_RE = re.compile(r"^[A-Za-z0-9_.:%\-]{1,200}$")
-# TTLs become PEXPIRE milliseconds in Lua: beyond ten years they stop being
-# exact integers (and a script failing half-way would leave keys without TTL).
-_MAX_TTL_SECONDS = 10 * 365 * 86400
+# A record's TTL (a call's ttl_seconds too): at most a year (durabilis._limits).
+_MAX_TTL_SECONDS = MAX_STORED_TTL_SECONDS
 _SID_RE = re.compile(r"^(\d{1,20})-(\d{1,20})$")
 
 
@@ -118,11 +123,22 @@ class DlqConfig:
 
     Attributes:
         default_ttl_seconds: Lifetime of a record when ``enqueue`` gives none
-            (the seed's 24 h). Every record, whatever its status, is removed
-            once its TTL has passed.
+            (the seed's 24 h). A record is removed once its TTL has passed
+            (a pending one only without ``keep_pending``); a pending record
+            that expires unreplayed is reported as it goes (event
+            ``durability_dlq_expired``, an ``expired`` log entry, the count
+            ``DlqStats.expired``).
         max_pending: Pending records above which ``enqueue`` logs the warning
             event ``durability_dlq_max_pending_exceeded`` and ``stats()`` flags
-            it. Nothing is ever dropped to make room.
+            it. Nothing is ever dropped to make room. With ``keep_pending``
+            it is also the most records kept: see there.
+        keep_pending: Pending records never expire (as Sidekiq keeps its
+            dead set): a record's TTL runs from the moment it is replayed or
+            abandoned. Memory stays bounded by ``max_pending``: a record
+            parked while ``max_pending`` records are pending is not kept (it
+            gets its TTL as usual, and its enqueue logs
+            ``durability_dlq_max_pending_exceeded`` with ``kept=False``), so at
+            most ``max_pending`` records live forever.
         claim_ttl_seconds: How long a replay's claim holds a record; a replayer
             that dies mid-replay releases it after this long. Keep it above the
             longest replay handler: past it, another replica may replay the
@@ -148,6 +164,7 @@ class DlqConfig:
     cleanup_batch_size: int = 500
     purge_per_enqueue: int = 2
     stats_scan_limit: int = 1000
+    keep_pending: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -168,11 +185,16 @@ class DlqConfig:
             raise ConfigError(
                 "purge_per_enqueue", f"must be an integer >= 0, got {self.purge_per_enqueue!r}"
             )
+        check_limits(self)  # every maximum: durabilis._limits
+        if not isinstance(self.keep_pending, bool):
+            raise ConfigError(
+                "keep_pending", f"must be true or false, got {self.keep_pending!r}"
+            )
         if self.default_ttl_seconds * 1000 < 1 or self.claim_ttl_seconds * 1000 < 1:
             raise ConfigError("default_ttl_seconds", "durations shorter than 1 ms are meaningless")
         for name in ("default_ttl_seconds", "claim_ttl_seconds"):
             if getattr(self, name) > _MAX_TTL_SECONDS:
-                raise ConfigError(name, f"must be at most {_MAX_TTL_SECONDS} (ten years)")
+                raise ConfigError(name, f"must be at most {_MAX_TTL_SECONDS}")
         # Lua counts: exact below 1e14
         for name in ("cleanup_batch_size", "purge_per_enqueue", "stats_scan_limit"):
             if getattr(self, name) > 1_000_000:
@@ -193,7 +215,8 @@ class DlqRecord:
         last_error: The latest error: of the last failed replay or the last
             parking, whichever came later, else ``original_error``.
         failed_at: When it was enqueued (Redis server clock, UTC).
-        expires_at: When it is removed, whatever its status.
+        expires_at: When it is removed, whatever its status (9999-12-31 for a
+            pending record kept by ``keep_pending``: never).
         status: :class:`DlqStatus`.
         replay_attempts: Failed replays so far.
         last_replay_at: When the last failed replay was reported.
@@ -269,6 +292,13 @@ class DlqStats:
             counted in O(log n), even when ``exact`` is ``False``).
         exact: ``False`` when the expired backlog exceeded ``stats_scan_limit``:
             the counts per status and type are then upper bounds (see above).
+        expired: Pending records that reached their TTL unreplayed: those
+            reported by a cleanup (kept in the counts hash, which lives as long
+            as the DLQ's records and at least ``default_ttl_seconds`` after
+            the last report) plus those awaiting it. Not part of ``total``:
+            ``pending + replayed + abandoned == total`` (live records), and
+            every record parked is in exactly one of the four.
+        expired_by_operation_type: ``expired`` per operation type.
     """
 
     total: int
@@ -280,6 +310,8 @@ class DlqStats:
     over_max_pending: bool
     expired_awaiting_cleanup: int
     exact: bool = True
+    expired: int = 0
+    expired_by_operation_type: dict[str, int] = field(default_factory=dict)
 
     @property
     def pending(self) -> int:
@@ -292,6 +324,15 @@ class DlqStats:
         return self.by_operation_type.get(operation_type, {}).get(DlqStatus.PENDING, 0)
 
 
+class CleanupReport(NamedTuple):
+    """What one scheduled cleanup (:meth:`DeadLetterQueue.cleanup_due`) did."""
+
+    removed: int
+    """Expired records removed (pending, replayed and abandoned ones)."""
+    expired: tuple[str, ...]
+    """The ids of the pending ones among them: expired unreplayed, each reported."""
+
+
 class ReplayOutcome(str, Enum):
     """What one replay attempt did."""
 
@@ -301,6 +342,10 @@ class ReplayOutcome(str, Enum):
     """The handler raised: the record stays pending, ``replay_attempts`` + 1."""
     NOT_FOUND = "not_found"
     """No live record has this id (unknown, malformed, or expired)."""
+    EXPIRED = "expired"
+    """(a replay pass) The record reached its TTL while pending, before the
+    pass reached it: the handler did not run; the pass's cleanup reports it
+    (event ``durability_dlq_expired``, log entry, ``DlqStats.expired``)."""
     NOT_PENDING = "not_pending"
     """Already replayed or abandoned: the handler did not run."""
     CLAIMED_ELSEWHERE = "claimed_elsewhere"
@@ -358,6 +403,8 @@ class ReplaySummary:
             (:attr:`ReplayOutcome.DEFERRED`); ``deferred_ids`` their ids.
         breakers_open: Dependencies found with an open breaker: the pass
             replayed none of their records (replay again once they close).
+        expired: Records that expired unreplayed before the pass reached them
+            (reported by the pass's cleanup); ``expired_ids`` their ids.
     """
 
     replayed: int = 0
@@ -369,6 +416,8 @@ class ReplaySummary:
     deferred: int = 0
     deferred_ids: tuple[str, ...] = ()
     breakers_open: tuple[str, ...] = ()
+    expired: int = 0
+    expired_ids: tuple[str, ...] = ()
 
 
 # --- helpers --------------------------------------------------------------------
@@ -396,6 +445,22 @@ def sort_key(stream_id: str) -> str:
     ms, seq = str(int(match[1])), str(int(match[2]))
     return f"{ms.zfill(15)}-{chr(96 + len(seq))}{seq}"
 
+
+def stream_id_of(key: str) -> str:
+    """The stream id a :func:`sort_key` was made of (``""`` when ``key`` is not one)."""
+    ms, sep, rest = key.partition("-")
+    if not sep or not ms.isdigit() or len(rest) < 2 or not rest[1:].isdigit():
+        return ""
+    return f"{int(ms)}-{int(rest[1:])}"
+
+
+KEEP_MS = 253402300799999
+"""The expiry of a pending record kept by ``DlqConfig.keep_pending``: never
+(9999-12-31T23:59:59.999Z; the scripts use the same number)."""
+
+_CLEANUP_BATCHES = 20
+"""Most cleanup batches (scripts) one :meth:`DeadLetterQueue.cleanup_due` runs:
+the rest waits for the next period (bounded work per period)."""
 
 _BY_BYTES = 256
 """The longest ``replayed_by`` / ``by`` name kept on a record (bytes)."""
@@ -487,6 +552,13 @@ class _Enqueued:
     stream_id: str
     pending: int = 0
     merged: bool = False
+    made_here: bool = False  # "exists": this very parking created it (sent again)
+
+    @property
+    def new_record(self) -> bool:
+        """This parking made a new pending record: an operation parked (the
+        layer's ``parked`` counter), not a re-parking."""
+        return self.created or self.made_here
 
 
 @dataclass(frozen=True, slots=True)
@@ -585,13 +657,15 @@ class _Pacer:
 class _Tally:
     """Accumulates replay results into a :class:`ReplaySummary`."""
 
-    __slots__ = ("deferred_ids", "failed_ids", "lost_ids", "open", "ran", "replayed", "skipped")
+    __slots__ = ("deferred_ids", "expired_ids", "failed_ids", "lost_ids", "open", "ran",
+                 "replayed", "skipped")
 
     def __init__(self) -> None:
         self.ran = self.replayed = self.skipped = 0
         self.failed_ids: list[str] = []
         self.lost_ids: list[str] = []
         self.deferred_ids: list[str] = []
+        self.expired_ids: list[str] = []
         self.open: dict[str, None] = {}  # dependencies with an open breaker (ordered set)
 
     def add(self, result: ReplayResult) -> bool:
@@ -599,6 +673,9 @@ class _Tally:
         outcome = result.outcome
         if outcome is ReplayOutcome.DEFERRED:
             self.deferred_ids.append(result.dlq_id)
+            return False
+        if outcome is ReplayOutcome.EXPIRED:
+            self.expired_ids.append(result.dlq_id)
             return False
         if outcome is ReplayOutcome.REPLAYED:
             self.replayed += 1
@@ -623,6 +700,8 @@ class _Tally:
             deferred=len(self.deferred_ids),
             deferred_ids=tuple(self.deferred_ids),
             breakers_open=tuple(self.open),
+            expired=len(self.expired_ids),
+            expired_ids=tuple(self.expired_ids),
         )
 
 
@@ -670,9 +749,14 @@ class _DlqOps:
         return self.keys.dlq("bykey")
 
     @property
+    def lease_key(self) -> str:
+        """The scheduled cleanup's lease: one replica per period (``layer_lease``)."""
+        return self.keys.dlq("lease", "cleanup")
+
+    @property
     def log_key(self) -> str:
         """Capped stream of every state change (parked, parked_again, filled_in, replay_failed,
-        replayed, abandoned), in order."""
+        replayed, abandoned, expired), in order."""
         return self.keys.dlq("log")
 
     # validation ------------------------------------------------------------
@@ -713,7 +797,7 @@ class _DlqOps:
         ):
             raise InvalidTtl(ttl)
         if ttl > _MAX_TTL_SECONDS:
-            raise ConfigError("ttl_seconds", f"must be at most {_MAX_TTL_SECONDS} (ten years)")
+            raise ConfigError("ttl_seconds", f"must be at most {_MAX_TTL_SECONDS}")
         return max(1, int(ttl * 1000))
 
     # enqueue ---------------------------------------------------------------
@@ -820,6 +904,7 @@ class _DlqOps:
                 prepared.payload,
                 mkey,
                 cand,
+                self.config.max_pending if self.config.keep_pending else 0,
                 *meta,
             ],
         )
@@ -885,8 +970,9 @@ class _DlqOps:
         if tag == "exists":
             sid = _text(reply[1], key, "sid")
             dlq_id = _text(reply[2], key, "dlq_id") if len(reply) > 2 else parking
+            made = len(reply) > 3 and _codec.as_int(reply[3], key=key, field="made") == 1
             _log.info("durability_dlq_enqueue_existing", dlq_id=dlq_id, stream_id=sid)
-            return _Enqueued(dlq_id, created=False, stream_id=sid)
+            return _Enqueued(dlq_id, created=False, stream_id=sid, made_here=made)
         if tag == "merged":
             sid = _text(reply[1], key, "sid")
             dlq_id = _text(reply[2], key, "dlq_id")
@@ -901,6 +987,9 @@ class _DlqOps:
         sid = _text(reply[1], key, "sid")
         pending = _codec.as_int(reply[4], key=key, field="pending")
         dlq_id = _text(reply[5], key, "dlq_id")
+        kept = len(reply) > 6 and _codec.as_int(reply[6], key=key, field="kept") == 1
+        if len(reply) > 7:
+            self.report_expired(reply[7], key)
         operation_type = str(call.args[4])
         _log.info(
             "durability_dlq_enqueued",
@@ -909,16 +998,37 @@ class _DlqOps:
             operation_type=operation_type,
             retry_count=int(str(call.args[5])),
         )
-        if pending > self.config.max_pending:
+        keeping = self.config.keep_pending
+        if pending > self.config.max_pending or (keeping and not kept):
             # Nothing is dropped (peers drop the oldest); the operator is told.
+            # With keep_pending, a record over max_pending is not kept: it
+            # expires (reported) after its TTL, so memory stays bounded.
             _log.warning(
                 "durability_dlq_max_pending_exceeded",
                 dlq_id=dlq_id,
                 operation_type=operation_type,
                 pending=pending,
                 max_pending=self.config.max_pending,
+                **({"kept": kept} if keeping else {}),
             )
         return _Enqueued(dlq_id, created=True, stream_id=sid, pending=pending)
+
+    def report_expired(self, flat: Any, key: str) -> list[tuple[str, str, str]]:
+        """Log ``durability_dlq_expired`` for each pending record a script reported
+        expired (flat dlq_id, operation type, idempotency key, agent_id); returns
+        (dlq_id, operation type, idempotency key) per record."""
+        items = list(flat or ())
+        if len(items) % 4:
+            raise CorruptData(key, f"unexpected expired-record list {items!r}"[:300])
+        out = []
+        for i in range(0, len(items), 4):
+            dlq_id, op, ik, agent = (_text(v, key, "expired") for v in items[i:i + 4])
+            _log.warning(
+                "durability_dlq_expired", dlq_id=dlq_id, operation_type=op,
+                idempotency_key=ik or None, agent_id=agent or None,
+            )
+            out.append((dlq_id, op, ik))
+        return out
 
     # reads -----------------------------------------------------------------
 
@@ -1078,14 +1188,15 @@ class _DlqOps:
 
     # replay ----------------------------------------------------------------
 
-    def claim(self, dlq_id: str, nonce: str = "") -> ScriptCall:
+    def claim(self, dlq_id: str, nonce: str = "", stream_id: str = "") -> ScriptCall:
         """The claim of a record; with ``nonce`` (hex), the same call sent again
-        after a lost reply gets back the claim its earlier try made."""
-        return ScriptCall(
-            "dlq_claim",
-            [self.stream_key, self.record_key(dlq_id)],
-            [self.owner, max(1, int(self.config.claim_ttl_seconds * 1000)), nonce],
-        )
+        after a lost reply gets back the claim its earlier try made; with
+        ``stream_id`` (a pass's, from the pending index), a record that expired
+        awaiting cleanup is told apart (``"expired"``) from an unknown one."""
+        args: list[Any] = [self.owner, max(1, int(self.config.claim_ttl_seconds * 1000)), nonce]
+        if stream_id:
+            args += [stream_id, dlq_id]
+        return ScriptCall("dlq_claim", [self.stream_key, self.record_key(dlq_id)], args)
 
     def decode_claim(self, dlq_id: str, reply: Any) -> _Claimed | ReplayResult:
         key = self.record_key(dlq_id)
@@ -1098,6 +1209,8 @@ class _DlqOps:
             return _Claimed(token, record, taken_over=bool(int(reply[2])))
         if tag == "none":
             return ReplayResult(dlq_id, ReplayOutcome.NOT_FOUND)
+        if tag == "expired":
+            return ReplayResult(dlq_id, ReplayOutcome.EXPIRED)
         if tag == "final":
             return ReplayResult(
                 dlq_id, ReplayOutcome.NOT_PENDING, status=self._status(reply[1], key)
@@ -1184,7 +1297,7 @@ class _DlqOps:
 
     def replay_steps(
         self, dlq_id: str, handle: Handle, open_breakers: dict[str, None] | None = None,
-        operation_type: str | None = None,
+        operation_type: str | None = None, stream_id: str = "",
     ) -> _Plan[ReplayResult]:
         """Claim, run the handler, then finish (fenced) or report the failure.
 
@@ -1198,7 +1311,7 @@ class _DlqOps:
         if not self.known_id(dlq_id):
             return ReplayResult(dlq_id, ReplayOutcome.NOT_FOUND)
         yield _POLL  # an interruption held back (a pass's last record) stops here
-        claim = self.claim(dlq_id, secrets.token_hex(8))
+        claim = self.claim(dlq_id, secrets.token_hex(8), stream_id)
         until = time.monotonic() + self.config.claim_ttl_seconds
         claimed = self.decode_claim(dlq_id, (yield from self._sent(claim, dlq_id, until))[0])
         if isinstance(claimed, ReplayResult):
@@ -1415,7 +1528,11 @@ class _DlqOps:
                     yield Sleep(wait)
                 started = time.monotonic()
                 result = yield from self.replay_steps(member.dlq_id, handle, tally.open,
-                                                      operation_type)
+                                                      operation_type,
+                                                      stream_id_of(member.sort_key))
+                if result.outcome is ReplayOutcome.EXPIRED:
+                    _log.warning("durability_dlq_replay_expired", dlq_id=member.dlq_id,
+                                 outcome=result.outcome.value)
                 if tally.add(result):
                     pacer.started(started)
                 if on_result is not None:
@@ -1423,6 +1540,8 @@ class _DlqOps:
             if len(page) < _PAGE:
                 break
             after = page[-1].raw
+        if tally.expired_ids:  # met expired records: they are reported now, not skipped
+            yield from self.cleanup_steps()
         return tally.summary()
 
     # listings --------------------------------------------------------------
@@ -1519,11 +1638,17 @@ class _DlqOps:
             raise _corrupt(reply, key)
         now_ms = _codec.as_int(reply[1], key=key, field="now")
         table: dict[str, dict[DlqStatus, int]] = {}
+        gone: dict[str, int] = {}  # pending records expired: reported, and awaiting it
 
         def add(flat: Any, sign: int) -> int:
             total = 0
             for field_name, n in _flat_to_dict(flat, key).items():
                 status_text, sep, op = field_name.partition("|")
+                if status_text == "expired" and sep and sign > 0:
+                    gone[op] = gone.get(op, 0) + _codec.as_int(n, key=key, field=field_name)
+                    continue
+                if status_text == DlqStatus.PENDING.value and sign < 0:
+                    gone[op] = gone.get(op, 0) + _codec.as_int(n, key=key, field=field_name)
                 try:
                     status = DlqStatus(status_text)
                 except ValueError as exc:
@@ -1574,6 +1699,8 @@ class _DlqOps:
             over_max_pending=pending > self.config.max_pending,
             expired_awaiting_cleanup=expired,
             exact=exact,
+            expired=sum(gone.values()),
+            expired_by_operation_type={op: n for op, n in sorted(gone.items()) if n > 0},
         )
 
     # cleanup ---------------------------------------------------------------
@@ -1588,18 +1715,33 @@ class _DlqOps:
             self.pending_key,
             self.pending_by_op_key,
             self.counts_key,
+            self.bykey_key,
+            self.log_key,
         ]
         for member in members:
             parts = member.split(b"|", 2)
             dlq_id = parts[1].decode("utf-8", "replace") if len(parts) == 3 else ""
             # A malformed member gets a placeholder key the script never touches.
             keys.append(self.record_key(dlq_id if self.known_id(dlq_id) else "_"))
-        return ScriptCall("dlq_cleanup", keys, list(members))
+        keep_ms = self.ttl_ms(None)
+        return ScriptCall("dlq_cleanup", keys, [keep_ms, *members])
 
-    def cleanup_steps(self) -> _Plan[int]:
-        """Remove expired records, one bounded batch (one script) at a time."""
+    def cleanup_steps(self, max_batches: int | None = None) -> _Plan[int]:
+        """Remove expired records, one bounded batch (one script) at a time (at
+        most ``max_batches``); each pending one is reported as it goes."""
+        removed, _ = yield from self.cleanup_report_steps(max_batches)
+        return removed
+
+    def cleanup_report_steps(
+        self, max_batches: int | None = None
+    ) -> _Plan[tuple[int, list[tuple[str, str, str]]]]:
+        """:meth:`cleanup_steps`, also returning the pending records reported
+        expired (dlq_id, operation type, idempotency key)."""
         total = 0
-        while True:
+        reported: list[tuple[str, str, str]] = []
+        batches = 0
+        while max_batches is None or batches < max_batches:
+            batches += 1
             reply = yield self.expired()
             if _tag(reply, self.expiry_key) != "ok":
                 raise _corrupt(reply, self.expiry_key)
@@ -1610,12 +1752,36 @@ class _DlqOps:
             if _tag(result, self.stream_key) != "ok":
                 raise _corrupt(result, self.stream_key)
             removed = _codec.as_int(result[1], key=self.expiry_key, field="removed")
+            if len(result) > 2:
+                reported += self.report_expired(result[2], self.log_key)
             total += removed
             if len(members) < self.config.cleanup_batch_size or removed == 0:
                 break
         if total:
-            _log.info("durability_dlq_cleaned", removed=total)
-        return total
+            _log.info("durability_dlq_cleaned", removed=total, expired=len(reported))
+        return total, reported
+
+    def lease(self, every_seconds: float, holder: str | None) -> ScriptCall:
+        """Take this period's cleanup lease (``layer_lease``; reply 1 when taken)."""
+        _check_number("every_seconds", every_seconds)
+        if every_seconds > _MAX_TTL_SECONDS:
+            raise ConfigError("every_seconds", f"must be at most {_MAX_TTL_SECONDS}")
+        if holder is not None and not isinstance(holder, str):
+            raise ConfigError("holder", f"must be a string or None, got {type(holder).__name__}")
+        ms = max(1, int(every_seconds * 1000))
+        who = _truncate(_clean(holder or self.owner), _BY_BYTES)
+        return ScriptCall("layer_lease", [self.lease_key], [who, ms])
+
+    def cleanup_due_steps(
+        self, every_seconds: float, holder: str | None
+    ) -> _Plan[CleanupReport | None]:
+        """The scheduled cleanup: ``None`` when another replica holds this
+        period's lease, else what it removed and reported (bounded)."""
+        call = self.lease(every_seconds, holder)
+        if not int((yield call) or 0):
+            return None
+        removed, reported = yield from self.cleanup_report_steps(_CLEANUP_BATCHES)
+        return CleanupReport(removed, tuple(dlq_id for dlq_id, _, _ in reported))
 
 
 def _default_owner() -> str:
@@ -1802,8 +1968,34 @@ class DeadLetterQueue:
         return drive(plan, self.store)
 
     def cleanup_expired(self) -> int:
-        """Remove expired records from every structure; returns how many."""
+        """Remove expired records from every structure; returns how many.
+
+        Each pending record among them (it expired unreplayed) is reported:
+        event ``durability_dlq_expired``, an ``expired`` log entry, the count
+        :attr:`DlqStats.expired`.
+        """
         return drive(self._ops.cleanup_steps(), self.store)
+
+    def cleanup_due(
+        self, every_seconds: float, *, holder: str | None = None
+    ) -> CleanupReport | None:
+        """The scheduled cleanup, one replica per period: run it every
+        ``every_seconds`` on every replica (``OrphanRecovery`` does).
+
+        The first replica to ask in a period takes the lease
+        ``<ns>:dlq:{dlq}:lease:cleanup`` (a Lua script; it expires with the
+        period) and cleans up at most 20 batches of ``cleanup_batch_size``;
+        the others skip. Each expired record is reported once, whoever cleans.
+
+        Returns:
+            The records removed and the ids of the pending ones among them
+            (reported expired), or ``None`` when another replica has the lease.
+
+        Raises:
+            ConfigError: ``every_seconds`` is not a number > 0 (at most ten
+                years) or ``holder`` not a string (nothing sent).
+        """
+        return drive(self._ops.cleanup_due_steps(every_seconds, holder), self.store)
 
 
 class AsyncDeadLetterQueue:
@@ -1923,3 +2115,9 @@ class AsyncDeadLetterQueue:
     async def cleanup_expired(self) -> int:
         """See :meth:`DeadLetterQueue.cleanup_expired`."""
         return await adrive(self._ops.cleanup_steps(), self.store)
+
+    async def cleanup_due(
+        self, every_seconds: float, *, holder: str | None = None
+    ) -> CleanupReport | None:
+        """See :meth:`DeadLetterQueue.cleanup_due`."""
+        return await adrive(self._ops.cleanup_due_steps(every_seconds, holder), self.store)

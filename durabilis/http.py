@@ -17,7 +17,8 @@ IETF httpapi draft "The Idempotency-Key HTTP Header Field":
   ``400``; errors are ``application/problem+json`` (RFC 9457).
 
 :class:`OrphanRecovery` runs ``recover_orphans`` periodically (one replica per
-period, through a short lease in Redis) and reports health. ``docs/http.md``
+period, through a short lease in Redis), and the DLQ's expiry cleanup on a
+period of its own (one replica per period too), and reports health. ``docs/http.md``
 has the whole contract.
 """
 
@@ -709,11 +710,19 @@ class OrphanRecovery:
     :meth:`DurableIdempotencyMiddleware.replay_stored` can replay the parked
     record without the client.
 
+    Beside it, on a schedule of its own, the DLQ's expired records are cleaned
+    up (``layer.dlq.cleanup_due``: one replica per period, through the lease
+    ``<ns>:dlq:{dlq}:lease:cleanup``), so a pending record that expires
+    unreplayed is reported (event ``durability_dlq_expired``, an ``expired``
+    log entry, ``DlqStats.expired``) even when nothing new is parked.
+
     Args:
         layer: The layer whose orphans to recover.
         every_seconds: The period (and the lease).
         limit: Most orphans recovered per period.
         holder: The name kept in the lease (default: host and pid).
+        dlq_cleanup_every_seconds: The DLQ cleanup's period (and lease);
+            ``None`` turns it off.
     """
 
     def __init__(
@@ -723,9 +732,18 @@ class OrphanRecovery:
         every_seconds: float = 10.0,
         limit: int = 1000,
         holder: str | None = None,
+        dlq_cleanup_every_seconds: float | None = 60.0,
     ) -> None:
         self.layer = layer
         self.every_seconds = _number("every_seconds", every_seconds, 0.05, 86400.0)
+        self.dlq_cleanup_every_seconds = None if dlq_cleanup_every_seconds is None else (
+            _number("dlq_cleanup_every_seconds", dlq_cleanup_every_seconds, 0.05, 86400.0)
+        )
+        self.cleanup_runs = 0
+        self.cleanup_skipped = 0
+        self.cleanup_removed = 0
+        self.cleanup_expired = 0
+        self.cleanup_error: str | None = None
         self.limit = int(_number("limit", limit, 1, 1_000_000))
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}"
         self.runs = 0
@@ -759,6 +777,29 @@ class OrphanRecovery:
         self.last_run_at = time.time()
         return parked
 
+    async def cleanup_once(self) -> int | None:
+        """Take this period's DLQ cleanup lease and clean up; ``None`` when
+        another replica has it (or the cleanup is turned off).
+
+        Returns:
+            The DLQ records removed (each pending one reported as expired).
+
+        Raises:
+            StorageUnavailable: Redis is down.
+        """
+        if self.dlq_cleanup_every_seconds is None:
+            return None
+        done = await self.layer.dlq.cleanup_due(
+            self.dlq_cleanup_every_seconds, holder=self.holder
+        )
+        if done is None:
+            self.cleanup_skipped += 1
+            return None
+        self.cleanup_runs += 1
+        self.cleanup_removed += done.removed
+        self.cleanup_expired += len(done.expired)
+        return done.removed
+
     def start(self) -> None:
         """Start the periodic task on the running loop (no-op when running, or
         once :meth:`stop` was called: a request after shutdown does not restart it)."""
@@ -778,14 +819,27 @@ class OrphanRecovery:
         await asyncio.gather(task, return_exceptions=True)
 
     async def _loop(self) -> None:
+        clean_every = self.dlq_cleanup_every_seconds
+        next_recover = next_clean = time.monotonic()
         while not self._stopped:  # (stop() stays final should a cancellation be lost)
-            try:
-                await self.run_once()
-                self.last_error = None
-            except Exception as exc:  # Redis down (or a bug): try again next period
-                self.last_error = f"{type(exc).__name__}: {exc}"
-                _log.warning("durability_recovery_failed", error=type(exc).__name__)
-            await asyncio.sleep(self.every_seconds)
+            if time.monotonic() >= next_recover:
+                try:
+                    await self.run_once()
+                    self.last_error = None
+                except Exception as exc:  # Redis down (or a bug): try again next period
+                    self.last_error = f"{type(exc).__name__}: {exc}"
+                    _log.warning("durability_recovery_failed", error=type(exc).__name__)
+                next_recover = time.monotonic() + self.every_seconds
+            if clean_every is not None and time.monotonic() >= next_clean:
+                try:
+                    await self.cleanup_once()
+                    self.cleanup_error = None
+                except Exception as exc:  # the same: next period
+                    self.cleanup_error = f"{type(exc).__name__}: {exc}"
+                    _log.warning("durability_dlq_cleanup_failed", error=type(exc).__name__)
+                next_clean = time.monotonic() + clean_every
+            wake = next_recover if clean_every is None else min(next_recover, next_clean)
+            await asyncio.sleep(max(0.0, wake - time.monotonic()))
 
     async def health(self) -> dict[str, Any]:
         """What a health endpoint shows: this replica's recovery and the fleet's totals.
@@ -793,12 +847,17 @@ class OrphanRecovery:
         ``ok`` is false when the last recovery failed or Redis cannot be read.
         """
         report: dict[str, Any] = {
-            "ok": self.last_error is None,
+            "ok": self.last_error is None and self.cleanup_error is None,
             "recovery": {
                 "running": self._task is not None and not self._task.done(),
                 "every_seconds": self.every_seconds, "runs": self.runs,
                 "skipped": self.skipped, "recovered": self.recovered,
                 "last_run_at": self.last_run_at, "last_error": self.last_error,
+            },
+            "dlq_cleanup": {
+                "every_seconds": self.dlq_cleanup_every_seconds, "runs": self.cleanup_runs,
+                "skipped": self.cleanup_skipped, "removed": self.cleanup_removed,
+                "expired": self.cleanup_expired, "last_error": self.cleanup_error,
             },
         }
         try:

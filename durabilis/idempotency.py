@@ -20,6 +20,7 @@ from typing import Any
 
 from durabilis import _codec
 from durabilis._keys import KeySpace
+from durabilis._limits import MAX_DEDUP_WINDOW_SECONDS, MAX_STORED_BYTES, check_limits
 from durabilis._scripts import ScriptCall
 from durabilis._store import AsyncStore, Store
 from durabilis._validate import positive_number as _positive_number
@@ -43,16 +44,25 @@ __all__ = [
 ]
 
 
-MAX_WINDOW_SECONDS = 10 * 365 * 24 * 3600
-"""Longest dedup window or lease (ten years): beyond it, server-side millisecond
-arithmetic leaves the range Redis and Lua numbers hold exactly."""
+MAX_WINDOW_SECONDS = MAX_DEDUP_WINDOW_SECONDS
+"""Longest dedup window (366 days; the lease: ``MAX_LEASE_SECONDS``, one hour).
+Every maximum lives in :mod:`durabilis._limits` (docs/production.md, Limits)."""
 
-MAX_VALUE_BYTES = 512 * 1024 * 1024
+MAX_VALUE_BYTES = MAX_STORED_BYTES
 """Largest ``max_value_bytes``: what one Redis string can hold."""
 
 
 KEY_SECRET_ENV = "DURABILIS_KEY_SECRET"
 """Environment variable holding the namespace's content-key secret."""
+
+PREVIOUS_KEY_SECRETS_ENV = "DURABILIS_PREVIOUS_KEY_SECRETS"
+"""Environment variable holding the secrets a rotation replaced (comma-separated)."""
+
+MIN_SECRET_CHARS = 16
+"""Shortest content-key secret (current or previous)."""
+
+MAX_PREVIOUS_KEY_SECRETS = 8
+"""Most previous secrets configured at once (each is one more read per claim)."""
 
 RAW_PREFIX = "%raw:"
 """The key space of caller-supplied keys in the layer (content keys never start so)."""
@@ -206,6 +216,13 @@ class IdempotencyConfig:
             ``$DURABILIS_KEY_SECRET`` if set, else none. Every replica of a
             namespace must use the same one (docs/production.md: rotation).
             Never printed (``repr``, ``config check``).
+        previous_key_secrets: Secrets a rotation replaced (each at least 16
+            characters); ``()``: ``$DURABILIS_PREVIOUS_KEY_SECRETS`` (comma-separated)
+            if set, else none. While configured, claims, duplicate checks, DLQ
+            settles and replays recognise an operation completed, in progress or
+            parked under any of them (its content key under each: its aliases).
+            Keep them until the DLQ's longest record TTL has passed since the
+            rotation (docs/production.md, "Rotating the key secret"). Never printed.
     """
 
     enabled: bool = True
@@ -214,13 +231,32 @@ class IdempotencyConfig:
     in_progress_ttl_seconds: float = 30
     max_value_bytes: int = 1024 * 1024
     key_secret: str | None = field(default=None, repr=False)
+    previous_key_secrets: tuple[str, ...] = field(default=(), repr=False)
 
     @property
     def content_key_secret(self) -> str | None:
         """The secret in effect (``key_secret``, else ``$DURABILIS_KEY_SECRET``)."""
         return self.key_secret or os.environ.get(KEY_SECRET_ENV) or None
 
+    @property
+    def content_key_previous_secrets(self) -> tuple[str, ...]:
+        """The previous secrets in effect (``previous_key_secrets``, else
+        ``$DURABILIS_PREVIOUS_KEY_SECRETS``), without the current one or repeats.
+
+        Raises:
+            ConfigError: A secret from the environment shorter than 16 characters.
+        """
+        found = self.previous_key_secrets
+        if not found:
+            text = os.environ.get(PREVIOUS_KEY_SECRETS_ENV) or ""
+            found = tuple(part.strip() for part in text.split(",") if part.strip())
+            _check_secrets(found)
+        current = self.content_key_secret
+        return tuple(dict.fromkeys(s for s in found if s != current))
+
     def __post_init__(self) -> None:
+        if isinstance(self.previous_key_secrets, list):  # (TOML gives an array)
+            object.__setattr__(self, "previous_key_secrets", tuple(self.previous_key_secrets))
         self.validate()
 
     def validate(self) -> None:
@@ -231,20 +267,43 @@ class IdempotencyConfig:
         _positive_number("max_key_length", self.max_key_length, integer=True)
         _positive_number("in_progress_ttl_seconds", self.in_progress_ttl_seconds)
         _positive_number("max_value_bytes", self.max_value_bytes, integer=True)
+        check_limits(self)  # every maximum: durabilis._limits
         for name in ("dedup_window_seconds", "in_progress_ttl_seconds"):
             value = getattr(self, name)
             if value * 1000 < 1:
                 raise ConfigError(name, f"must be at least 1 ms, got {value!r}")
             if value > MAX_WINDOW_SECONDS:
-                raise ConfigError(name, f"must be at most {MAX_WINDOW_SECONDS} (ten years)")
+                raise ConfigError(name, f"must be at most {MAX_WINDOW_SECONDS}")
         if self.max_value_bytes > MAX_VALUE_BYTES:
             raise ConfigError(
                 "max_value_bytes", f"must be at most {MAX_VALUE_BYTES} (a Redis string's limit)"
             )
         if self.key_secret is not None and (
-            not isinstance(self.key_secret, str) or len(self.key_secret) < 16
+            not isinstance(self.key_secret, str) or len(self.key_secret) < MIN_SECRET_CHARS
         ):
             raise ConfigError("key_secret", "must be a string of at least 16 characters, or None")
+        _check_secrets(self.previous_key_secrets)
+
+
+def _check_secrets(secrets: Any) -> None:
+    """``previous_key_secrets``: a tuple of strings of at least 16 characters each
+    (never quoting one: the message may be logged)."""
+    if not isinstance(secrets, tuple):
+        raise ConfigError(
+            "previous_key_secrets",
+            f"must be a list of strings, got {type(secrets).__name__}",
+        )
+    if len(secrets) > MAX_PREVIOUS_KEY_SECRETS:
+        raise ConfigError(
+            "previous_key_secrets",
+            f"must hold at most {MAX_PREVIOUS_KEY_SECRETS} secrets, got {len(secrets)}",
+        )
+    for i, secret in enumerate(secrets):
+        if not isinstance(secret, str) or len(secret) < MIN_SECRET_CHARS:
+            raise ConfigError(
+                "previous_key_secrets",
+                f"entry {i} must be a string of at least {MIN_SECRET_CHARS} characters",
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,7 +316,9 @@ class New:
             successive claims of one key increase.
         claimed_at: When the claim was made (Redis server clock, UTC).
         dedup_window_expires_at: When the dedup window of this claim ends.
-        taken_over: The key was held by a dead owner whose lease expired.
+        taken_over: An earlier run may have had its effect: the key was held
+            by a dead owner whose lease expired, or its last claim was given
+            back after a run interrupted once the operation had started.
     """
 
     token: str | None
@@ -419,19 +480,22 @@ class _IdemOps:
 
     def release(
         self, key: IdempotencyKey, token: str | None, nonce: str = "", *,
-        keep_taken: bool = False, hold_ms: int = 0,
+        keep_taken: bool = False, hold_ms: int = 0, touched: bool = False,
     ) -> ScriptCall:
         """The ``idem_release`` call: by the claim's token, or by its nonce.
 
         ``keep_taken``: a claim taken over from a dead owner is not released
         (reply 2): its operation may have run, the caller parks it.
         ``hold_ms``: keep the tombstone at least this long (a parked operation).
+        ``touched``: ``fn`` had started (an interrupted run, a dead worker's
+        claim): the next claim is told an earlier run may have had its effect.
         """
         if token or not nonce:
             _check_token(token)
         return ScriptCall(
             "idem_release", [self.keys.idem(key.value)],
-            [token or "", nonce, "1" if keep_taken else "", hold_ms or ""],
+            [token or "", nonce, "1" if keep_taken else "", hold_ms or "",
+             "1" if touched else ""],
         )
 
     def tombstone(self, key: IdempotencyKey, hold_ms: int) -> ScriptCall:
@@ -456,8 +520,17 @@ class _IdemOps:
         """The ``idem_reclaim`` call taking an orphaned claim over for recovery."""
         return ScriptCall("idem_reclaim", [self.keys.idem(key)], [lease_ms, nonce])
 
-    def check(self, key: IdempotencyKey) -> ScriptCall:
-        return ScriptCall("idem_check", [self.keys.idem(key.value)], [])
+    def check(self, key: IdempotencyKey, *, tombstones: bool = False) -> ScriptCall:
+        """The ``idem_check`` call; ``tombstones``: a released claim answers ``{"x"}``
+        (see :meth:`decode_alias`), not ``{"none"}``."""
+        return ScriptCall("idem_check", [self.keys.idem(key.value)], ["x"] if tombstones else [])
+
+    def decode_alias(self, key: IdempotencyKey, reply: Any) -> Duplicate | bool:
+        """A ``check(key, tombstones=True)`` reply: the record as a :class:`Duplicate`,
+        ``True`` for a released claim's tombstone, ``False`` for none."""
+        if _tag(reply, self.keys.idem(key.value)) == "x":
+            return True
+        return self.decode_check(key, reply) or False
 
     def decode_check(self, key: IdempotencyKey, reply: Any) -> Duplicate | None:
         rkey = self.keys.idem(key.value)

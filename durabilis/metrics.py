@@ -104,6 +104,8 @@ class DurabilisMetrics:
     ``durabilis_circuit_transitions`` (dependency, to_state),
     ``durabilis_checkpoint_saves``, ``durabilis_dlq_enqueued`` (operation_type),
     ``durabilis_dlq_replays`` (operation_type, outcome), ``durabilis_dlq_abandoned``,
+    ``durabilis_dlq_expired`` (operation_type: pending records this process's
+    cleanups reported expired unreplayed),
     ``durabilis_orphans_recovered`` (operation_type), ``durabilis_config_reloads``.
 
     Args:
@@ -153,6 +155,10 @@ class DurabilisMetrics:
             ("operation_type", "outcome"),
         )
         self.dlq_abandoned = counter("durabilis_dlq_abandoned", "DLQ records abandoned")
+        self.dlq_expired = counter(
+            "durabilis_dlq_expired", "Pending DLQ records that expired unreplayed, reported by "
+            "this process's cleanups", ("operation_type",),
+        )
         self.orphans_recovered = counter(
             "durabilis_orphans_recovered", "Operations of dead workers moved to the DLQ",
             ("operation_type",),
@@ -190,6 +196,8 @@ class DurabilisMetrics:
             self.dlq_replays.labels(op, _DLQ_REPLAY_EVENTS[name]).inc()
         elif name == "durability_dlq_abandoned":
             self.dlq_abandoned.inc()
+        elif name == "durability_dlq_expired":
+            self.dlq_expired.labels(op).inc()
         elif name == "durability_orphan_recovered":
             self.orphans_recovered.labels(op).inc()
         elif name == "durability_config_reloaded":
@@ -219,7 +227,8 @@ class DurabilisCollector(Collector):
 
     Gauges: ``durabilis_up`` (1 when Redis answered), ``durabilis_dlq_records``
     (status, operation_type), ``durabilis_dlq_oldest_pending_age_seconds``,
-    ``durabilis_dlq_expired_awaiting_cleanup``, ``durabilis_dlq_stats_exact``
+    ``durabilis_dlq_expired_awaiting_cleanup``, ``durabilis_dlq_expired_records``
+    (operation_type), ``durabilis_dlq_stats_exact``
     (0 when the expired backlog exceeded ``DlqConfig.stats_scan_limit``: the DLQ
     gauges are then upper bounds, see :class:`~durabilis.dlq.DlqStats`),
     ``durabilis_breaker_state`` (dependency; 0 closed, 1 half open, 2 open),
@@ -318,6 +327,18 @@ class DurabilisCollector(Collector):
         )
         expired.add_metric([], float(stats.expired_awaiting_cleanup))
         yield expired
+        lapsed = GaugeMetricFamily(
+            "durabilis_dlq_expired_records",
+            "Pending DLQ records that expired unreplayed (DlqStats.expired)",
+            labels=["operation_type"],
+        )
+        lapsed_rows: dict[str, int] = {}
+        for op_type, n in sorted(stats.expired_by_operation_type.items()):
+            label = self.operation_label(op_type)
+            lapsed_rows[label] = lapsed_rows.get(label, 0) + n
+        for label, n in sorted(lapsed_rows.items()):
+            lapsed.add_metric([label], float(n))
+        yield lapsed
         exact = GaugeMetricFamily(
             "durabilis_dlq_stats_exact",
             "0 when the expired backlog exceeded stats_scan_limit: DLQ gauges are upper bounds",
@@ -355,7 +376,7 @@ class DurabilisCollector(Collector):
         ops = CounterMetricFamily(
             "durabilis_operations", "The layer's fleet-wide totals", labels=["outcome"]
         )
-        for outcome in ("started", "succeeded", "duplicates", "retries", "parked",
+        for outcome in ("started", "succeeded", "duplicates", "retries", "parked", "parkings",
                         "non_retryable", "recovered"):
             ops.add_metric([outcome], float(getattr(totals, outcome)))
         yield ops

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -28,6 +27,7 @@ from typing import Any, TypeVar, cast
 
 from durabilis import _codec
 from durabilis._keys import KeySpace
+from durabilis._limits import MAX_RETRY_DEADLINE_MS
 from durabilis._log import get_logger
 from durabilis._retry_core import (
     DEADLINE_EXCEEDED,
@@ -78,9 +78,6 @@ T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
 _log = get_logger()
-
-_BUCKETS = 10
-"""Buckets per budget window: an event counts for 90-100 % of the window."""
 
 
 def gateway_policies() -> list[RetryPolicy]:
@@ -161,15 +158,14 @@ class _BudgetOps:
         self.keys = keys
 
     def _call(self, mode: str, operation_type: str, budget: RetryBudget) -> ScriptCall:
-        window_ms = max(1, round(budget.window_seconds * 1000))
-        bucket_ms = max(1, round(window_ms / _BUCKETS))
+        # The script applies this setting AND every other one used on the
+        # operation type within its window (the strictest binds: docs/retry.md).
         return ScriptCall(
             "retry_budget",
             [self.keys.retry_budget(operation_type)],
             [
                 mode,
-                bucket_ms,
-                math.ceil(window_ms / bucket_ms),
+                max(10, round(budget.window_seconds * 1000)),
                 round(budget.ratio * 1_000_000),
                 budget.min_retries,
             ],
@@ -268,10 +264,12 @@ def _deadline(deadline_seconds: float | None) -> None:
     if deadline_seconds is not None and (
         isinstance(deadline_seconds, bool)
         or not isinstance(deadline_seconds, (int, float))
-        or not deadline_seconds > 0
+        or not 0 < deadline_seconds <= MAX_RETRY_DEADLINE_MS / 1000
     ):
         raise ConfigError(
-            "deadline_seconds", f"must be a positive number or None, got {deadline_seconds!r}"
+            "deadline_seconds",
+            f"must be a positive number of seconds, at most {MAX_RETRY_DEADLINE_MS // 1000} "
+            f"(one day), or None, got {deadline_seconds!r}",
         )
 
 

@@ -7,15 +7,23 @@ ANY task in the same step. Nothing is written unless the whole save succeeds.
 
 The lineage cap bounds the records one task keeps (live current + live
 replaced): when this save would take the task over max_lineage, the task's
-replaced records that expire first (with one TTL: the oldest) are deleted in
-the same step, at most LINEAGE_TRIM per save (bounded work; a task over the cap
-by more, e.g. after the cap was lowered, shrinks by that much per save). A
+replaced records (superseded saves of a phase) that expire first (with one
+TTL: the oldest) are deleted in the same step, at most LINEAGE_TRIM per save
+(bounded work; a task over the cap by more, e.g. after the cap was lowered,
+shrinks by that much per save). Current checkpoints are never deleted. A
 rewind's source is never one of them, and the record this save replaces only
-when no other replaced record is left. They are spliced out of the lineage: a
-declared record of the task (or the new one) whose parent is deleted gets the
-deleted record's parent. Their record keys must be declared too:
-the caller passes the ids it expects (bare ids, ARGV[13..], one record key
-each); when the real victims are not among them the script writes nothing and
+when no other replaced record is left. They are spliced out of the lineage:
+EVERY child of a deleted record (a current checkpoint, a replaced one, a fork
+copy in another task; the new record too) gets the deleted record's parent, so
+no lineage ends at a trimmed record. Children are found in the namespace's
+children index (KEYS[8]: parent id -> its children's ids, written by the save
+that creates the child); the index entry of a parent lives until the parent's
+expiry (KEYS[9]), and is swept after it (at most SWEEP per save). A record
+with more than CHILD_MAX children is never deleted by the cap (bounded work),
+and one save relinks at most CHILD_BUDGET children in all.
+The records deleted and their children must be declared: the caller passes the
+ids it expects (bare ids, ARGV[13..], one record key each); when the real
+victims or their children are not among them the script writes nothing and
 answers "miss" with the ids to pass next time. Each "ok" reply names the ids
 the task's next save will need (with LINEAGE_SLACK more), so a task saved in a
 loop by one process needs one round trip per save.
@@ -34,7 +42,9 @@ KEYS[4]  live                       (zset member -> expires ms; current checkpoi
 KEYS[5]  order                      (zset member -> sequence; current checkpoints)
 KEYS[6]  seq                        (string counter: fleet-wide creation order)
 KEYS[7]  source record hash         (fork/rewind; any key otherwise, unused)
-KEYS[8..] per candidate, in ARGV order: an eviction candidate's record hash
+KEYS[8]  children                   (hash parent id -> "child id child id ..." space-separated)
+KEYS[9]  children expiry            (zset parent id -> the parent's expiry ms: when its entry goes)
+KEYS[10..] per candidate, in ARGV order: an eviction candidate's record hash
           and its task's current index (two keys), a lineage candidate's record
           hash (one key)
 ARGV[1]  id                         new checkpoint id (no ":")
@@ -52,7 +62,8 @@ ARGV[10] mode                       "save" | "fork" | "rewind"
 ARGV[11] source_id                  fork/rewind source id
 ARGV[12] hint_n                     how many next-eviction candidates to return
 ARGV[13..] candidates: eviction candidate members ("<id>:<task>") and
-          lineage candidate ids (bare ids: ids never hold ":"), in any order
+          lineage candidate ids (bare ids: ids never hold ":"; the records the
+          lineage cap deletes and their children), in any order
 
 Returns one of
   {"ok", id, created_ms, expires_ms, parent ("" = none), agent, phase,
@@ -69,12 +80,16 @@ Record fields: t task, a agent, p phase, s state, c created ms, e expires ms,
 q sequence, pa parent id (absent = none).
 ]]
 local rec, cur, old, live, order, seqk, src = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local kids, kidsx = KEYS[8], KEYS[9]
 local id, task, agent, phase, state = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local ttl = tonumber(ARGV[6])
 local max, max_lineage = string.match(ARGV[7], "^(%d+)|(%d+)$")
 max, max_lineage = tonumber(max), tonumber(max_lineage)
 -- Lineage records deleted at most per save, and extra ids in each lineage hint.
 local LINEAGE_TRIM, LINEAGE_SLACK = 32, 2
+-- Children relinked per save at most; a record with more is kept; index
+-- entries of expired parents swept per save.
+local CHILD_BUDGET, CHILD_MAX, SWEEP = 64, 64, 64
 local check, expected = ARGV[8] == "1", ARGV[9]
 local mode, source_id = ARGV[10], ARGV[11]
 local hint_n = tonumber(ARGV[12])
@@ -82,7 +97,8 @@ local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 local function kind(k) return redis.call("TYPE", k)["ok"] end
-for _, spec in ipairs({{cur, "hash"}, {old, "zset"}, {live, "zset"}, {order, "zset"}, {seqk, "string"}}) do
+for _, spec in ipairs({{cur, "hash"}, {old, "zset"}, {live, "zset"}, {order, "zset"}, {seqk, "string"},
+                       {kids, "hash"}, {kidsx, "zset"}}) do
   local ty = kind(spec[1])
   if ty ~= "none" and ty ~= spec[2] then
     return {"corrupt", spec[1], "a " .. ty .. " where a checkpoint " .. spec[2] .. " belongs"}
@@ -104,6 +120,7 @@ end
 -- refusal must leave nothing written (see ready() in durabilis/_scripts.py).
 -- Housekeeping found on the way is done after ready().
 local stale_fields = {}
+local source_exp = nil
 
 if mode ~= "save" then
   local ty = kind(src)
@@ -118,6 +135,7 @@ if mode ~= "save" then
   if tonumber(f[5]) <= now then return {"notfound"} end
   if mode == "rewind" and f[1] ~= task then return {"notfound"} end
   agent, phase, state = f[2], f[3], f[4]
+  source_exp = tonumber(f[5])
 end
 
 -- Same escaping as durabilis._keys.escape_part: the agent part never holds ":".
@@ -140,6 +158,8 @@ for i = 1, #entries, 2 do
     stale_fields[#stale_fields + 1] = f
   end
 end
+
+local latest_exp = latest and tonumber(redis.call("ZSCORE", live, latest .. ":" .. task))
 
 if check and (latest or "") ~= expected then
   return {"conflict", latest or ""}
@@ -170,7 +190,7 @@ end
 
 -- The candidates the caller declared: members (two keys each) and ids (one key).
 local cand, lcand, lids = {}, {}, {}
-local ki = 8
+local ki = 10
 for i = 13, #ARGV do
   if string.find(ARGV[i], ":", 1, true) then
     cand[ARGV[i]] = ki
@@ -200,38 +220,76 @@ if excess > 0 then
   end
 end
 
--- The `want` replaced records of the task the lineage cap deletes first: the
--- live ones that expire first, never a rewind's source; the one this save
--- replaces only when no other is left (`with_replaced`).
-local skip = ""
+local skip = ""  -- a fork's or rewind's source is never deleted by the lineage cap
 if mode ~= "save" then skip = source_id end
-local function lineage_oldest(want, with_replaced)
-  local out = {}
-  local ids = redis.call("ZRANGEBYSCORE", old, "(" .. now, "+inf", "LIMIT", 0, want + 1)
-  for _, cid in ipairs(ids) do
-    if #out >= want then break end
-    if string.find(cid, ":", 1, true) then
-      return nil, cid
-    end
-    if cid ~= skip then out[#out + 1] = cid end
-  end
-  if with_replaced and #out < want then out[#out + 1] = replaced end
+
+-- The children index: a parent's children, as listed (space-separated ids).
+local function children_of(cid)
+  local out, v = {}, redis.call("HGET", kids, cid)
+  if v then for c in string.gmatch(v, "%S+") do out[#out + 1] = c end end
   return out
+end
+
+-- The `want` replaced records of the task the lineage cap deletes first: the
+-- live ones that expire first, never a rewind's source nor a record with more
+-- than CHILD_MAX children; the one this save replaces only when no other is
+-- left (`with_replaced`). Stops early rather than relink more than
+-- CHILD_BUDGET children. Returns the records, their children, and the ids a
+-- save deleting them must declare (both, each once); or nil and a bad member.
+local function lineage_oldest(want, with_replaced)
+  local out, children, declare, seen = {}, {}, {}, {}
+  local budget = CHILD_BUDGET
+  local function add(cid)
+    if not seen[cid] then
+      seen[cid] = true
+      declare[#declare + 1] = cid
+    end
+  end
+  local function take(cid)  -- false: stop here
+    local ch = children_of(cid)
+    if #ch > CHILD_MAX then return true end
+    if #ch > budget then return false end
+    budget = budget - #ch
+    out[#out + 1] = cid
+    add(cid)
+    for _, c in ipairs(ch) do
+      children[#children + 1] = c
+      add(c)
+    end
+    return true
+  end
+  local start, page = 0, 64
+  local going = true
+  while going and #out < want and start < want + CHILD_MAX + page do
+    local ids = redis.call("ZRANGEBYSCORE", old, "(" .. now, "+inf", "LIMIT", start, page)
+    for _, cid in ipairs(ids) do
+      if #out >= want then break end
+      if string.find(cid, ":", 1, true) then return nil, cid end
+      if cid ~= skip and cid ~= replaced and not take(cid) then going = false; break end
+    end
+    if #ids < page then break end
+    start = start + page
+  end
+  if going and with_replaced and #out < want and replaced ~= skip then take(replaced) end
+  return out, children, declare
 end
 
 -- The task's records once this save is done, before the lineage cap.
 local lineage_total = 0
-local lineage_victims = {}
+local lineage_victims, lineage_children = {}, {}
 if max_lineage > 0 then
   lineage_total = live_current + 1 - evicted_here + redis.call("ZCOUNT", old, "(" .. now, "+inf")
   local want = math.min(lineage_total - max_lineage, LINEAGE_TRIM)
   if want > 0 then
-    local bad
-    lineage_victims, bad = lineage_oldest(want, replaced ~= nil)
-    if not lineage_victims then
-      return {"corrupt", old, "member " .. bad .. " is not a checkpoint id"}
+    local victims_or_nil, children_or_bad = lineage_oldest(want, replaced ~= nil)
+    if not victims_or_nil then
+      return {"corrupt", old, "member " .. children_or_bad .. " is not a checkpoint id"}
     end
+    lineage_victims, lineage_children = victims_or_nil, children_or_bad
     for _, cid in ipairs(lineage_victims) do
+      if not lcand[cid] then missed = true end
+    end
+    for _, cid in ipairs(lineage_children) do
       if not lcand[cid] then missed = true end
     end
   end
@@ -242,42 +300,73 @@ if missed then
   if excess > 0 then members = oldest(excess + hint_n, replaced_member) end
   local ids = {}
   if #lineage_victims > 0 then
-    ids = lineage_oldest(#lineage_victims + LINEAGE_SLACK, replaced ~= nil) or lineage_victims
+    local _, _, declare = lineage_oldest(#lineage_victims + LINEAGE_SLACK, replaced ~= nil)
+    ids = declare or lineage_victims
   end
   return {"miss", members, ids}
 end
 
 -- Deleted records are spliced out of the lineage, so it skips them instead of
--- ending there: a declared record of the task whose parent is deleted gets
--- the deleted record's parent (so does the new record). Only the declared
--- records can be relinked (the hint carries the next oldest ones too); a
--- child not among them keeps its parent and its lineage ends there.
-local relink, relink_ids = {}, {}
-if #lineage_victims > 0 then
-  local parent_of = {}
-  for _, cid in ipairs(lids) do
-    local f = redis.pcall("HMGET", KEYS[lcand[cid]], "t", "pa")
-    if type(f) == "table" and not f.err and f[1] == task then parent_of[cid] = f[2] or "" end
-  end
-  local gone = {}
-  for _, v in ipairs(lineage_victims) do gone[v] = true end
-  for _, v in ipairs(lineage_victims) do
-    local up = parent_of[v]
-    if up then
-      for _, cid in ipairs(lids) do
-        if parent_of[cid] == v then
-          parent_of[cid] = up
-          if not gone[cid] then
-            if relink[cid] == nil then relink_ids[#relink_ids + 1] = cid end
-            relink[cid] = up
-          end
-        end
-      end
-      if parent == v then parent = up end
+-- ending there: every child of a deleted record (from the children index,
+-- declared above) gets the deleted record's parent, and moves to that
+-- parent's children; so does the new record. A child whose record is gone is
+-- dropped from the index.
+local pa_of = {}        -- declared record id -> parent ("" = none), false = no record
+local function pa(cid)
+  if pa_of[cid] == nil then
+    local k = KEYS[lcand[cid]]
+    if kind(k) == "hash" then
+      pa_of[cid] = redis.call("HGET", k, "pa") or ""
+    else
+      pa_of[cid] = false
     end
   end
+  return pa_of[cid]
 end
-
+local kid_lists, kid_dirty, kid_dirty_ids = {}, {}, {}
+local function klist(cid)
+  if kid_lists[cid] == nil then kid_lists[cid] = children_of(cid) end
+  return kid_lists[cid]
+end
+local function touch(cid)
+  if not kid_dirty[cid] then
+    kid_dirty[cid] = true
+    kid_dirty_ids[#kid_dirty_ids + 1] = cid
+  end
+end
+local function list_add(p, c)
+  local l = klist(p)
+  for _, x in ipairs(l) do if x == c then return end end
+  l[#l + 1] = c
+  touch(p)
+end
+local function list_remove(p, c)
+  local l, keep = klist(p), {}
+  for _, x in ipairs(l) do if x ~= c then keep[#keep + 1] = x end end
+  kid_lists[p] = keep
+  touch(p)
+end
+local relinked, relink_ids = {}, {}
+local gone = {}
+for _, v in ipairs(lineage_victims) do gone[v] = true end
+for _, v in ipairs(lineage_victims) do
+  local up = pa(v)
+  for _, c in ipairs(klist(v)) do
+    local cp = pa(c)
+    if cp == v and up ~= false then
+      pa_of[c] = up
+      if not relinked[c] then
+        relinked[c] = true
+        relink_ids[#relink_ids + 1] = c
+      end
+      if up ~= "" then list_add(up, c) end
+    end
+  end
+  if up and up ~= "" then list_remove(up, v) end
+  kid_lists[v] = {}
+  touch(v)
+  if parent == v then parent = up or "" end
+end
 ready()
 -- Entries whose record expired are dropped here (bounded; the rest are
 -- skipped by every reader and dropped by later calls).
@@ -287,6 +376,12 @@ if #dead > 0 then
   redis.call("ZREM", order, unpack(dead))
 end
 redis.call("ZREMRANGEBYSCORE", old, "-inf", now)
+-- Children-index entries of parents that expired (bounded; the rest next time).
+local swept = redis.call("ZRANGEBYSCORE", kidsx, "-inf", now, "LIMIT", 0, SWEEP)
+if #swept > 0 then
+  redis.call("HDEL", kids, unpack(swept))
+  redis.call("ZREM", kidsx, unpack(swept))
+end
 if #stale_fields > 0 then redis.call("HDEL", cur, unpack(stale_fields)) end
 
 if excess > 0 then
@@ -316,10 +411,12 @@ for _, cid in ipairs(lineage_victims) do
   end
 end
 for _, cid in ipairs(relink_ids) do
-  if relink[cid] == "" then
-    redis.call("HDEL", KEYS[lcand[cid]], "pa")
-  else
-    redis.call("HSET", KEYS[lcand[cid]], "pa", relink[cid])
+  if not gone[cid] then
+    if pa_of[cid] == "" then
+      redis.call("HDEL", KEYS[lcand[cid]], "pa")
+    else
+      redis.call("HSET", KEYS[lcand[cid]], "pa", pa_of[cid])
+    end
   end
 end
 
@@ -335,6 +432,33 @@ local exp = now + ttl
 redis.call("HSET", rec, "t", task, "a", agent, "p", phase, "s", state, "c", now, "e", exp, "q", seq)
 if parent ~= "" then redis.call("HSET", rec, "pa", parent) end
 redis.call("PEXPIREAT", rec, exp)
+
+-- The new record is its parent's child; the entry lives while the parent does.
+local parent_exp = nil
+if parent ~= "" then
+  list_add(parent, id)
+  if parent == latest then
+    parent_exp = latest_exp
+  elseif mode ~= "save" and parent == source_id then
+    parent_exp = source_exp
+  end
+end
+for _, cid in ipairs(kid_dirty_ids) do
+  local l = kid_lists[cid]
+  if gone[cid] or #l == 0 then
+    redis.call("HDEL", kids, cid)
+    redis.call("ZREM", kidsx, cid)
+  else
+    -- drop children whose record is known to be gone
+    local keep = {}
+    for _, c in ipairs(l) do if pa_of[c] ~= false then keep[#keep + 1] = c end end
+    redis.call("HSET", kids, cid, table.concat(keep, " "))
+    local known = tonumber(redis.call("ZSCORE", kidsx, cid))
+    local want_exp = known or exp
+    if cid == parent and parent_exp and parent_exp > want_exp then want_exp = parent_exp end
+    if known ~= want_exp then redis.call("ZADD", kidsx, want_exp, cid) end
+  end
+end
 redis.call("ZADD", live, exp, self_member)
 redis.call("ZADD", order, seq, self_member)
 redis.call("HSET", cur, field, id)
@@ -345,15 +469,16 @@ local function extend(k)
   if p == -2 then return end
   if p == -1 or now + p < exp then redis.call("PEXPIREAT", k, exp) end
 end
-for _, k in ipairs({cur, old, live, order, seqk}) do extend(k) end
+for _, k in ipairs({cur, old, live, order, seqk, kids, kidsx}) do extend(k) end
 
 -- The lineage ids the task's next save will need (each save adds one record).
 local lineage_hint = {}
 if max_lineage > 0 then
   local need = math.min(lineage_total - #lineage_victims + 1 - max_lineage, LINEAGE_TRIM)
   if need > 0 then
-    lineage_hint = redis.call("ZRANGEBYSCORE", old, "(" .. now, "+inf",
-      "LIMIT", 0, need + LINEAGE_SLACK)
+    replaced = nil  -- (the next save's own replaced record is not known here)
+    local _, _, declare = lineage_oldest(need + LINEAGE_SLACK, false)
+    lineage_hint = declare or {}
   end
 end
 

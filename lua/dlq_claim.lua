@@ -13,11 +13,18 @@ ARGV[3]  nonce                      (optional) this claim's own random id, kept 
                                     token's last part: a claim sent again after a lost
                                     reply that finds its own earlier try holding the
                                     record gets that claim back ("ok", same token)
+ARGV[4]  stream id                  (optional) the record's stream entry, as its
+                                    pending-index member names it (a replay pass): a
+                                    record gone while that entry is still there
+                                    expired unreplayed, awaiting cleanup ("expired")
+ARGV[5]  dlq_id                     (with ARGV[4]) the id that entry must name
 
 Returns one of
   {"ok", token, taken_over (0|1), record hash as a flat field/value list,
    stream entry as a flat field/value list}
   {"none"}                          no live record (unknown id or expired)
+  {"expired"}                       (with ARGV[4]) the record expired while pending and
+                                    its cleanup has not run yet (it reports it)
   {"final", status}                 already replayed or abandoned
   {"busy", owner, claim_expires_ms} another replayer holds a live claim
   {"corrupt", key, detail}
@@ -31,12 +38,26 @@ local S, H = KEYS[1], KEYS[2]
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-local kind = redis.call("TYPE", S)["ok"]
-if kind ~= "none" and kind ~= "stream" then
-  return {"corrupt", S, "a " .. kind .. " where the DLQ keeps a stream"}
+local skind = redis.call("TYPE", S)["ok"]
+if skind ~= "none" and skind ~= "stream" then
+  return {"corrupt", S, "a " .. skind .. " where the DLQ keeps a stream"}
 end
-kind = redis.call("TYPE", H)["ok"]
-if kind == "none" then return {"none"} end
+-- A pending record whose TTL passed: its hash is gone (or going), its stream
+-- entry stays until the cleanup that reports it.
+local function gone()
+  local sid = ARGV[4] or ""
+  if sid ~= "" and skind == "stream" then
+    local e = redis.call("XRANGE", S, sid, sid)[1]
+    if e then
+      for i = 1, #e[2], 2 do
+        if e[2][i] == "dlq_id" and e[2][i + 1] == ARGV[5] then return {"expired"} end
+      end
+    end
+  end
+  return {"none"}
+end
+local kind = redis.call("TYPE", H)["ok"]
+if kind == "none" then return gone() end
 if kind ~= "hash" then
   return {"corrupt", H, "a " .. kind .. " where a DLQ record (hash) belongs"}
 end
@@ -47,7 +68,10 @@ local nonce = ARGV[3] or ""
 if (st ~= "pending" and st ~= "replayed" and st ~= "abandoned") or not exp or not sid then
   return {"corrupt", H, "record hash without a valid status, expiry or stream id"}
 end
-if exp <= now then return {"none"} end
+if exp <= now then
+  if st == "pending" then return gone() end
+  return {"none"}
+end
 if st ~= "pending" then return {"final", st} end
 local mine = co and ce and ce > now and nonce ~= "" and ct
   and string.sub(ct, -(#nonce + 1)) == "-" .. nonce

@@ -7,21 +7,40 @@ no longer in the index (another cleaner got there first) is skipped. A
 record hash is deleted only if it still belongs to that member (same stream
 id): a caller-chosen dlq_id may have been enqueued again since.
 
+NOTHING LEAVES SILENTLY. A removed record that was still PENDING expired
+unreplayed: it is reported, exactly once (the member's ZREM decides who
+reports it, whatever the number of cleaners): an "expired" entry in the log
+stream (dlq_id, operation_type, idempotency_key and agent_id, read from its
+stream entry before the entry goes), the count "expired|<op>" in the counts
+hash (kept at least ARGV[1] ms from now), its by-key entry dropped (when it
+still names this record), and the record in the reply, so the caller logs
+the event. Work per call is bounded by the number of members given.
+
 KEYS[1]  stream                     (<ns>:dlq:{dlq}:stream)
 KEYS[2]  expiry index, zset         score expires_ms, member "<sid>|<dlq_id>|<p|r|a>|<op>"
 KEYS[3]  pending index, lex zset
 KEYS[4]  pending-by-op, lex zset
-KEYS[5]  counts hash
-KEYS[5+i] the record hash of ARGV[i]
-ARGV[i]  expiry-index member (from dlq_expired)
+KEYS[5]  counts hash                field "<status>|<op>" -> live records, "expired|<op>"
+                                    -> pending records reported expired
+KEYS[6]  by-key hash                merge key -> dlq_id of its current record
+KEYS[7]  log stream                 (<ns>:dlq:{dlq}:log), capped
+KEYS[7+i] the record hash of ARGV[1+i]
+ARGV[1]  keep_ms                    the counts hash and log stream live at least this
+                                    long after a report, in milliseconds (the DLQ's TTL)
+ARGV[1+i] expiry-index member (from dlq_expired)
 
-Returns {"ok", removed} or {"corrupt", key, detail}.
+Returns {"ok", removed, expired} or {"corrupt", key, detail}; expired is a flat
+list dlq_id, operation type, idempotency key ("" = none), agent_id per pending
+record reported.
 ]]
-local S, E, P, PO, C = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local S, E, P, PO, C, BK, LOG = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local keep_ms = tonumber(ARGV[1]) or 86400000
+local LOG_MAX = 10000
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-local checks = {S, "stream", E, "zset", P, "zset", PO, "zset", C, "hash"}
+local checks = {S, "stream", E, "zset", P, "zset", PO, "zset", C, "hash", BK, "hash",
+                LOG, "stream"}
 for i = 1, #checks, 2 do
   local kind = redis.call("TYPE", checks[i])["ok"]
   if kind ~= "none" and kind ~= checks[i + 1] then
@@ -38,14 +57,34 @@ local function bump(field, by)
 end
 local STATUS = {p = "pending", r = "replayed", a = "abandoned"}
 
+-- (the same report as dlq_enqueue.lua's purge)
+local expired = {}
+local function report_expired(sid, rid, rop)
+  local ik, agent = "", ""
+  local e = redis.call("XRANGE", S, sid, sid)[1]
+  if e then
+    for i = 1, #e[2], 2 do
+      if e[2][i] == "meta:idempotency_key" then ik = e[2][i + 1] end
+      if e[2][i] == "agent_id" then agent = e[2][i + 1] end
+    end
+  end
+  if ik ~= "" and redis.call("HGET", BK, ik) == rid then redis.call("HDEL", BK, ik) end
+  redis.call("XADD", LOG, "MAXLEN", "~", LOG_MAX, "*", "dlq_id", rid, "change", "expired",
+    "operation_type", rop, "idempotency_key", ik, "agent_id", agent)
+  redis.call("HINCRBY", C, "expired|" .. rop, 1)
+  for _, v in ipairs({rid, rop, ik, agent}) do expired[#expired + 1] = v end
+end
+
 local removed = 0
-for i, member in ipairs(ARGV) do
+for i = 2, #ARGV do
+  local member = ARGV[i]
   local score = tonumber(redis.call("ZSCORE", E, member))
   if score and score <= now then
     redis.call("ZREM", E, member)
     removed = removed + 1
     local sid, rid, code, rop = string.match(member, "^(%d+%-%d+)|([^|]+)|([pra])|(.*)$")
     if sid then
+      if code == "p" then report_expired(sid, rid, rop) end
       redis.call("XDEL", S, sid)
       if code == "p" then
         local pm = sortkey(sid) .. "|" .. rid
@@ -53,11 +92,19 @@ for i, member in ipairs(ARGV) do
         redis.call("ZREM", PO, rop .. "\0" .. pm)
       end
       bump(STATUS[code] .. "|" .. rop, -1)
-      local H = KEYS[5 + i]
+      local H = KEYS[6 + i]
       if redis.call("TYPE", H)["ok"] == "hash" and redis.call("HGET", H, "sid") == sid then
         redis.call("DEL", H)
       end
     end
   end
 end
-return {"ok", removed}
+if #expired > 0 then
+  for _, key in ipairs({C, LOG}) do
+    local pttl = redis.call("PTTL", key)
+    if pttl == -1 or (pttl >= 0 and pttl < keep_ms) then
+      redis.call("PEXPIRE", key, keep_ms)
+    end
+  end
+end
+return {"ok", removed, expired}

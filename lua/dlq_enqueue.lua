@@ -5,9 +5,22 @@ append-only log of failures), create the record hash holding the mutable
 state, and index the record (expiry, pending, pending-by-operation-type,
 counts). On the way it purges up to ARGV[3] records whose TTL has passed, so
 the stream cannot grow without bound even if nobody runs cleanup_expired
-(their record hashes are already gone: each carries a TTL = its expiry).
-Every key gets a TTL no earlier than the latest record expiry: when every
-record has expired, nothing of the DLQ remains.
+(their record hashes are already gone: each carries a TTL = its expiry). A
+purged record that was still PENDING expired unreplayed: it is reported as
+dlq_cleanup.lua reports it (an "expired" log entry with its operation type,
+idempotency key and agent, the count "expired|<op>", its by-key entry
+dropped) and returned, so the caller logs the event.
+
+KEEP PENDING. With ARGV[12] > 0 (DlqConfig.keep_pending), a new record made
+while fewer than ARGV[12] records are pending never expires while pending:
+its expiry is the KEEP sentinel (253402300799999 ms, 9999-12-31T23:59:59.999Z,
+"never" in the stream entry) and its lifetime ARGV[2] is kept in "kt", to run
+from the moment it is replayed or abandoned (dlq_finish). A record made
+while ARGV[12] are pending gets its lifetime as usual (reply: kept 0).
+Every key gets a TTL no earlier than the latest record expiry plus a day
+(the grace in which a cleanup, scheduled or by hand, reports the records that
+expired pending): a day after every record has expired, nothing of the DLQ
+remains.
 
 A record hash that already exists is never overwritten: enqueue with a
 caller-chosen dlq_id is idempotent.
@@ -20,7 +33,8 @@ record. Keys must be declared, so the caller names the record it expects (the
 candidate: the first record of a key has the id the caller derives from the
 key); when the by-key hash names another, nothing is written and the answer
 is "miss" with that id, to send again with it. Each parking carries its own id
-(the claim's), kept in the record ("pid:<id>"): a parking sent again after a
+(the claim's), kept in the record ("pid:<id>": "c" for the parking that created
+the record, 1 for one merged into it): a parking sent again after a
 lost reply changes nothing. A record parked without its payload (metadata
 "payload_error": recovery could not read the claim's) is marked "np"; the
 first parking of the operation that carries a payload FILLS IT IN: the
@@ -31,7 +45,7 @@ not noted: it saw no payload). Until then the record cannot be replayed.
 
 Every change of state is also appended to the capped log stream (XRANGE it to
 see, in order, what happened to the DLQ's records: parked, parked_again,
-filled_in, replay_failed, replayed, abandoned).
+filled_in, replay_failed, replayed, abandoned, expired).
 
 KEYS[1]  stream                     (<ns>:dlq:{dlq}:stream)
 KEYS[2]  expiry index, zset         score expires_ms, member "<sid>|<dlq_id>|<p|r|a>|<op>"
@@ -55,13 +69,20 @@ ARGV[8]  payload field name         "original_operation" (JSON text) or
 ARGV[9]  payload
 ARGV[10] merge key                  "" = no merging
 ARGV[11] candidate id               the record the merge key is expected to name
-ARGV[12..] metadata field/value pairs, field names already prefixed "meta:"
+ARGV[12] keep_cap                   "0" = records expire while pending; n > 0 = keep
+                                    pending records forever while fewer than n are pending
+ARGV[13..] metadata field/value pairs, field names already prefixed "meta:"
 
 Returns one of
-  {"ok", sid, failed_ms, expires_ms, pending_index_size, dlq_id}   a record created
+  {"ok", sid, failed_ms, expires_ms, pending_index_size, dlq_id, kept (0|1),
+   expired}                         a record created; expired: the pending records
+                                    purged on the way, a flat list dlq_id, operation
+                                    type, idempotency key, agent_id per record
   {"merged", sid, dlq_id, parkings} parked again into the operation's pending record
-  {"exists", sid, dlq_id}           this parking is already in (a record with this
-                                    dlq_id is live, or the record holds the parking)
+  {"exists", sid, dlq_id, made}     this parking is already in (a record with this
+                                    dlq_id is live, or the record holds the parking);
+                                    made 1: this very parking created it (a parking sent
+                                    again after a lost reply)
   {"miss", dlq_id}                  the merge key names another record: nothing written
   {"corrupt", key, detail}          a key holds something durabilis did not write
 ]]
@@ -69,7 +90,13 @@ local S, E, P, PO, C, H = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local BK, HC, LOG = KEYS[7], KEYS[8], KEYS[9]
 local id, ttl, purge_limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local mkey, cand = ARGV[10], ARGV[11]
+local keep_cap = tonumber(ARGV[12]) or 0
+local KEEP = 253402300799999  -- "never": 9999-12-31T23:59:59.999Z
 local LOG_MAX = 10000
+-- The shared keys outlive the latest record by a day, so that a cleanup run
+-- meanwhile (scheduled: dlq cleanup_due) still finds and reports each record
+-- that expired pending (their own hashes go at their expiry).
+local GRACE = 86400000
 local op = ARGV[5]
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -96,12 +123,32 @@ end
 
 local STATUS = {p = "pending", r = "replayed", a = "abandoned"}
 
+-- Report a pending record that expired unreplayed (as dlq_cleanup.lua does):
+-- its log entry (with what its stream entry says), its count, its by-key entry.
+local expired = {}
+local function report_expired(sid, rid, rop)
+  local ik, agent = "", ""
+  local e = redis.call("XRANGE", S, sid, sid)[1]
+  if e then
+    for i = 1, #e[2], 2 do
+      if e[2][i] == "meta:idempotency_key" then ik = e[2][i + 1] end
+      if e[2][i] == "agent_id" then agent = e[2][i + 1] end
+    end
+  end
+  if ik ~= "" and redis.call("HGET", BK, ik) == rid then redis.call("HDEL", BK, ik) end
+  redis.call("XADD", LOG, "MAXLEN", "~", LOG_MAX, "*", "dlq_id", rid, "change", "expired",
+    "operation_type", rop, "idempotency_key", ik, "agent_id", agent)
+  redis.call("HINCRBY", C, "expired|" .. rop, 1)
+  for _, v in ipairs({rid, rop, ik, agent}) do expired[#expired + 1] = v end
+end
+
 -- Same purge as dlq_cleanup.lua, minus the record hash (not in KEYS here; its
 -- own TTL, equal to the expiry, has already removed it).
 local function purge(member)
   redis.call("ZREM", E, member)
   local sid, rid, code, rop = string.match(member, "^(%d+%-%d+)|([^|]+)|([pra])|(.*)$")
   if not sid then return end
+  if code == "p" then report_expired(sid, rid, rop) end
   redis.call("XDEL", S, sid)
   if code == "p" then
     local pm = sortkey(sid) .. "|" .. rid
@@ -137,7 +184,7 @@ end
 -- merge only into a record of the same payload (a key reused with another
 -- payload is another operation and gets its own record).
 local fpr, nopay = "", false
-for i = 12, #ARGV - 1, 2 do
+for i = 13, #ARGV - 1, 2 do
   if ARGV[i] == "meta:fingerprint" then fpr = ARGV[i + 1] end
   if ARGV[i] == "meta:payload_error" then nopay = true end
 end
@@ -151,7 +198,8 @@ if mkey ~= "" then
     f = redis.call("HMGET", HC, "st", "exp", "sid", "fp", "np", "op")
     local hexp = tonumber(f[2])
     if cur == cand and f[1] == "pending" and hexp and hexp > now and (f[4] or "") == fpr then
-      if redis.call("HEXISTS", HC, "pid:" .. id) == 1 then return {"exists", f[3], cand} end
+      local mine = redis.call("HGET", HC, "pid:" .. id)
+      if mine then return {"exists", f[3], cand, mine == "c" and 1 or 0} end
       merge_into, fill = true, f[5] and f[3] and not nopay
     end
   else
@@ -159,24 +207,25 @@ if mkey ~= "" then
   end
 end
 if not merge_into and redis.call("EXISTS", TH) == 1 then
-  return {"exists", redis.call("HGET", TH, "sid") or "", target}
+  return {"exists", redis.call("HGET", TH, "sid") or "", target,
+          redis.call("HGET", TH, "pid:" .. id) == "c" and 1 or 0}
 end
 
 -- The readable stream entry of record rid, expiring at e.
 local function entry(rid, e)
   local fields = {
     "dlq_id", rid, "agent_id", ARGV[4], "operation_type", op, "retry_count", ARGV[6],
-    "last_error", ARGV[7], "failed_at", iso_utc(now), "expires_at", iso_utc(e),
-    ARGV[8], ARGV[9],
+    "last_error", ARGV[7], "failed_at", iso_utc(now),
+    "expires_at", e == KEEP and "never" or iso_utc(e), ARGV[8], ARGV[9],
   }
-  for i = 12, #ARGV do fields[#fields + 1] = ARGV[i] end
+  for i = 13, #ARGV do fields[#fields + 1] = ARGV[i] end
   return redis.call("XADD", S, "*", unpack(fields))
 end
 
 -- The shared keys live as long as their longest-lived record.
 local function extend_shared(floor)
   local top = tonumber(redis.call("ZRANGE", E, -1, -1, "WITHSCORES")[2] or "")
-  local horizon = math.max(top or floor, floor)
+  local horizon = math.max(top or floor, floor) + GRACE
   for _, key in ipairs({S, E, P, PO, C, BK, LOG}) do
     local pttl = redis.call("PTTL", key)
     if pttl == -1 or (pttl >= 0 and now + pttl < horizon) then
@@ -196,6 +245,7 @@ if merge_into then
     -- index entry is added before the old one goes: a key emptied on the way
     -- would come back without its TTL.
     local osid, oop, hexp = f[3], f[6] or "", now + ttl
+    if redis.call("HEXISTS", HC, "kt") == 1 then hexp = KEEP end
     local sid = entry(cand, hexp)
     redis.call("ZADD", E, hexp, sid .. "|" .. cand .. "|p|" .. op)
     redis.call("ZREM", E, osid .. "|" .. cand .. "|p|" .. oop)
@@ -225,13 +275,15 @@ if purge_limit > 0 then
 end
 
 id = target
-local exp = now + ttl
+local exp, kept = now + ttl, 0
+if keep_cap > 0 and redis.call("ZCARD", P) < keep_cap then exp, kept = KEEP, 1 end
 local sid = entry(id, exp)
 local pm = sortkey(sid) .. "|" .. id
 
 redis.call("HSET", TH, "st", "pending", "op", op, "sid", sid, "ts", now, "exp", exp, "ra", 0,
-  "pk", 1, "pid:" .. ARGV[1], 1)
+  "pk", 1, "pid:" .. ARGV[1], "c")
 if nopay then redis.call("HSET", TH, "np", 1) end
+if kept == 1 then redis.call("HSET", TH, "kt", ttl) end
 if mkey ~= "" then
   redis.call("HSET", TH, "ik", mkey)
   if fpr ~= "" then redis.call("HSET", TH, "fp", fpr) end
@@ -246,4 +298,4 @@ redis.call("ZADD", PO, 0, op .. "\0" .. pm)
 bump("pending|" .. op, 1)
 
 extend_shared(exp)
-return {"ok", sid, now, exp, redis.call("ZCARD", P), id}
+return {"ok", sid, now, exp, redis.call("ZCARD", P), id, kept, expired}

@@ -5,6 +5,9 @@ that is already final is left untouched. With a token (a replay that claimed
 the record), only the current claim holder may finish it (fencing): a
 replayer whose claim was taken over after it expired is refused. Without a
 token (an operator's mark_replayed / abandon) any live claim is cleared.
+A record kept while pending (field "kt", DlqConfig.keep_pending: its expiry
+is the "never" sentinel) gets its lifetime ("kt" ms) from now on: its
+expiry, the hash's TTL and its expiry-index score.
 
 KEYS[1]  expiry index, zset         (see dlq_enqueue.lua for members)
 KEYS[2]  pending index, lex zset
@@ -68,6 +71,13 @@ local function bump(field, by_n)
 end
 
 ready()  -- a fused step (an operation's success settling its record): checks done
+local kt = tonumber(redis.call("HGET", H, "kt") or "")
+if kt then
+  exp = now + kt
+  redis.call("HSET", H, "exp", exp)
+  redis.call("HDEL", H, "kt")
+  redis.call("PEXPIREAT", H, exp)
+end
 local code = "r"
 if target == "replayed" then
   redis.call("HSET", H, "st", "replayed", "rat", now)
@@ -92,7 +102,8 @@ local pm = sortkey(sid) .. "|" .. id
 redis.call("ZREM", P, pm)
 redis.call("ZREM", PO, op .. "\0" .. pm)
 
-local horizon = tonumber(redis.call("ZRANGE", E, -1, -1, "WITHSCORES")[2])
+-- (a day past the latest record, as dlq_enqueue.lua: a cleanup reports what expired)
+local horizon = tonumber(redis.call("ZRANGE", E, -1, -1, "WITHSCORES")[2]) + 86400000
 for _, key in ipairs({E, C, LOG}) do
   local pttl = redis.call("PTTL", key)
   if pttl == -1 or (pttl >= 0 and now + pttl < horizon) then

@@ -18,7 +18,10 @@ the oldest). At most 64 + 2 * log2(pending) members are checked.
 
 KEYS[1]  expiry index, zset         (see dlq_enqueue.lua for members)
 KEYS[2]  pending index, lex zset
-KEYS[3]  counts hash
+KEYS[3]  counts hash                "<status>|<op>" -> records (live or awaiting cleanup);
+                                    "expired|<op>" -> pending records reported expired
+                                    (returned as they are: the caller adds the pending
+                                    ones read among the expired to them)
 KEYS[4]  stream                     (read only when capped)
 ARGV[1]  scan limit                 read at most this many expired members
 

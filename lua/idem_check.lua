@@ -1,9 +1,13 @@
 --[[ idem_check: read an idempotency record (read-only), judged by the server clock.
 
 KEYS[1]  the record hash            (<ns>:idem:{<key>})
+ARGV[1]  tombstones                 optional: "x" = answer {"x"} for a released
+                                    claim's tombstone (the layer's read of a key's
+                                    aliases: an earlier delivery may be parked)
 
 Returns one of
   {"none"}                          no record (or a released claim's tombstone)
+  {"x"}                             (with ARGV[1] "x") a released claim's tombstone
   {"dup", state ("p"|"d"), value ("" = none), claimed_ms, window_expires_ms,
    lease_expired (0|1), not_stored ("" = the result is stored, else why not)}
   {"corrupt", detail}
@@ -25,7 +29,10 @@ local function int(v)
 end
 local f = redis.call("HMGET", key, "s", "ts", "le", "w", "ph", "r", "ns")
 local state, ts, le, window = f[1], int(f[2]), int(f[3]), int(f[4])
-if state == "x" then return {"none"} end
+if state == "x" then
+  if ARGV[1] == "x" then return {"x"} end
+  return {"none"}
+end
 if (state ~= "p" and state ~= "d") or not ts or not window then
   return {"corrupt", "record hash without a valid state, claim time or window"}
 end

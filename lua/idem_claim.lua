@@ -21,6 +21,8 @@ ARGV[6]  nonce                      the caller's claim id, "" = none (optional)
 
 Returns one of
   {"new", token, claimed_ms, window_expires_ms, taken_over (0|1), previous_token}
+      taken_over 1: an earlier run may have had its effect (the claim was taken
+      over from a dead owner, or the key is a "touched" tombstone: see below)
   {"dup", state ("p"|"d"), value (placeholder or result, "" = none), claimed_ms,
    window_expires_ms, not_stored ("" = the result is stored, else why not)}
   {"mismatch"}                      key reused with another fingerprint
@@ -30,7 +32,9 @@ Fields of the hash: s state (p in progress, d done, x released: a tombstone
 keeping tok), tok token, ts claimed ms, le lease expiry ms, w window ms, ph
 placeholder, r result, ns why the result was not stored, fp fingerprint, pl
 payload, cn the claim's nonce, to "1" when the claim was taken over from a dead
-owner, hd until when (ms) the key must last: its operation is parked in the DLQ.
+owner, hd until when (ms) the key must last: its operation is parked in the DLQ,
+tc "1" (a tombstone, or the claim that inherited one) when an earlier run may have
+had its effect (idem_release: interrupted after fn started, or a dead owner's).
 ]]
 local key = KEYS[1]
 local window = tonumber(ARGV[1])
@@ -48,7 +52,7 @@ local function int(v)
   return nil
 end
 
-local function claim(taken_over, previous, hd)
+local function claim(taken_over, previous, hd, touched)
   local tok = clock_us
   local prev = int(previous)
   if prev and prev >= tok then tok = prev + 1 end
@@ -74,6 +78,8 @@ local function claim(taken_over, previous, hd)
   -- "to": taken over from a dead owner, whose operation may have run: this
   -- claim inherits it (idem_release will not simply drop it).
   if taken_over == 1 then opt("to", "1") else drop[#drop + 1] = "to" end
+  -- "tc": inherited from a touched tombstone; passed on when released again.
+  if touched then opt("tc", "1") else drop[#drop + 1] = "tc" end
   redis.call("HSET", key, unpack(fields))
   if taken_over == 1 or previous then
     -- What the previous claim (dead owner, or a tombstone) held and ours does not.
@@ -81,7 +87,9 @@ local function claim(taken_over, previous, hd)
     redis.call("HDEL", key, unpack(drop))
   end
   redis.call("PEXPIREAT", key, math.max(now + math.max(window, lease), held))
-  return {"new", token, now, now + window, taken_over, previous or ""}
+  local told = taken_over
+  if touched then told = 1 end
+  return {"new", token, now, now + window, told, previous or ""}
 end
 
 local kind = redis.call("TYPE", key)["ok"]
@@ -92,14 +100,16 @@ if kind ~= "hash" then
   return {"corrupt", "a " .. kind .. " where an idempotency record (hash) belongs"}
 end
 
-local f = redis.call("HMGET", key, "s", "tok", "ts", "le", "fp", "ph", "r", "w", "ns", "cn", "hd")
+local f = redis.call("HMGET", key, "s", "tok", "ts", "le", "fp", "ph", "r", "w", "ns", "cn", "hd",
+                     "tc", "to")
+local touched = f[12] == "1"
 local state, tok, ts, le, fp = f[1], f[2], int(f[3]), int(f[4]), f[5]
 if state == "x" then
   if not int(tok) then return {"corrupt", "released record without a valid token"} end
   -- Released, but still bound to its payload for the window: another payload
   -- under the same key is a different operation, refused like a live one.
   if (fp or "") ~= ARGV[4] then return {"mismatch"} end
-  return claim(0, tok, f[11])
+  return claim(0, tok, f[11], touched)
 end
 if (state ~= "p" and state ~= "d") or not tok or not ts then
   return {"corrupt", "record hash without a valid state, token or claim time"}
@@ -122,10 +132,12 @@ if nonce ~= "" and f[10] == nonce then
   ready()
   redis.call("HSET", key, "le", now + lease)
   redis.call("PEXPIREAT", key, math.max(ts + stored_window, now + lease, int(f[11]) or 0))
-  return {"new", tok, ts, ts + stored_window, 0, ""}
+  local told = 0
+  if touched or f[13] == "1" then told = 1 end
+  return {"new", tok, ts, ts + stored_window, told, ""}
 end
 if now < le then
   return {"dup", "p", f[6] or "", ts, ts + stored_window, ""}
 end
 -- In progress but the lease has expired: the owner is presumed dead.
-return claim(1, tok, f[11])
+return claim(1, tok, f[11], touched)

@@ -9,6 +9,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from durabilis._fork import reset_in_child
 from durabilis._log import get_logger
 from durabilis._steps import LeaseBook, adrive, drive
 from durabilis._store import AsyncStore, Store
@@ -102,6 +103,15 @@ class DurabilityLayer:
         self._renewer: threading.Thread | None = None
         self._renewer_lock = threading.Lock()
         self._closed = False
+        reset_in_child(self)
+
+    def after_fork_in_child(self) -> None:
+        """A forked child has no keep-alive (the parent's thread is not copied, and
+        its lock may have been held at fork): the child's first claim starts its
+        own. The lease book and the waiting counts reset themselves
+        (docs/production.md, "Processes and fork")."""
+        self._renewer_lock = threading.Lock()
+        self._renewer = None
 
     # -- the keep-alive --
 
@@ -211,6 +221,9 @@ class DurabilityLayer:
             StorageUnavailable: Redis is down; nothing ran (fail closed).
             LayerClosed: :meth:`close` was called.
             Exception: ``fn``'s own non-retryable error (the claim is released).
+            KeyboardInterrupt, SystemExit: Interrupted; once ``fn`` had
+                started, the claim is released so that the next delivery runs
+                with ``ctx.recovered`` (same key, higher token).
         """
         self._open()
         req = self._core.request(
@@ -362,6 +375,12 @@ class AsyncDurabilityLayer:
         self._core.on_wait = self._ensure_renewer  # (counts wait without a claim held too)
         self._renewer: asyncio.Task[None] | None = None  # on the store's loop, the only one
         self._closed = False
+        reset_in_child(self)
+
+    def after_fork_in_child(self) -> None:
+        """The parent's keep-alive task is the parent loop's (see
+        :meth:`DurabilityLayer.after_fork_in_child`)."""
+        self._renewer = None
 
     def _ensure_renewer(self) -> None:
         if self._renewer is None or self._renewer.done():
@@ -453,8 +472,10 @@ class AsyncDurabilityLayer:
 
         A cancellation (``wait_for``, ``TaskGroup``) before ``fn`` returned
         releases the claim and the probe slot (shielded) and re-raises
-        ``CancelledError``; once ``fn`` returned, its outcome is recorded
-        (shielded) before ``CancelledError`` is raised.
+        ``CancelledError``; once ``fn`` had started, the next delivery runs
+        with ``ctx.recovered`` (its effect may have happened). Once ``fn``
+        returned, its outcome is recorded (shielded) before
+        ``CancelledError`` is raised.
         """
         self._open()
         req = self._core.request(

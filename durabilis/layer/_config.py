@@ -194,11 +194,17 @@ class OperationContext:
         task_id: The checkpointed task, if any.
         phase: The checkpoint phase, if any.
         replay: The operation runs from a DLQ replay.
-        recovered: An earlier run of this operation may have happened: its
-            claim was taken over from a worker whose lease ended (it died, or
-            could not record its outcome). With ``replay``, the two cases in
-            which ``fn`` may see an operation again after its effect: forward
-            ``idempotency_key`` so the downstream keeps it exactly once.
+        recovered: An earlier run of this operation may have had its effect:
+            it was taken over from a worker whose lease ended (it died, or
+            could not record its outcome), or an earlier run was interrupted
+            after ``fn`` started (a cancellation or timeout, ``SystemExit``,
+            ``KeyboardInterrupt``: any ``BaseException`` not ``fn``'s own
+            ``Exception``), or a dead worker's claim was parked by
+            recovery. It stays set for every later run until one records an
+            outcome. With ``replay``, the two cases in which ``fn`` may see an
+            operation again after its effect: forward ``idempotency_key`` (the
+            same on every run; ``token`` higher) so the downstream keeps it
+            exactly once.
     """
 
     agent_id: str
@@ -232,7 +238,12 @@ class LayerStats:
         duplicates: Calls answered from a stored result or refused as in progress.
         retries: Retries made (attempts after the first), counted as each
             starts, in the process's batch of counts.
-        parked: Operations parked in the DLQ (exhausted, circuit open, recovered).
+        parked: Operations parked in the DLQ (exhausted, circuit open, recovered):
+            each counted once, when its parking makes a new pending record
+            (as ``durabilis dlq stats`` and ``dlq ls`` count them). Counted
+            after the record is written, in the process's batch of counts.
+        parkings: Every parking, a re-parking of an operation already pending
+            in the DLQ too (it merges into that record: ``DlqRecord.parkings``).
         non_retryable: Operations stopped by a non-retryable error.
         recovered: Orphans (dead workers) moved to the DLQ by ``recover_orphans``.
         in_flight: Operations holding a claim now (including dead ones not yet recovered).
@@ -243,6 +254,7 @@ class LayerStats:
     duplicates: int = 0
     retries: int = 0
     parked: int = 0
+    parkings: int = 0
     non_retryable: int = 0
     recovered: int = 0
     in_flight: int = 0

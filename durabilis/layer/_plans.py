@@ -18,6 +18,8 @@ The rules that make the core promise hold (``docs/layer.md``):
   its own claim removes it, recovery drops it once another claim holds the key.
 - **Interruptions.** A cancellation (or ``KeyboardInterrupt``) before the
   outcome releases the claim and the probe slot (shielded) and re-raises.
+  Once ``fn`` has started, the claim goes back *touched*: the next delivery
+  runs with ``ctx.recovered`` (same key, higher token), never as if untouched.
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from durabilis import _codec
+from durabilis._fork import reset_in_child
 from durabilis._keys import CLUSTER_SLOTS, bucket_tag, hash_slot
 from durabilis._log import get_logger
-from durabilis._retry_core import NON_RETRYABLE, TESTING, RetryDecision, decide
+from durabilis._retry_core import MAX_DEADLINE_MS, NON_RETRYABLE, TESTING, RetryDecision, decide
 from durabilis._scripts import Replies, ScriptCall, fuse
 from durabilis._steps import INTERRUPTS, IO, Defer, Deferred, Hold, LeaseBook, Plan, Run, Sleep
 from durabilis._store import AsyncStore, Store
@@ -207,6 +210,9 @@ class _Request:
     park: Prepared  # the DLQ record of a failure, checked and encoded
     # A replay's DLQ claim: its success step finishes the record, fenced by it.
     replay_claim: _ReplayClaim | None = None
+    # The operation's content key under the other secrets configured (a key
+    # secret's rotation): read after the claim, see _LayerCore._aliases.
+    aliases: tuple[IdempotencyKey, ...] = ()
 
 
 class _ReplayClaim:
@@ -240,6 +246,9 @@ class _Claim:
     # The key had an earlier claim (released, or its owner died): that
     # operation may be parked in the DLQ; this run's success settles it.
     settle: bool = False
+    # Aliases of the key found released (a parking under a previous secret):
+    # this run's success settles their DLQ records too.
+    settle_aliases: tuple[IdempotencyKey, ...] = ()
 
 
 class _LayerCore:
@@ -283,6 +292,8 @@ class _LayerCore:
         self._walk = store.keys.layer("walk")  # whose slice of the birth index is next
         self._stats = store.keys.layer("stats")
         self._key_secret = config.idempotency.content_key_secret
+        # A rotation's previous secrets (usually none: then no alias is derived or read)
+        self._previous_secrets = config.idempotency.content_key_previous_secrets
         self._lease_s = float(config.idempotency.in_progress_ttl_seconds)
         self._lease_ms = max(1, int(self._lease_s * 1000))
         # Duplicates answered on standalone are counted here and carried by a
@@ -301,6 +312,16 @@ class _LayerCore:
         # Called when counts or removals start waiting in this process: the
         # twins start their keep-alive (which sends them), if not running.
         self.on_wait: Callable[[], None] | None = None
+        reset_in_child(self)
+
+    def after_fork_in_child(self) -> None:
+        """What waits in the parent is the parent's to send: a forked child never
+        sends the parent's counts (or index removals) a second time."""
+        self._dups_lock = threading.Lock()
+        with self._dups_lock:
+            self._dups, self._dups_since = 0, 0.0
+            self._gone, self._gone_counts, self._gone_since = [], {}, 0.0
+            self._unsure = []
 
     # -- request building: every check before any I/O --
 
@@ -356,6 +377,11 @@ class _LayerCore:
                 or not 0 <= seconds < float("inf") or (name == "deadline_seconds" and not seconds)
             ):
                 raise ConfigError(name, f"must be a finite number of seconds, got {seconds!r}")
+        if deadline_seconds is not None and deadline_seconds > MAX_DEADLINE_MS / 1000:
+            raise ConfigError(  # holding a claim while retrying is bounded (durabilis._limits)
+                "deadline_seconds",
+                f"must be at most {MAX_DEADLINE_MS // 1000} (one day), got {deadline_seconds!r}",
+            )
         envelope = bytes(self._idem.pack_value(
             {
                 "agent_id": agent_id,
@@ -375,10 +401,50 @@ class _LayerCore:
                                                                 key.fingerprint),
             spare_bytes=_REASON_ROOM,
         )
+        aliases = self._aliases(
+            agent_id, operation_type, payload, key, idempotency_key, replay
+        ) if replay or self._previous_secrets else ()
         return _Request(
             agent_id, operation_type, payload, key, dep, task_id, phase, wait,
-            park_on_open, deadline_seconds, replay, envelope, park,
+            park_on_open, deadline_seconds, replay, envelope, park, aliases=aliases,
         )
+
+    def _aliases(  # noqa: PLR0917  (the request's parts, one by one)
+        self, agent_id: str, operation_type: str, payload: Any, key: IdempotencyKey,
+        given: IdempotencyKey | str | None, replay: bool,
+    ) -> tuple[IdempotencyKey, ...]:
+        """The operation's content key under the other secrets configured (no I/O).
+
+        Only content keys have aliases (a caller's key does not depend on the
+        secret). A delivery's key is the current secret's: its aliases are the
+        previous secrets' keys, and without previous secrets there are none
+        (nothing derived, nothing read: the steady state's cost). A replay's key
+        is the one its record was parked under: its aliases are the current
+        secret's key and the previous ones', so that the replay of a record
+        parked under an old secret sees the operation completed under the new
+        one (derived from the record's agent, operation type and payload).
+        """
+        if not self.config.idempotency.enabled or key.is_caller_key:
+            return ()
+        if replay:
+            secrets: tuple[str | None, ...] = (self._key_secret, *self._previous_secrets)
+        elif given is None and self._previous_secrets:
+            secrets = self._previous_secrets
+        else:
+            return ()
+        out: dict[str, IdempotencyKey] = {}
+        for secret in secrets:
+            try:
+                alias = IdempotencyKey.new(agent_id, operation_type, payload, secret=secret)
+            except DurabilisError:  # a payload no content key is made of: no alias
+                return ()
+            # (a replay's stored key that is not a content key of this operation,
+            # a record parked by hand, has no alias)
+            if alias.value.rpartition(":")[0] != key.value.rpartition(":")[0]:
+                return ()
+            if alias.value != key.value:
+                out[alias.value] = self._idem.validate_key(alias)
+        return tuple(out.values())
 
     @staticmethod
     def _metadata(
@@ -670,6 +736,27 @@ class _LayerCore:
                 gates[len(calls)] = _claim_refused
                 calls.append(claim_call)
                 waves.append(1)
+        if dedup and req.aliases:
+            # A rotation of the key secret: the operation's key under each other
+            # secret (its aliases) may hold it, completed, in progress or parked.
+            # Aliases live in other hash slots, so they are never in the claim's
+            # script: the claim of the current key comes first, then the aliases
+            # are read (read-only). Standalone: in the claim's own atomic script,
+            # after it; Cluster: in the wave after the claim's (with the
+            # breaker's admission). Two replicas of a rolling rotation, one with
+            # current=old and one with current=new (each knowing the other's
+            # secret), can then never both run it: each writes its own key and
+            # then reads the other's. Every key is linearizable, so order the
+            # four operations: if A's read of B's key comes before B's claim of
+            # it, then A's claim (before A's read) comes before B's claim, which
+            # comes before B's read of A's key: B sees A's claim. So at least
+            # one sees the other in progress (or done) and gives its claim back
+            # (both may, and both then wait or answer OperationInProgress: never
+            # both run). See _alias_holder for what each answer means.
+            at["aliases"] = len(calls)
+            for alias in req.aliases:
+                calls.append(self._idem.check(alias, tombstones=True))
+                waves.append(2)
         cached = None if self.fuses or dep is None else self._breakers._cached(dep)
         if dep is not None and cached is None:
             at["cb"] = len(calls)
@@ -720,12 +807,26 @@ class _LayerCore:
         listed = dedup and replies.ran(at["note"])
         if isinstance(claim, Duplicate):
             return (yield from self._duplicate(req, claim, member if listed else "", wait_until))
+        orphaned = False
+        parked: tuple[IdempotencyKey, ...] = ()
+        if "aliases" in at:
+            try:
+                holder, orphaned, parked = self._alias_holder(req, replies, at["aliases"])
+            except DurabilisError:  # CorruptData at an alias
+                yield from self._undo_begin(req, nonce, member, probe, replies, at)
+                raise
+            if holder is not None:
+                # The operation is another key's (completed or running under
+                # another secret): this claim goes back, the answer is that key's.
+                yield from self._undo_begin(req, nonce, member, probe, replies, at)
+                return (yield from self._duplicate(req, holder[1], "", wait_until, holder[0]))
 
         token = claim.token if claim is not None else None
         cl = _Claim(
             nonce, member if listed else "", token,
-            taken_over=bool(claim is not None and claim.taken_over),
+            taken_over=bool(claim is not None and claim.taken_over) or orphaned,
             settle=dedup and token is not None and _had_previous(replies[at["claim"]]),
+            settle_aliases=parked if token is not None else (),
         )
         permit: Permit | None = cached
         if dep is not None and cached is None:
@@ -800,21 +901,28 @@ class _LayerCore:
                 metadata={"reason": WORKER_LOST, "claim": nonce},
                 merge_key=self._merge_key(req.key.value),
             ),
-            self._idem.release(req.key, None, nonce, hold_ms=self._dlq.ttl_ms(None)),
-            self._note("rem", [member] if member else [], recovered=1, parked=1),
+            self._idem.release(req.key, None, nonce, hold_ms=self._dlq.ttl_ms(None),
+                               touched=True),
+            # (its reply is not read: counted as a new record, the usual case)
+            self._note("rem", [member] if member else [], recovered=1, parked=1, parkings=1),
             *([self._birth_gone(req.key.value, nonce)] if self._buckets else []),
         ]
 
     def _abandon(
         self, req: _Request, cl: _Claim, permit: Permit | None, probe: str | None,
-        **counts: int,
+        *, touched: bool = False, **counts: int,
     ) -> Plan[bool]:
-        """The operation stops without an outcome to record: release claim and probe slot."""
+        """The operation stops without an outcome to record: release claim and probe slot.
+
+        ``touched``: interrupted once ``fn`` had started: the claim is given back
+        as a touched tombstone, so the next delivery runs with ``ctx.recovered``
+        (an earlier run may have had its effect), never as if untouched.
+        """
         if req.dependency is not None:
             self._breakers._forget(req.dependency)  # no report confirms the cache (Cluster)
         calls: list[ScriptCall] = []
         if cl.token or cl.member:
-            calls.append(self._idem.release(req.key, cl.token, cl.nonce))
+            calls.append(self._idem.release(req.key, cl.token, cl.nonce, touched=touched))
         dep = req.dependency
         if dep is not None:
             if permit is not None and permit.is_probe:
@@ -833,9 +941,45 @@ class _LayerCore:
             calls, "durability_release_failed", req.key.value, waves=waves,
         ))
 
+    def _alias_holder(
+        self, req: _Request, replies: Replies, first: int
+    ) -> tuple[tuple[IdempotencyKey, Duplicate] | None, bool, tuple[IdempotencyKey, ...]]:
+        """What the claim step read at the key's aliases: the alias holding the
+        operation (completed, else in progress with a live lease) and its record;
+        whether an alias is in progress with its lease run out (a dead owner: this
+        claim runs it, told an earlier run may have had its effect, as a takeover
+        of its own key would be; recovery parks the dead claim, whose replay then
+        finds this key's outcome); the aliases released (their operation may be
+        parked: this run's success settles those records).
+
+        Raises:
+            CorruptData: Foreign data at an alias.
+        """
+        done: tuple[IdempotencyKey, Duplicate] | None = None
+        running: tuple[IdempotencyKey, Duplicate] | None = None
+        orphaned = False
+        parked: list[IdempotencyKey] = []
+        for i, alias in enumerate(req.aliases):
+            if replies.status[first + i] not in "rc":  # not read: the step was refused
+                continue
+            seen = self._idem.decode_alias(alias, replies[first + i])
+            if seen is True:
+                parked.append(alias)
+            elif isinstance(seen, Duplicate):
+                if not seen.in_progress:
+                    done = done or (alias, seen)
+                elif seen.lease_expired:
+                    orphaned = True
+                else:
+                    running = running or (alias, seen)
+        return done or running, orphaned, tuple(parked)
+
     def _duplicate(
-        self, req: _Request, dup: Duplicate, member: str, wait_until: float | None
+        self, req: _Request, dup: Duplicate, member: str, wait_until: float | None,
+        alias: IdempotencyKey | None = None,
     ) -> Plan[Any]:
+        """Answer as a duplicate of the key's record (of ``alias``'s: the key under
+        another secret), waiting while it is in progress, up to ``wait_until``."""
         # Counting must not fail the call: the answer is known. Standalone: the
         # claim step wrote nothing, the count waits for a note sent anyway.
         # Cluster: its index entry (no claim of it exists) goes with its count
@@ -855,9 +999,14 @@ class _LayerCore:
             if wait_until is None or now >= wait_until:
                 raise OperationInProgress(req.key.value, dup.original_timestamp)
             yield Sleep(min(0.05, max(0.0, wait_until - now)))
-            replies = yield IO([self._idem.check(req.key)])
-            seen = self._idem.decode_check(req.key, replies[0])
+            watched = alias or req.key
+            replies = yield IO([self._idem.check(watched)])
+            seen = self._idem.decode_check(watched, replies[0])
             if seen is None or seen.lease_expired:
+                if alias is not None:
+                    # Two replicas of a rotation that each gave their claim back
+                    # on seeing the other's: they do not claim again in step.
+                    yield Sleep(random.uniform(0.0, 0.05))
                 return _CLAIM_AGAIN  # released or its worker died: claim it ourselves
             dup = seen
         if dup.not_stored:
@@ -891,7 +1040,7 @@ class _LayerCore:
                 try:
                     held = yield IO([self._idem.renew(req.key, cl.token, self._lease_ms)])
                 except INTERRUPTS:
-                    yield from self._abandon(req, cl, None, None, started=1)
+                    yield from self._abandon(req, cl, None, None, touched=attempt > 0, started=1)
                     raise
                 except DurabilisError as broke:
                     return (yield from self._park_failed(req, cl, failed, broke))
@@ -912,7 +1061,7 @@ class _LayerCore:
                         cause=refused, started=1,
                     ))
                 except INTERRUPTS:
-                    yield from self._abandon(req, cl, None, probe, started=1)
+                    yield from self._abandon(req, cl, None, probe, touched=True, started=1)
                     raise
                 except DurabilisError as broke:
                     yield from self._best_effort(
@@ -943,10 +1092,15 @@ class _LayerCore:
             began = self.clock()
             try:
                 ok, value = yield Run(fn, ctx, ctx)
-            except INTERRUPTS:
-                # Interrupted while fn ran (asyncio cancellation): nothing to record;
-                # give the claim and the probe slot back, then re-raise.
-                yield from self._abandon(req, cl, permit, probe, started=1)
+            except GeneratorExit:
+                raise  # the plan abandoned (its process died, in the simulator)
+            except BaseException:
+                # Interrupted while fn ran (a cancellation, a timeout, SystemExit,
+                # KeyboardInterrupt, any BaseException not fn's ordinary error):
+                # nothing to record, but its effect may have happened. Give the
+                # probe slot back and the claim as touched (the next delivery
+                # runs with ctx.recovered), then re-raise.
+                yield from self._abandon(req, cl, permit, probe, touched=True, started=1)
                 raise
             took_ms = (self.clock() - began) * 1000.0
             if ok:
@@ -973,7 +1127,7 @@ class _LayerCore:
             try:  # the report and the budget are independent: at once
                 replies = (yield IO(calls, waves=[0] * len(calls))) if calls else Replies([], "")
             except INTERRUPTS:
-                yield from self._abandon(req, cl, permit, probe, started=1)
+                yield from self._abandon(req, cl, permit, probe, touched=True, started=1)
                 raise
             except DurabilisError as broke:
                 if dep is not None:
@@ -1000,7 +1154,7 @@ class _LayerCore:
             try:
                 yield Sleep(decision.delay)
             except INTERRUPTS:
-                yield from self._abandon(req, cl, None, None, started=1)
+                yield from self._abandon(req, cl, None, None, touched=True, started=1)
                 raise
             slept += decision.delay if TESTING.instant else 0.0
             attempt += 1
@@ -1112,7 +1266,7 @@ class _LayerCore:
             return b"", None, f"{type(exc).__name__}: {exception_str(exc)}"[:500]
         return packed, save, ""
 
-    def _succeeded(  # noqa: PLR0915  (the record step reads best as one piece)
+    def _succeeded(  # noqa: PLR0912, PLR0915  (the record step reads best as one piece)
         self, req: _Request, cl: _Claim, permit: Permit | None, result: Any, took_ms: float,
     ) -> Plan[Any]:
         packed, save, not_stored = self._encode_result(req, result)
@@ -1129,6 +1283,13 @@ class _LayerCore:
             )
         if (settle := self._settle_call(req, cl)) is not None:
             calls["settle"] = settle
+        # A rotation: the operation parked under another secret's key (a
+        # released alias) is settled too (DLQ keys share one slot: same wave).
+        for i, alias in enumerate(cl.settle_aliases):
+            calls[f"settle.{i}"] = self._dlq.finish(
+                record_id_for(alias.value), DlqStatus.REPLAYED, by=_SETTLED_BY,
+                merge_key=alias.value,
+            )
         if self._buckets and cl.member and cl.token:
             # The birth entry is no longer needed once the index entry landed
             # (cl.member): beside the record, no round trip of its own. (Not
@@ -1146,8 +1307,12 @@ class _LayerCore:
             "save", "record", "report", "birth", "settle"
         )
         waves = {"save": 0, "record": 1, "report": 1, "birth": 1, "settle": 2}
+        if cl.settle_aliases:
+            named = [f"settle.{i}" for i in range(len(cl.settle_aliases))]
+            order = (*order, *named)
+            waves.update((n, 2) for n in named)
         lost = False
-        misses: list[str] = []
+        misses: dict[str, list[str]] = {}
 
         def on_reply(name: str, reply: Any) -> Any:
             nonlocal lost
@@ -1178,7 +1343,12 @@ class _LayerCore:
             if name == "report" and req.dependency is not None:
                 self._breakers._reported(req.dependency, permit, reply, took_ms)
             if name == "settle":
-                return self._settle_again(req, reply, misses)
+                return self._settle_again(req, reply, misses.setdefault(name, []),
+                                          req.key.value, own=True)
+            if name.startswith("settle."):  # a record parked under an alias
+                alias = cl.settle_aliases[int(name[len("settle."):])].value
+                return self._settle_again(req, reply, misses.setdefault(name, []), alias,
+                                          own=False)
             return None
 
         gates: dict[str, Callable[[Any], bool]] = {"record": _record_refused}
@@ -1237,20 +1407,23 @@ class _LayerCore:
         )
         return call
 
-    def _settle_again(self, req: _Request, reply: Any, misses: list[str]) -> ScriptCall | None:
-        """The settle call to send again when the key's record has another id."""
+    def _settle_again(
+        self, req: _Request, reply: Any, misses: list[str], merge_key: str, *, own: bool,
+    ) -> ScriptCall | None:
+        """The settle call to send again when the key's record has another id
+        (``merge_key``: the key settled; ``own``: the request's own key's record)."""
         other = self._dlq.settle_miss(reply)
         if other is not None and len(misses) < _LATE_TRIES:
             misses.append(other)
             call: ScriptCall = self._dlq.finish(
-                other, DlqStatus.REPLAYED, by=_SETTLED_BY, merge_key=req.key.value
+                other, DlqStatus.REPLAYED, by=_SETTLED_BY, merge_key=merge_key
             )
             return call
         if _tag(reply) == "ok":
-            if req.replay_claim is not None:
+            if own and req.replay_claim is not None:
                 req.replay_claim.finished = True
             else:
-                _log.info("durability_dlq_settled", idempotency_key=req.key.value,
+                _log.info("durability_dlq_settled", idempotency_key=merge_key,
                           operation_type=req.operation_type)
         return None
 
@@ -1286,7 +1459,7 @@ class _LayerCore:
             # was delivered; a tombstone does, so a later success settles it.
             calls["release"] = self._idem.tombstone(req.key, self._dlq.ttl_ms(None))
         calls["note"] = self._note(
-            "rem", [cl.member] if cl.member else [], parked=0 if req.replay else 1, **counts
+            "rem", [cl.member] if cl.member else [], parkings=0 if req.replay else 1, **counts
         )
         if self._buckets and cl.token and self.config.idempotency.enabled:
             calls["birth"] = self._birth_gone(req.key.value, cl.nonce)
@@ -1298,7 +1471,10 @@ class _LayerCore:
                 if again is not None:  # the operation's record is another: park there
                     calls["enqueue"] = again
                     return again
-                dlq_id = self._dlq.decode_enqueue(calls["enqueue"], reply).dlq_id
+                made = self._dlq.decode_enqueue(calls["enqueue"], reply)
+                dlq_id = made.dlq_id
+                if made.new_record:  # an operation parked, not a re-parking
+                    self._leave([], {"parked": 1})
             return None
 
         try:
@@ -1466,8 +1642,10 @@ class _LayerCore:
                 metadata={"reason": WORKER_LOST, "claim": nonce},
                 merge_key=self._merge_key(key),
             ),
-            self._idem.release(IdempotencyKey(key), token, hold_ms=self._dlq.ttl_ms(None)),
-            *self._entry_note(index, "rem", [member], recovered=1, parked=1),
+            # (touched: a later delivery is told the dead worker may have had its effect)
+            self._idem.release(IdempotencyKey(key), token, hold_ms=self._dlq.ttl_ms(None),
+                               touched=True),
+            *self._entry_note(index, "rem", [member], recovered=1, parkings=1),
         ]
         # The release is gated: if the claim is no longer the one reclaimed (its
         # worker came back and recorded the outcome by its nonce, or another
@@ -1494,9 +1672,13 @@ class _LayerCore:
                     yield IO([self._dlq.finish(made.dlq_id, DlqStatus.REPLAYED, by="its worker")])
             yield IO(self._entry_note(index, "rem", [member]))
             return None
-        dlq_id: str = self._dlq.decode_enqueue(calls[0], out[0]).dlq_id
+        made = self._dlq.decode_enqueue(calls[0], out[0])
+        dlq_id: str = made.dlq_id
+        parked = {"parked": 1} if made.new_record else {}  # an operation, not a re-parking
         if index != self._index:  # (a bucket's note carries no counts)
-            self._leave([], {"recovered": 1, "parked": 1})
+            self._leave([], {"recovered": 1, "parkings": 1, **parked})
+        elif parked:
+            self._leave([], parked)
         _log.warning(
             "durability_orphan_recovered", idempotency_key=key, dlq_id=dlq_id,
             operation_type=prepared.operation_type, agent_id=prepared.agent_id,
@@ -1662,5 +1844,5 @@ def _settle(
         return
     pending.pop(name, None)
     if out is _GIVE_UP:  # the claim is not ours any more: write nothing of it
-        for other in (*gates, "settle", "note"):
+        for other in (*gates, "note", *(n for n in list(pending) if n.startswith("settle"))):
             pending.pop(other, None)

@@ -786,6 +786,21 @@ class Simulation:
                         and (key, nonce) not in self.unrespected):
                     self.violations.append(
                         f"{actor.name} and {other.name} inside fn for {key} at once")
+            # An earlier run's effect (or a run interrupted or killed inside fn)
+            # is never hidden from the next run: it is told (ctx.recovered, or a
+            # replay), with the same key and a higher token.
+            # (A worker paused past its lease runs on a claim taken from it: the
+            # stale run the token fences, not a delivery.)
+            running = {id(a.inside) for a in self.actors if a.inside is not None}
+            stale = (key, nonce) in self.unrespected
+            for ex in self.executions:
+                if (ex.key == key and ex.effect and id(ex) not in running and not stale
+                        and (key, ex.nonce) not in self.unrespected
+                        and not (ctx.recovered or ctx.replay)):
+                    self.violations.append(
+                        f"{actor.name} runs {key} unflagged after {ex.actor}'s run (token "
+                        f"{ex.token}) may have had its effect")
+                    break
         execution = Execution(actor.name, key, token, self.step_no, nonce)
         self.executions.append(execution)
         actor.inside = execution

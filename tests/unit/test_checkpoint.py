@@ -217,7 +217,7 @@ def test_the_next_save_carries_the_hinted_eviction_candidates_as_declared_keys()
     call = o.save("t", "a", "p", 1)
     o.decode_save(call, _ok_reply(call, hint=[b"id1:other:task"], evicted=[]))
     nxt = o.save("t", "a", "p", 2)
-    assert list(nxt.keys[7:]) == [
+    assert list(nxt.keys[9:]) == [
         "unit:ckpt:{ckpt}:rec:id1",
         "unit:ckpt:{ckpt}:task:other%3Atask",
     ]
@@ -230,9 +230,9 @@ def test_decode_save_miss_returns_the_same_save_with_the_fresh_candidates() -> N
     again = o.decode_save(call, [b"miss", [b"v1:t1", b"v2:t2"]])
     assert isinstance(again, ScriptCall)
     assert again.args[:12] == call.args[:12]
-    assert again.keys[:7] == call.keys[:7]
+    assert again.keys[:9] == call.keys[:9]
     assert list(again.args[12:]) == ["v1:t1", "v2:t2"]
-    assert len(again.keys) == 7 + 4
+    assert len(again.keys) == 9 + 4
 
 
 def test_the_save_carries_both_caps_in_one_argument() -> None:
@@ -246,7 +246,7 @@ def test_lineage_candidates_are_bare_ids_with_one_declared_record_key_each() -> 
     o.decode_save(call, [*_ok_reply(call, hint=[b"e1:other"], evicted=[]), [b"old1", b"old2"], []])
     nxt = o.save("t", "a", "p", 2)
     assert list(nxt.args[12:]) == ["e1:other", "old1", "old2"]
-    assert list(nxt.keys[7:]) == [
+    assert list(nxt.keys[9:]) == [
         "unit:ckpt:{ckpt}:rec:e1",
         "unit:ckpt:{ckpt}:task:other",
         "unit:ckpt:{ckpt}:rec:old1",
@@ -257,7 +257,7 @@ def test_lineage_candidates_are_bare_ids_with_one_declared_record_key_each() -> 
     again = o.decode_save(nxt, [b"exists"])  # sent again under a new id, same candidates
     assert isinstance(again, ScriptCall)
     assert list(again.args[12:]) == list(nxt.args[12:])
-    assert list(again.keys[7:]) == list(nxt.keys[7:])
+    assert list(again.keys[9:]) == list(nxt.keys[9:])
 
 
 def test_decode_save_miss_on_the_lineage_cap_resends_with_the_ids_to_delete() -> None:
@@ -267,7 +267,7 @@ def test_decode_save_miss_on_the_lineage_cap_resends_with_the_ids_to_delete() ->
     assert isinstance(again, ScriptCall)
     assert again.args[:12] == call.args[:12]
     assert list(again.args[12:]) == ["old1", "old2"]
-    assert list(again.keys[7:]) == ["unit:ckpt:{ckpt}:rec:old1", "unit:ckpt:{ckpt}:rec:old2"]
+    assert list(again.keys[9:]) == ["unit:ckpt:{ckpt}:rec:old1", "unit:ckpt:{ckpt}:rec:old2"]
     # an ok reply naming no lineage ids forgets the task's hint
     o.decode_save(again, [*_ok_reply(again, hint=[], evicted=[]), [], [b"old1"]])
     assert list(o.save("t", "a", "p", 2).args[12:]) == []
@@ -278,6 +278,9 @@ def test_lineage_walks_are_bounded_by_the_lineage_cap() -> None:
     assert o.lineage_limit(None) == 3
     assert o.lineage_limit(2) == 2
     assert o.lineage_limit(1000) == 3
+    # the task's current checkpoints come on top: the cap never deletes them
+    assert o.lineage_limit(None, 5) == 8
+    assert o.lineage_limit(1000, 5) == 8
     entries = [_Entry("a", f"p{i}", f"i{i}", i) for i in range(1, 7)]
     entries.append(_Entry("b", "late", "b9", 9))  # newer than the agent's newest: no ancestor
     ahead = o.lineage_entries("a", entries, 3)

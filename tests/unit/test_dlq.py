@@ -166,7 +166,8 @@ def test_enqueue_generates_distinct_ids_and_keeps_a_chosen_one() -> None:
 
 def test_metadata_becomes_prefixed_plain_fields() -> None:
     call = ops().enqueue(**enqueue_args(), metadata={"idempotency_key": "k1", "payload": "x"})
-    assert list(call.args[11:]) == ["meta:idempotency_key", "k1", "meta:payload", "x"]
+    assert call.args[11] == 0  # keep_pending off
+    assert list(call.args[12:]) == ["meta:idempotency_key", "k1", "meta:payload", "x"]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,239 @@
+"""Issue 35, hole 9: nothing leaves the DLQ silently.
+
+A pending record that reaches its TTL unreplayed is reported as it goes (an
+event, a counter in ``dlq stats`` and the metrics, an ``expired`` entry in the
+log stream with its operation type and idempotency key) by a cleanup that runs
+on a schedule of its own, one replica per period; ``replay_pending`` meeting
+one reports it; ``keep_pending`` keeps pending records past their TTL. And the
+layer's ``parked`` counts operations, ``parkings`` every parking.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, MutableMapping
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+from structlog.testing import capture_logs
+
+import durabilis
+from durabilis import CircuitBreakerConfig, OperationError
+from durabilis.dlq import DeadLetterQueue, DlqConfig, DlqStatus, ReplayOutcome
+from durabilis.http import OrphanRecovery
+from durabilis.layer import AsyncDurabilityLayer, DurabilityConfig, DurabilityLayer
+from durabilis.metrics import DurabilisMetrics
+from durabilis.testing import instant_retries
+from tests.integration._layer_support import fast_config
+from tests.support.lossy import lose_replies
+
+# Every DLQ script, the leases and the layer's counts step differ on Cluster.
+pytestmark = pytest.mark.topologies("cluster")
+
+SHORT = 0.3  # seconds: the TTL of the records that are meant to expire
+
+
+def wait_for(condition: Callable[[], bool], what: str, deadline: float = 10.0) -> None:
+    end = time.monotonic() + deadline
+    while not condition():
+        if time.monotonic() > end:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def park(dlq: DeadLetterQueue, n: int, ttl: float | None = SHORT, op: str = "wiki_write"
+         ) -> list[str]:
+    return [
+        dlq.enqueue("agent-1", op, {"n": i}, 3, "NETWORK_TIMEOUT", ttl,
+                    metadata={"idempotency_key": f"agent-1:{op}:key{i}"})
+        for i in range(n)
+    ]
+
+
+def expired_entries(raw: Any, dlq: DeadLetterQueue) -> list[dict[bytes, bytes]]:
+    return [f for _, f in raw.xrange(dlq._ops.log_key) if f.get(b"change") == b"expired"]
+
+
+def expired_events(logs: list[MutableMapping[str, Any]]) -> list[MutableMapping[str, Any]]:
+    return [e for e in logs if e["event"] == "durability_dlq_expired"]
+
+
+def test_expired_pending_records_are_reported_by_the_scheduled_cleanup_once_across_replicas(
+    redis_url: str, namespace: str, store: durabilis.Store, raw: Any
+) -> None:
+    # Parked with a short TTL; one of them replayed (a replayed record's end
+    # of life is no news). Then no new parking, no manual cleanup: only the
+    # schedule of two replicas' recoveries runs.
+    dlq = DeadLetterQueue(store, DlqConfig(default_ttl_seconds=SHORT))
+    ids = park(dlq, 4)
+    assert dlq.mark_replayed(ids[3])
+    wait_for(lambda: all(dlq.get(i) is None for i in ids), "the records to expire")
+    registry = CollectorRegistry()
+    metrics = DurabilisMetrics(registry)
+
+    async def main() -> list[Any]:
+        layers = [AsyncDurabilityLayer(durabilis.connect_async(redis_url, namespace=namespace))
+                  for _ in range(2)]
+        runs = [OrphanRecovery(x, every_seconds=0.05, dlq_cleanup_every_seconds=0.05,
+                               holder=f"r{i}") for i, x in enumerate(layers)]
+        try:
+            for r in runs:
+                r.start()
+            end = time.monotonic() + 10
+            while len(expired_entries(raw, dlq)) < 3 or (await layers[0].dlq.stats()).total:
+                assert time.monotonic() < end, "the schedule never cleaned up"
+                await asyncio.sleep(0.02)
+            for _ in range(5):  # more periods: nothing is reported twice
+                await asyncio.sleep(0.06)
+            return [await r.health() for r in runs]
+        finally:
+            for r in runs:
+                await r.stop()
+            for x in layers:
+                await x.close()
+                await x.store.close()
+
+    with capture_logs() as logs:
+        health = asyncio.run(main())
+    for event in logs:
+        metrics.observe(event["event"], event["log_level"], event)
+    entries = expired_entries(raw, dlq)
+    assert sorted(e[b"dlq_id"].decode() for e in entries) == sorted(ids[:3])
+    assert {e[b"operation_type"] for e in entries} == {b"wiki_write"}
+    assert sorted(e[b"idempotency_key"] for e in entries) == [
+        f"agent-1:wiki_write:key{i}".encode() for i in range(3)
+    ]
+    events = expired_events(logs)
+    assert sorted(e["dlq_id"] for e in events) == sorted(ids[:3])  # each once, fleet-wide
+    assert all(e["operation_type"] == "wiki_write" and e["idempotency_key"] for e in events)
+    assert sum(h["dlq_cleanup"]["expired"] for h in health) == 3
+    assert registry.get_sample_value(
+        "durabilis_dlq_expired_total", {"operation_type": "wiki_write"}) == 3
+    stats = dlq.stats()
+    assert stats.exact and stats.expired_awaiting_cleanup == 0
+    assert stats.total == 0 and stats.pending == 0 and stats.by_status[DlqStatus.REPLAYED] == 0
+    assert stats.expired == 3 and stats.expired_by_operation_type == {"wiki_write": 3}
+
+
+def test_cleanup_due_runs_on_one_replica_per_period(store: durabilis.Store, raw: Any) -> None:
+    a = DeadLetterQueue(store, DlqConfig(default_ttl_seconds=SHORT), replayer_id="a")
+    b = DeadLetterQueue(store, DlqConfig(default_ttl_seconds=SHORT), replayer_id="b")
+    ids = park(a, 3)
+    wait_for(lambda: all(a.get(i) is None for i in ids), "the records to expire")
+    with capture_logs() as logs:
+        first = a.cleanup_due(60.0)
+        second = b.cleanup_due(60.0)  # the period's lease is a's
+    assert first is not None and second is None
+    assert first.removed == 3 and sorted(first.expired) == sorted(ids)
+    assert len(expired_events(logs)) == 3 and len(expired_entries(raw, a)) == 3
+
+
+def test_stats_count_expired_pending_records_before_cleanup_exactly(
+    store: durabilis.Store,
+) -> None:
+    dlq = DeadLetterQueue(store, DlqConfig(default_ttl_seconds=SHORT))
+    ids = park(dlq, 3)
+    dlq.abandon(ids[2])
+    kept = park(dlq, 1, ttl=3600, op="memory_write")[0]
+    wait_for(lambda: all(dlq.get(i) is None for i in ids), "the records to expire")
+    stats = dlq.stats()
+    assert stats.exact and stats.expired_awaiting_cleanup == 3
+    assert stats.total == 1 and stats.pending == 1 and stats.expired == 2
+    assert stats.pending + stats.by_status[DlqStatus.REPLAYED] + stats.by_status[
+        DlqStatus.ABANDONED] == stats.total
+    assert dlq.get(kept) is not None
+
+
+def test_replay_pending_reports_an_expired_record(store: durabilis.Store, raw: Any) -> None:
+    dlq = DeadLetterQueue(store, DlqConfig(default_ttl_seconds=SHORT))
+    ids = park(dlq, 2)
+    wait_for(lambda: all(dlq.get(i) is None for i in ids), "the records to expire")
+    seen: list[Any] = []
+    with capture_logs() as logs:
+        summary = dlq.replay_pending(seen.append)
+    assert seen == []
+    assert summary.expired == 2 and sorted(summary.expired_ids) == sorted(ids)
+    assert summary.skipped == 0
+    assert {e["outcome"] for e in logs if e["event"] == "durability_dlq_replay_expired"} == {
+        ReplayOutcome.EXPIRED.value}
+    assert sorted(e["dlq_id"] for e in expired_events(logs)) == sorted(ids)
+    assert len(expired_entries(raw, dlq)) == 2
+    stats = dlq.stats()
+    assert stats.pending == 0 and stats.expired == 2 and stats.expired_awaiting_cleanup == 0
+
+
+def test_keep_pending_keeps_pending_records_past_their_ttl_while_replayed_ones_expire(
+    store: durabilis.Store, raw: Any
+) -> None:
+    dlq = DeadLetterQueue(store, DlqConfig(default_ttl_seconds=SHORT, keep_pending=True))
+    kept, done = park(dlq, 2, ttl=None)
+    assert dlq.mark_replayed(done)
+    wait_for(lambda: dlq.get(done) is None, "the replayed record to expire")
+    time.sleep(SHORT)  # (past the kept record's TTL too; nothing to wait for)
+    assert dlq.cleanup_expired() == 1
+    record = dlq.get(kept)
+    assert record is not None and record.status is DlqStatus.PENDING
+    assert expired_entries(raw, dlq) == []
+    stats = dlq.stats()
+    assert stats.pending == 1 and stats.expired == 0 and stats.total == 1
+    # Once handled, it gets its lifetime from then on, and goes.
+    assert dlq.abandon(kept)
+    wait_for(lambda: dlq.get(kept) is None, "the abandoned record to expire")
+
+
+def test_keep_pending_keeps_at_most_max_pending_records(store: durabilis.Store) -> None:
+    dlq = DeadLetterQueue(
+        store, DlqConfig(default_ttl_seconds=SHORT, keep_pending=True, max_pending=1)
+    )
+    with capture_logs() as logs:
+        kept, over = park(dlq, 2, ttl=None)
+    warned = [e for e in logs if e["event"] == "durability_dlq_max_pending_exceeded"]
+    assert len(warned) == 1 and warned[0]["dlq_id"] == over and warned[0]["kept"] is False
+    wait_for(lambda: dlq.get(over) is None, "the record over max_pending to expire")
+    assert dlq.get(kept) is not None
+    assert dlq.cleanup_expired() == 1 and dlq.stats().expired == 1
+
+
+def test_n_deliveries_of_one_failing_operation_count_one_parked_and_n_parkings(
+    store: durabilis.Store,
+) -> None:
+    # (a breaker that never trips: every delivery runs and is parked)
+    layer = DurabilityLayer(store, fast_config(breaker=CircuitBreakerConfig(
+        "svc", 1.0, 4, 1, 1, 10, 1)))
+
+    def down(_ctx: Any) -> Any:
+        raise OperationError("NETWORK_TIMEOUT", "down")
+
+    with instant_retries():
+        for _ in range(3):
+            with pytest.raises(durabilis.RetryExhausted):
+                layer.execute("agent-1", "job", {"n": 1}, down)
+    totals = layer.stats()
+    assert totals.parked == 1 and totals.parkings == 3
+    assert layer.dlq.stats().pending == 1
+    layer.close()
+
+
+def test_keep_pending_is_a_config_field() -> None:
+    assert DurabilityConfig(dlq=DlqConfig(keep_pending=True)).dlq.keep_pending is True
+
+
+def test_a_parking_sent_again_after_a_lost_reply_counts_its_operation_once(
+    store: durabilis.Store,
+) -> None:
+    layer = DurabilityLayer(store, fast_config(breaker=CircuitBreakerConfig(
+        "svc", 1.0, 4, 1, 1, 10, 1)))
+    lost = lose_replies(store, "dlq_enqueue", landed=True, times=1)
+
+    def down(_ctx: Any) -> Any:
+        raise OperationError("NETWORK_TIMEOUT", "down")
+
+    with instant_retries(), pytest.raises(durabilis.RetryExhausted) as parked:
+        layer.execute("agent-1", "job", {"n": 1}, down)
+    assert lost == [0] and parked.value.dlq_id is not None
+    totals = layer.stats()  # the resend found its own record ("exists"): still one operation
+    assert totals.parked == 1 and totals.parkings == 1
+    assert layer.dlq.stats().pending == 1
+    layer.close()

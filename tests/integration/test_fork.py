@@ -1,0 +1,133 @@
+"""A forked child never acts for its parent (issue 35, hole 1): it does not
+renew the parent's claims (a parent that dies has them recovered) and does not
+send the parent's waiting counts a second time. Real processes, ``fork``
+start method (Linux's default for ``multiprocessing``)."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+import time
+import warnings
+from typing import Any
+
+import pytest
+
+import durabilis
+from durabilis import IdempotencyKey
+from durabilis.layer import DurabilityLayer
+from durabilis.layer._config import WORKER_LOST
+from tests.integration._interrupt_workers import (
+    async_store_in_child,
+    flush_in_child,
+    parent_that_forks_inside_fn,
+)
+from tests.integration._layer_support import Counter, fast_config
+
+# On Cluster the counts wait with the index removals, and recovery reads the
+# birth index too.
+pytestmark = [
+    pytest.mark.topologies("cluster"),
+    pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork() on this platform"),
+]
+
+LEASE = 1.0
+
+
+def _wait_for(what: str, ready: Any, seconds: float = 60) -> Any:
+    deadline = time.monotonic() + seconds
+    while not (found := ready()):
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+    return found
+
+
+def test_a_forked_child_never_renews_its_dead_parent_s_claim(
+    store: durabilis.Store, redis_url: str, namespace: str, raw: Any
+) -> None:
+    """The parent holds a claim (its keep-alive running) and forks a child that
+    makes a durable call of its own; the parent is SIGKILLed. Its claim ages
+    out while the child lives on, and recovery parks it."""
+    marks = f"{namespace}:test:marks"
+    parent = multiprocessing.get_context("spawn").Process(
+        target=parent_that_forks_inside_fn, args=(redis_url, namespace, LEASE, marks)
+    )
+    parent.start()
+    child_pid = 0
+
+    def seen(who: str) -> str:
+        for m in raw.lrange(marks, 0, -1):
+            if m.decode().startswith(who + "|"):
+                return str(m.decode().split("|", 1)[1])
+        return ""
+
+    try:
+        parent_key = _wait_for("the parent never entered fn", lambda: seen("parent"))
+        child_pid = int(_wait_for("the forked child never entered its fn", lambda: seen("child")))
+        os.kill(parent.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        # (no timeout: with one, join waits on a pipe the forked child holds open too)
+        parent.join()
+        assert parent.exitcode == -signal.SIGKILL
+
+        layer = DurabilityLayer(store, fast_config(lease=LEASE, dependencies={}))
+        key = IdempotencyKey.new("a1", "job", {"who": "parent"})
+        assert key.value == parent_key
+
+        def aged_out() -> bool:
+            dup = layer.idempotency.check(key)
+            return dup is not None and dup.in_progress and dup.lease_expired
+
+        _wait_for("the dead parent's claim is still renewed (by its forked child)", aged_out,
+                  seconds=30 * LEASE)
+        os.kill(child_pid, 0)  # the child still lives (inside its fn, its keep-alive running)
+        parked = [layer.dlq.get(i) for i in layer.recover_orphans()]
+        (record,) = [r for r in parked
+                     if r is not None and r.metadata.get("idempotency_key") == parent_key]
+        assert record.last_error == WORKER_LOST
+    finally:
+        if parent.is_alive():
+            parent.kill()
+        if child_pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child_pid, signal.SIGKILL)
+
+
+def test_a_forked_child_never_sends_its_parent_s_waiting_counts(store: durabilis.Store) -> None:
+    layer = DurabilityLayer(store, fast_config(dependencies={}))
+    layer._core.waits_clock = lambda: 0.0  # frozen: the keep-alive's tick never sends them
+    assert layer.execute("a1", "job", "p", Counter()) == "done"
+    assert layer.execute("a1", "job", "p", Counter()) == "done"  # a duplicate, counted here
+    assert layer._core.waiting()
+    child = multiprocessing.get_context("fork").Process(target=flush_in_child, args=(layer,))
+    with warnings.catch_warnings():  # (3.12+ warns of fork() with threads running: the point)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        child.start()
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    stats = layer.stats()  # this process's counts go now: once
+    assert (stats.started, stats.succeeded, stats.duplicates) == (1, 1, 1)
+
+
+def test_an_async_store_used_before_fork_is_refused_in_the_child(
+    redis_url: str, namespace: str, raw: Any
+) -> None:
+    """redis-py's asyncio pools do not check the pid: the parent's connections
+    (their sockets) are never used by the child, which makes its own store."""
+    import asyncio
+
+    store = durabilis.connect_async(redis_url, namespace=namespace)
+    assert asyncio.run(store.ping())
+    marks = f"{namespace}:test:marks"
+    child = multiprocessing.get_context("fork").Process(
+        target=async_store_in_child, args=(store, redis_url, namespace, marks)
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        child.start()
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    said = [m.decode() for m in raw.lrange(marks, 0, -1)]
+    assert len(said) == 2 and said[1] == "own|True"
+    assert said[0].startswith("refused|") and "before fork()" in said[0]
