@@ -16,7 +16,7 @@ import hmac
 import os
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from durabilis import _codec
 from durabilis._keys import KeySpace
@@ -525,12 +525,17 @@ class _IdemOps:
         (see :meth:`decode_alias`), not ``{"none"}``."""
         return ScriptCall("idem_check", [self.keys.idem(key.value)], ["x"] if tombstones else [])
 
-    def decode_alias(self, key: IdempotencyKey, reply: Any) -> Duplicate | bool:
-        """A ``check(key, tombstones=True)`` reply: the record as a :class:`Duplicate`,
-        ``True`` for a released claim's tombstone, ``False`` for none."""
-        if _tag(reply, self.keys.idem(key.value)) == "x":
-            return True
-        return self.decode_check(key, reply) or False
+    def decode_alias(
+        self, key: IdempotencyKey, reply: Any
+    ) -> Duplicate | Literal["released", "touched"] | None:
+        """A ``check(key, tombstones=True)`` reply: the record as a :class:`Duplicate`;
+        ``"released"`` for a released claim's tombstone, ``"touched"`` when that
+        release said an earlier run may have had its effect; ``None`` for none."""
+        rkey = self.keys.idem(key.value)
+        if _tag(reply, rkey) == "x":
+            touched = len(reply) > 1 and _codec.as_text(reply[1], key=rkey, field="reply") == "1"
+            return "touched" if touched else "released"
+        return self.decode_check(key, reply)
 
     def decode_check(self, key: IdempotencyKey, reply: Any) -> Duplicate | None:
         rkey = self.keys.idem(key.value)

@@ -1,13 +1,16 @@
 --[[ idem_check: read an idempotency record (read-only), judged by the server clock.
 
 KEYS[1]  the record hash            (<ns>:idem:{<key>})
-ARGV[1]  tombstones                 optional: "x" = answer {"x"} for a released
-                                    claim's tombstone (the layer's read of a key's
-                                    aliases: an earlier delivery may be parked)
+ARGV[1]  tombstones                 optional: "x" = answer {"x", touched} for a
+                                    released claim's tombstone (the layer's read of a
+                                    key's aliases: an earlier delivery may be parked,
+                                    or may have had its effect)
 
 Returns one of
   {"none"}                          no record (or a released claim's tombstone)
-  {"x"}                             (with ARGV[1] "x") a released claim's tombstone
+  {"x", touched ("1"|"0")}          (with ARGV[1] "x") a released claim's tombstone;
+                                    touched "1" when an earlier run may have had its
+                                    effect (idem_release's "tc" mark)
   {"dup", state ("p"|"d"), value ("" = none), claimed_ms, window_expires_ms,
    lease_expired (0|1), not_stored ("" = the result is stored, else why not)}
   {"corrupt", detail}
@@ -27,10 +30,13 @@ local function int(v)
   if n and n == n and n > -1e15 and n < 1e15 and n == math.floor(n) then return n end
   return nil
 end
-local f = redis.call("HMGET", key, "s", "ts", "le", "w", "ph", "r", "ns")
+local f = redis.call("HMGET", key, "s", "ts", "le", "w", "ph", "r", "ns", "tc")
 local state, ts, le, window = f[1], int(f[2]), int(f[3]), int(f[4])
 if state == "x" then
-  if ARGV[1] == "x" then return {"x"} end
+  if ARGV[1] == "x" then
+    if f[8] == "1" then return {"x", "1"} end
+    return {"x", "0"}
+  end
   return {"none"}
 end
 if (state ~= "p" and state ~= "d") or not ts or not window then

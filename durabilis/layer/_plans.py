@@ -949,7 +949,8 @@ class _LayerCore:
         whether an alias is in progress with its lease run out (a dead owner: this
         claim runs it, told an earlier run may have had its effect, as a takeover
         of its own key would be; recovery parks the dead claim, whose replay then
-        finds this key's outcome); the aliases released (their operation may be
+        finds this key's outcome; or released "touched", after an interruption
+        once fn had started there); the aliases released (their operation may be
         parked: this run's success settles those records).
 
         Raises:
@@ -963,7 +964,10 @@ class _LayerCore:
             if replies.status[first + i] not in "rc":  # not read: the step was refused
                 continue
             seen = self._idem.decode_alias(alias, replies[first + i])
-            if seen is True:
+            if seen == "touched":  # released after fn started there: it may have run
+                orphaned = True
+                parked.append(alias)
+            elif seen == "released":
                 parked.append(alias)
             elif isinstance(seen, Duplicate):
                 if not seen.in_progress:

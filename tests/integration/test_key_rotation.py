@@ -204,6 +204,33 @@ def test_an_alias_whose_worker_died_does_not_block_and_the_run_is_told_it_may_ha
         after.close()
 
 
+def test_a_run_interrupted_after_its_effect_under_the_old_secret_flags_the_delivery_under_the_new(
+    store: durabilis.Store,
+) -> None:
+    # Found by the simulator (seed 283): the alias read dropped the "touched"
+    # mark, so the run under the new secret was not told it may have run.
+    before = DurabilityLayer(store, old_config())
+    effects: list[str] = []
+
+    def interrupted(ctx: OperationContext) -> str:
+        effects.append(ctx.idempotency_key)
+        raise KeyboardInterrupt
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            before.execute("a1", "job", PAYLOAD, interrupted)
+    finally:
+        before.close()
+    assert len(effects) == 1
+    after = DurabilityLayer(store, rotation_config(NEW, OLD))
+    op = Counter(result="sent")
+    try:
+        assert after.execute("a1", "job", PAYLOAD, op) == "sent"
+        assert len(op.calls) == 1 and op.calls[0].recovered
+    finally:
+        after.close()
+
+
 def test_two_replicas_with_swapped_secrets_run_each_operation_exactly_once_threads(
     store: durabilis.Store, raw: Any, namespace: str,
 ) -> None:

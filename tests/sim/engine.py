@@ -15,13 +15,41 @@ each boundary the scheduler picks who steps next and may inject a fault:
 - a cancellation (asyncio actors), before or after the server applied the step,
   and during ``fn``; shielded steps defer it as the asyncio driver does;
 - ``fn`` succeeding, raising a retryable or non-retryable error, returning an
-  unstorable result, or its worker dying inside it;
+  unstorable result, or its worker dying inside it; for sync actors,
+  ``SystemExit`` or ``KeyboardInterrupt`` raised inside ``fn`` after its effect
+  (the claim goes back touched: the next delivery must run ``ctx.recovered``);
 - an operator forcing the breaker open or closed;
 - time passing (the server clock is the simulation's, through
   ``durabilis.testing.offset_server_clock``): small steps, and jumps past leases
   during which live actors' keep-alives renew, unless an actor is *stalled*
   (then its lease may lapse: the one case where two workers may legitimately
   run one operation at once).
+
+The seams (each drawn for about a fifth of the runs, from a stream of its own,
+so that a run without them is the run it was before them):
+
+- a **fork**: a worker forks mid-run (preferably while it holds a claim). The
+  child starts with a deep copy of the parent's in-process state (its layer,
+  its lease book, locks copied unheld, the store shared), on which the
+  library's own fork hook (``durabilis._fork._after_fork_in_child``) runs, for
+  the copies only; the parent then dies (60 %) or goes on; the child submits
+  operations of its own, and its keep-alive ticks in time jumps. It must never
+  renew, record, release or unlist a claim of its parent (checked at each of
+  its steps and ticks; a claim of a dead parent must age out and be recovered:
+  "nothing stuck"), nor send its parent's batched counts (the counters check);
+- a **key secret rotation** (content keys, HMAC'd under the secret): every
+  replica starts on (S1, previous S2), the runbook's step 1; at one step some
+  switch to (S2, previous S1), later all (step 2, a rolling deploy: a replica
+  switches at its next plan, a restart). Checks are per *logical operation*
+  (a content key under each secret is one operation); at the end every record
+  still parked is replayed once without faults, so that a record parked under
+  one key of an operation completed under another must be settled;
+- **budget settings that differ between replicas**: a ``RetryBudget`` per
+  replica (its own window, ratio and minimum), changed mid-run by a restart.
+  Every budget script applied is logged with its server time (bracketed by
+  reads before and after); no retry may be granted beyond what any setting
+  used within its window allows, counted on exact sliding windows
+  (:meth:`Simulation._check_budget`).
 
 Half of the runs fuse each step into one script (standalone Redis), half run
 the scripts of a step one by one, as on Redis Cluster, where other actors
@@ -35,9 +63,14 @@ from its seed.
 from __future__ import annotations
 
 import asyncio
+import copy
+import copyreg
+import dataclasses
 import itertools
 import logging
 import random
+import threading
+import weakref
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -54,8 +87,10 @@ from durabilis import (
     IdempotencyConfig,
     IdempotencyKey,
     OperationError,
+    RetryBudget,
     RetryPolicy,
     StorageUnavailable,
+    _fork,
 )
 from durabilis._keys import bucket_tag
 from durabilis._scripts import Replies, ScriptCall, unfuse
@@ -79,6 +114,8 @@ from durabilis.layer import DurabilityConfig, DurabilityLayer, OperationContext,
 from durabilis.testing import offset_server_clock
 
 LEASE = 10.0  # virtual seconds
+SECRET_1 = "sim-key-secret-one-0123456789"
+SECRET_2 = "sim-key-secret-two-0123456789"
 RENEW = 3.0
 DEP = "svc"
 
@@ -162,6 +199,9 @@ class Actor:
     faulted_plans: set[int] = field(default_factory=set)
     nonces: dict[str, str] = field(default_factory=dict)  # record key -> its latest claim
     plan_holds: list[Any] = field(default_factory=list)  # what the running plan holds
+    restart: bool = False  # its settings changed: a new layer before its next plan
+    fork_of: str | None = None  # a forked child: its parent's name
+    parent_claims: set[str] = field(default_factory=set)  # (child) the parent's claim nonces
 
     @property
     def active(self) -> bool:
@@ -181,6 +221,10 @@ class Knobs:
     labels: int
     max_steps: int
     jumps: float  # chance per step that time jumps by about a lease
+    # The seams (drawn from their own stream: a run without them is the run it was)
+    fork: bool = False  # a worker forks mid-run; the child takes part, the parent may die
+    rotation: bool = False  # content keys under a key secret rotated mid-run (rolling)
+    budgets: bool = False  # a retry budget whose setting differs between replicas
 
 
 class Simulation:
@@ -203,6 +247,27 @@ class Simulation:
             max_steps=200,
             jumps=rng.choice((0.02, 0.02, 0.08)),
         )
+        # The seams' actions (fork, key secret rotation, budget settings) draw
+        # from their own stream: a run without them replays as it did before.
+        x = self.xrng = random.Random(f"seams-{seed}")
+        self.knobs.fork = x.random() < 0.2
+        self.knobs.rotation = self.knobs.dedup and x.random() < 0.2
+        self.knobs.budgets = x.random() < 0.2
+        # Rotation: every replica starts on (S1, previous S2) (the runbook's step 1
+        # done); at rotate_at some switch to (S2, previous S1), at rotate_all_at
+        # the rest (step 2, a rolling deploy). Names not listed follow the fleet.
+        self.rotate_at = x.randint(1, 40)
+        self.rotate_all_at = self.rotate_at + x.randint(1, 30)
+        self.secrets: dict[str, tuple[str, tuple[str, ...]]] = {}
+        self.fleet_secrets = (SECRET_1, (SECRET_2,))
+        # Budgets: each replica's own setting (window and cap), changed mid-run
+        # by a restart; every budget script applied, bracketed by server time.
+        self.budget_of: dict[str, RetryBudget] = {}
+        self.budget_log: list[tuple[int, int, str, int, int, int, bool]] = []
+        # Idempotency key -> its logical operation (a content key has one per
+        # secret); and each operation's keys. Without a rotation, one key each.
+        self.op_of: dict[str, str] = {}
+        self.keys_of: dict[str, set[str]] = defaultdict(set)
         self.now = 0.0
         self.step_no = 0
         self.trace: list[str] = []
@@ -248,6 +313,8 @@ class Simulation:
             ),)
             if self.knobs.breaker else ()
         )
+        if self.knobs.budgets:  # retries to spend (a budget with one attempt is idle)
+            policy = dataclasses.replace(policy, max_attempts=3)
         return DurabilityConfig(
             idempotency=IdempotencyConfig(
                 enabled=self.knobs.dedup, in_progress_ttl_seconds=LEASE,
@@ -260,11 +327,38 @@ class Simulation:
             renew_every_seconds=RENEW,
         )
 
+    def _config_for(self, name: str) -> DurabilityConfig:
+        """The configuration a replica runs with now (its secrets, its budget)."""
+        cfg = self.config
+        if self.knobs.rotation:
+            current, previous = self.secrets.get(name, self.fleet_secrets)
+            cfg = dataclasses.replace(cfg, idempotency=dataclasses.replace(
+                cfg.idempotency, key_secret=current, previous_key_secrets=previous))
+        if self.knobs.budgets:
+            budget = self.budget_of.get(name)
+            if budget is None:
+                budget = self.budget_of[name] = self._draw_budget()
+            cfg = dataclasses.replace(cfg, retry_policies=tuple(
+                dataclasses.replace(p, budget=budget) for p in cfg.retry_policies or ()))
+        return cfg
+
+    def _draw_budget(self) -> RetryBudget:
+        x = self.xrng
+        return RetryBudget(ratio=x.choice((0.0, 0.1, 0.5, 1.0)), min_retries=x.randint(0, 2),
+                           window_seconds=x.choice((0.5, 2.0, 5.0, 20.0)))
+
     def _layer(self, name: str) -> DurabilityLayer:
-        layer = DurabilityLayer(self.store, self.config, replica_id=name)
+        layer = DurabilityLayer(self.store, self._config_for(name), replica_id=name)
         layer._core.clock = lambda: self.now
         layer._core.on_wait = None  # (its keep-alive is simulated: _flush at its ticks)
+        self._tally(layer)
+        return layer
+
+    def _tally(self, layer: DurabilityLayer) -> None:
+        """Count what the layer batches in its process (see ``batched``)."""
         core = layer._core
+        for name in ("_leave", "_count_duplicate"):  # (a fork's copy: its parent's tallies)
+            vars(core).pop(name, None)
         leave, count_duplicate = core._leave, core._count_duplicate
 
         def tallied_leave(members: Any, counts: Any) -> None:
@@ -278,7 +372,6 @@ class Simulation:
 
         core._leave = tallied_leave  # type: ignore[method-assign]
         core._count_duplicate = tallied_duplicate  # type: ignore[method-assign]
-        return layer
 
     def _actors(self) -> list[Actor]:
         rng = self.rng
@@ -360,9 +453,36 @@ class Simulation:
                 wait=wait, park_on_open=park_on_open, deadline_seconds=None,
             )
             sub.key = req.key.value
+            self._register(req.key.value, payload, content=not raw_key)
             return layer._core.execute_plan(req, self._fn(actor))
 
         return start
+
+    # -- logical operations: a content key under each secret is one operation --
+
+    def _register(self, key: str, payload: Any, *, content: bool) -> None:
+        if key in self.op_of:
+            return
+        keys = {key}
+        if content and self.knobs.rotation:
+            for secret in (SECRET_1, SECRET_2):
+                keys.add(IdempotencyKey.new("agent", "job", payload, secret=secret).value)
+        op = min(keys)
+        for k in keys:
+            self.op_of[k] = op
+            self.keys_of[op].add(k)
+
+    def _op(self, key: str) -> str:
+        return self.op_of.get(key, key)
+
+    def _aliases(self, key: str) -> set[str]:
+        """Every key of ``key``'s operation (itself included)."""
+        return self.keys_of.get(self._op(key)) or {key}
+
+    def _recorded(self, key: str) -> bool:
+        """The operation is completed under one of its keys."""
+        return any(self.raw.hget(self.store.keys.idem(k), "s") == b"d"
+                   for k in sorted(self._aliases(key)))
 
     # -- the schedule -------------------------------------------------------------
 
@@ -388,9 +508,35 @@ class Simulation:
                     self._flush(a)
             self._advance(LEASE * 2.5)
             self._recover_all()
+            if self.knobs.rotation and self.knobs.dedup:
+                self._replay_all()
+
+    def _replay_all(self) -> None:
+        """Rotation runs: what is still parked is replayed once, without faults,
+        by a replica on the final secrets (a record parked under one key of an
+        operation completed under another is settled by its replay: docs/
+        production.md, "Rotating the key secret"); then recovery again."""
+        if self.knobs.breaker:  # (an operator's forced open would defer every replay)
+            self.actors[0].layer.breakers.force_close(DEP)
+        rep = Actor("final-rep", "replayer", self._layer("final-rep"), "sync")
+        rep.queue.append(lambda: rep.layer.dlq._ops.replay_pending_steps(
+            None, None, None, rep.layer._core.replay_plan(self._fn(rep))))
+        self.actors.append(rep)
+        self.log("-- final replay of what is parked")
+        limit = self.step_no + 2000
+        while self.step_no < limit:
+            if not self._tick(events=False):
+                break
+        else:
+            self.violations.append("stuck: the final replay did not finish (2000 steps)")
+        self._flush(rep)
+        self._advance(LEASE * 2.5)
+        self._recover_all()
 
     def _tick(self, *, events: bool = True) -> bool:
         self.step_no += 1
+        if any(a.active for a in self.actors):  # (a fork may add an actor, kill one)
+            self._seams(events=events and self.faults)
         live = [a for a in self.actors if a.active]
         if not live:
             return False
@@ -425,6 +571,79 @@ class Simulation:
             (registry.force_open if op == "open" else registry.force_close)(DEP)
             self.log(f"operator forces the breaker {op}")
 
+    def _seams(self, *, events: bool) -> None:
+        """The actions at the seams: a rolling key secret rotation (a deploy: in
+        any phase), a replica restarted with another budget setting, a fork."""
+        x = self.xrng
+        if self.knobs.rotation and self.step_no in (self.rotate_at, self.rotate_all_at):
+            switched = []
+            for a in self.actors:
+                if self.secrets.get(a.name, self.fleet_secrets)[0] == SECRET_2:
+                    continue
+                if self.step_no == self.rotate_all_at or x.random() < 0.5:
+                    self.secrets[a.name] = (SECRET_2, (SECRET_1,))
+                    a.restart = True
+                    switched.append(a.name)
+            if self.step_no == self.rotate_all_at:
+                self.fleet_secrets = (SECRET_2, (SECRET_1,))
+            self.log(f"key secret rotation: {switched} switch to (S2, previous S1)")
+        if not events:
+            return
+        if self.knobs.budgets and x.random() < 0.03:
+            a = x.choice(self.actors)
+            self.budget_of[a.name] = self._draw_budget()
+            a.restart = True
+            self.log(f"{a.name} will restart with budget {self.budget_of[a.name]}")
+        if self.knobs.fork and not any(a.fork_of for a in self.actors) and x.random() < 0.05:
+            parents = [a for a in self.actors if a.kind == "worker" and not a.crashed]
+            holders = [a for a in parents if len(a.leases)]
+            if holders or (parents and x.random() < 0.2):
+                self._fork(x.choice(holders or parents))
+
+    def _restart(self, actor: Actor) -> None:
+        """A replica redeployed with its new settings, between two plans: its old
+        layer closes (what waits in it is sent), a new one starts."""
+        actor.restart = False
+        self._flush(actor)
+        actor.layer = self._layer(actor.name)
+        current = self.secrets.get(actor.name, self.fleet_secrets)[0]
+        self.log(f"{actor.name} restarts (secret {'S2' if current == SECRET_2 else 'S1'}, "
+                 f"budget {self.budget_of.get(actor.name)})")
+
+    def _fork(self, parent: Actor) -> None:
+        """``parent`` forks: the child starts with a copy of the parent's
+        in-process state (its layer, its lease book: copied as fork copies
+        memory, the store and its connections shared), on which the library's
+        fork hook (``durabilis._fork``) runs, for the copies only. The child
+        submits operations of its own; the parent may die right after."""
+        memo: dict[int, Any] = {id(self.store): self.store, id(self): self}
+        with _locks_copied_unheld():
+            layer, leases = copy.deepcopy((parent.layer, parent.leases), memo)
+        # The child's copies of what the parent registered for the hook.
+        copies = [memo[id(obj)] for obj in list(_fork._LIVE)
+                  if id(obj) in memo and memo[id(obj)] is not obj]
+        live, hooks = _fork._LIVE, _fork._HOOKS
+        _fork._LIVE, _fork._HOOKS = weakref.WeakSet(copies), []  # (module state is shared)
+        try:
+            _fork._after_fork_in_child()
+        finally:
+            _fork._LIVE, _fork._HOOKS = live, hooks
+        for obj in copies:  # registered in the child as in its parent (a grandchild)
+            _fork.reset_in_child(obj)
+        self._tally(layer)
+        child = Actor(f"{parent.name}f", "worker", layer, parent.flavour, leases=leases,
+                      fork_of=parent.name)
+        child.parent_claims = {nonce for _, nonce, _ in parent.leases.held()} | set(
+            parent.nonces.values())
+        for _ in range(self.xrng.randint(1, 2)):
+            label = f"op{self.xrng.randrange(self.knobs.labels)}"
+            child.queue.append(self._operation(child, label))
+        child.wake = self.now
+        self.actors.append(child)
+        self.log(f"{parent.name} FORKS {child.name} (holding {len(parent.leases)} claim(s))")
+        if self.xrng.random() < 0.6:
+            self._crash(parent, "after forking")
+
     def _set_clock(self) -> None:
         self.raw.set(self.clock_key, int(self.now * 1_000_000))
 
@@ -447,11 +666,13 @@ class Simulation:
                 if self.now >= a.next_renew:
                     a.next_renew = self.now + RENEW
                     held = a.leases.held()
+                    self._not_the_parents(a, "renews", [nonce for _, nonce, _ in held])
                     replies = self.store.run_many(a.layer._core.renew_calls(held))
                     back = a.layer._core.reindex_calls(held, replies)
                     if back:
                         self.store.run_many(back)
                     for item in a.leases.deferred():  # outcomes the keep-alive still sends
+                        self._not_the_parents(a, "records", [item.item[1]])
                         replies = self.store.run_step(item.step.calls, item.step.gates)
                         a.layer._core.deferred_sent(a.leases, item, replies)
                         self.log(f"{a.name} keep-alive records a deferred outcome")
@@ -461,7 +682,19 @@ class Simulation:
     def _flush(self, actor: Actor) -> None:
         """What the keep-alive's tick (or stats(), close()) sends of the counts and
         the index removals waiting in a process (Cluster: _LayerCore._leave)."""
+        self._not_the_parents(actor, "removes the index entry of",
+                              [m.rpartition("|")[2] for m in self._waiting(actor.name)])
         drive(actor.layer._core.flush_plan(), self.store)
+
+    def _not_the_parents(self, actor: Actor, what: str, nonces: list[str]) -> None:
+        """A forked child never acts on a claim of its parent (its keep-alive does
+        not renew it, nothing of the child records or releases it): a parent that
+        dies has its claims age out and recovered."""
+        if actor.fork_of is None:
+            return
+        for nonce in sorted(set(nonces) & actor.parent_claims):
+            self.violations.append(f"forked child {actor.name} {what} its parent "
+                                   f"{actor.fork_of}'s claim {nonce}")
 
     def _fault(self, step: Any, actor: Actor) -> str | None:
         if not self.faults or self.rng.random() >= self.knobs.fault_rate:
@@ -487,6 +720,8 @@ class Simulation:
 
     def _step(self, actor: Actor) -> None:
         if actor.run is None:
+            if actor.restart:
+                self._restart(actor)
             factory = actor.queue.pop(0)
             actor.plan_no += 1
             try:
@@ -547,7 +782,8 @@ class Simulation:
             sub.error, sub.value = error, value
             self._nothing_left(sub)
         elif error is not None and not isinstance(
-                error, (DurabilisError, asyncio.CancelledError, SimUserError)):
+                error, (DurabilisError, asyncio.CancelledError, SimUserError, SystemExit,
+                        KeyboardInterrupt)):
             self.violations.append(f"{actor.name} ({actor.kind}) raised {error!r}")
         actor.run = None
         actor.submission = None
@@ -578,7 +814,7 @@ class Simulation:
             if self.raw.zscore(self.store.keys.layer("inflight"), member) is not None:
                 self.violations.append(
                     f"{sub.actor} {sub.label} answered but left its in-flight entry {member}")
-        if sub.outcome == "ok" and state != b"d":
+        if sub.outcome == "ok" and state != b"d" and not self._recorded(sub.key):
             self.violations.append(f"{sub.actor} {sub.label} got a result that is not recorded")
 
     def _waiting(self, name: str) -> list[str]:
@@ -615,7 +851,7 @@ class Simulation:
             if w < failing:
                 refused = False
                 for i in wave:
-                    replies[i] = self.store.run(calls[i])
+                    replies[i] = self._run_noted(calls[i])
                     refused_now = bool(gates and i in gates and gates[i](replies[i]))
                     status[i] = "r" if refused_now else "c"
                     refused = refused or refused_now
@@ -626,7 +862,7 @@ class Simulation:
             for i in wave:
                 applies = self.rng.random() < 0.5
                 if applies:
-                    replies[i] = self.store.run(calls[i])
+                    replies[i] = self._run_noted(calls[i])
                 if applies and i != lost and self.rng.random() < 0.5:
                     refused_now = bool(gates and i in gates and gates[i](replies[i]))
                     status[i] = "r" if refused_now else "c"
@@ -635,11 +871,42 @@ class Simulation:
             break
         return Replies(replies, "".join(status)), None
 
+    # -- the retry budget's log: every budget script applied, and when --
+
+    def _server_ms(self) -> int:
+        """The scripts' clock now (the server's, offset by the simulation's)."""
+        sec, us = self.raw.time()
+        return int(sec * 1_000_000 + us + int(self.now * 1_000_000)) // 1000
+
+    def _run_noted(self, call: ScriptCall) -> Any:
+        if not (self.knobs.budgets and call.name == "retry_budget"):
+            return self.store.run(call)
+        lo = self._server_ms()
+        reply = self.store.run(call)
+        self._note_budget(call, reply, lo, self._server_ms())
+        return reply
+
+    def _note_budget(self, call: ScriptCall, reply: Any, lo: int, hi: int) -> None:
+        """A ``retry_budget`` call applied between server times ``lo`` and ``hi``
+        (ms): its mode, its setting, and whether a retry was granted."""
+        if call.name != "retry_budget":
+            return
+        mode, window, ratio_ppm, least = call.args[:4]
+        tag = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
+        if tag not in ("ok", "denied"):  # (foreign data at the key: nothing written)
+            return
+        self.budget_log.append((lo, hi, str(mode), int(window), int(ratio_ppm), int(least),
+                                mode == "retry" and tag == "ok"))
+
     def _io(self, actor: Actor, step: Any) -> None:  # noqa: PLR0912  (a branch per fault)
         assert actor.run is not None
         calls = list(step.calls) if type(step) is IO else [] if type(step) is Command else [step]
         gates = step.gates if type(step) is IO else None
         self._note_probes(actor, calls)
+        if actor.fork_of is not None:  # what acts as a claim's owner: its nonce
+            self._not_the_parents(actor, "records or releases", [
+                str(arg) for call in calls for part in unfuse(call)
+                if part.name in ("idem_record", "idem_release") for arg in part.args])
         fault = self._fault(step, actor)
         names = "+".join(c.name for c in calls) if type(step) is not Command else step.args[0]
         self.log(f"{actor.name} io {names}" + (f" FAULT {fault}" if fault else ""))
@@ -675,7 +942,14 @@ class Simulation:
             if type(step) is Command:
                 reply: Any = self.store.command(*step.args)
             elif type(step) is ScriptCall:
-                reply = self.store.run(step)
+                reply = self._run_noted(step)
+            elif self.knobs.budgets and any(c.name == "retry_budget" for c in calls):
+                lo = self._server_ms()
+                reply = self.store.run_step(calls, gates, step.waves)
+                hi = self._server_ms()
+                for call, one, status in zip(calls, reply, reply.status, strict=True):
+                    if status == "c":  # (a call refused before ready() wrote nothing)
+                        self._note_budget(call, one, lo, hi)
             else:
                 reply = self.store.run_step(calls, gates, step.waves)
         except DurabilisError as exc:
@@ -750,6 +1024,14 @@ class Simulation:
                 self.log(f"{actor.name} fn cancelled (effect={execution.effect})")
                 actor.run.throw(asyncio.CancelledError())
             return
+        if self.faults and actor.flavour == "sync" and r < self.knobs.fault_rate:
+            # The process is interrupted inside fn after its effect (sys.exit()
+            # in fn or a signal handler, Ctrl-C): its caller gets the interruption.
+            interruption = self.rng.choice((SystemExit, KeyboardInterrupt))
+            execution.effect = execution.cancelled = True
+            self.log(f"{actor.name} fn has its effect, then {interruption.__name__}")
+            actor.run.throw(interruption())
+            return
         roll = self.rng.random()
         if roll < 0.55:
             execution.effect = True
@@ -776,26 +1058,32 @@ class Simulation:
                  f"{' replay' if ctx.replay else ''}{' recovered' if ctx.recovered else ''}")
         nonce = actor.nonces.get(self.store.keys.idem(key), "")
         if self.knobs.dedup:
-            rkey = self.store.keys.idem(key)
-            if self.raw.hget(rkey, "s") == b"d" and (key, nonce) not in self.unrespected:
-                self.violations.append(f"{actor.name} runs {key} although it has a record")
+            # Per logical operation: a content key under each secret is one
+            # operation (a rotation); an alias recorded by a worker whose lease
+            # lapsed meanwhile (nobody took that key from it) is that stall's.
+            op, stale = self._op(key), (key, nonce) in self.unrespected
+            lapsed = {k for k, _ in self.unrespected}
+            for k in sorted(self._aliases(key)):
+                if (self.raw.hget(self.store.keys.idem(k), "s") == b"d" and not stale
+                        and (k == key or k not in lapsed)):
+                    self.violations.append(f"{actor.name} runs {key} although it has a record"
+                                           + (f" (under {k})" if k != key else ""))
             for other in self.actors:
                 ex = other.inside
-                if (other is not actor and ex is not None and ex.key == key
-                        and (key, ex.nonce) not in self.unrespected
-                        and (key, nonce) not in self.unrespected):
+                if (other is not actor and ex is not None and self._op(ex.key) == op
+                        and (ex.key, ex.nonce) not in self.unrespected and not stale):
                     self.violations.append(
-                        f"{actor.name} and {other.name} inside fn for {key} at once")
+                        f"{actor.name} and {other.name} inside fn for {key} at once"
+                        + (f" (under {ex.key})" if ex.key != key else ""))
             # An earlier run's effect (or a run interrupted or killed inside fn)
             # is never hidden from the next run: it is told (ctx.recovered, or a
             # replay), with the same key and a higher token.
             # (A worker paused past its lease runs on a claim taken from it: the
             # stale run the token fences, not a delivery.)
             running = {id(a.inside) for a in self.actors if a.inside is not None}
-            stale = (key, nonce) in self.unrespected
             for ex in self.executions:
-                if (ex.key == key and ex.effect and id(ex) not in running and not stale
-                        and (key, ex.nonce) not in self.unrespected
+                if (self._op(ex.key) == op and ex.effect and id(ex) not in running
+                        and not stale and (ex.key, ex.nonce) not in self.unrespected
                         and not (ctx.recovered or ctx.replay)):
                     self.violations.append(
                         f"{actor.name} runs {key} unflagged after {ex.actor}'s run (token "
@@ -827,6 +1115,7 @@ class Simulation:
         problems += self._check_outcomes()
         problems += self._check_nothing_stuck()
         problems += self._check_batched_counts()
+        problems += self._check_budget()
         if problems:
             raise Counterexample(self.report(problems))
 
@@ -846,7 +1135,8 @@ class Simulation:
 
     def _check_outcomes(self) -> list[str]:
         out: list[str] = []
-        allowed = (DurabilisError, OperationError, SimUserError, asyncio.CancelledError)
+        allowed = (DurabilisError, OperationError, SimUserError, asyncio.CancelledError,
+                   SystemExit, KeyboardInterrupt)
         for sub in self.submissions:
             if sub.outcome == "error" and not isinstance(sub.error, allowed):
                 out.append(f"{sub.actor} {sub.label}: escaped {sub.error!r}")
@@ -870,13 +1160,17 @@ class Simulation:
         out: list[str] = []
         dlq_ids = {f.get(b"dlq_id", b"").decode() for fs in parked.values() for f in fs}
         answers: dict[str, set[str]] = defaultdict(set)
+        lapsed = {k for k, _ in self.unrespected}
         for sub in self.submissions:
             if sub.key is None:
                 continue
-            state = self.raw.hget(self.store.keys.idem(sub.key), "s")
             if sub.outcome == "ok":
-                answers[sub.key].add(repr(sub.value))
-                if state != b"d":
+                # (a rotation: a stalled worker records its key, nobody having taken
+                # it, while the operation ran under another: two answers, the stall's)
+                aliases = self._aliases(sub.key)
+                if len(aliases) == 1 or not aliases & lapsed:
+                    answers[self._op(sub.key)].add(repr(sub.value))
+                if not self._recorded(sub.key):
                     out.append(f"{sub.actor} got a result for {sub.key} but it is not recorded")
             error = sub.error
             if isinstance(error, durabilis.RetryExhausted) and error.dlq_id not in (
@@ -906,26 +1200,27 @@ class Simulation:
                     sub.nonces & claims):
                 out.append(f"{what}: refused or failed for good, yet parked in the DLQ")
             if isinstance(sub.error, durabilis.ResultNotStored) and sub.key and (
-                    self.raw.hget(self.store.keys.idem(sub.key), "s") != b"d"):
+                    not self._recorded(sub.key)):
                 out.append(f"{what}: ran, yet not recorded as completed")
         return out
 
     def _check_effects(self, parked: dict[str, list[dict[bytes, bytes]]]) -> list[str]:
         """Nothing that ran is lost; fencing tokens of one key only increase."""
         out: list[str] = []
-        last_run: dict[str, int] = {}
+        last_run: dict[str, int] = {}  # per logical operation
         for ex in self.executions:
-            last_run[ex.key] = max(last_run.get(ex.key, -1), ex.start_step)
+            op = self._op(ex.key)
+            last_run[op] = max(last_run.get(op, -1), ex.start_step)
         for ex in self.executions:
             # A cancellation inside fn is answered to its caller (CancelledError)
             # and releases the claim, as fn raising would (docs/layer.md). An
             # effect followed by another run of the operation (a takeover told
             # ctx.recovered, a replay) is that run's to settle: the window by nature.
-            if (not ex.effect or ex.cancelled or last_run[ex.key] > ex.start_step
+            if (not ex.effect or ex.cancelled or last_run[self._op(ex.key)] > ex.start_step
                     or (ex.key, ex.nonce) in self.unrespected):
                 continue
-            state = self.raw.hget(self.store.keys.idem(ex.key), "s")
-            if state != b"d" and not parked.get(ex.key):
+            if not self._recorded(ex.key) and not any(
+                    parked.get(k) for k in self._aliases(ex.key)):
                 out.append(f"LOST: {ex.key} ran ({ex.actor}, token {ex.token}) but is neither "
                            "recorded nor parked")
         by_key: dict[str, list[Execution]] = defaultdict(list)
@@ -947,8 +1242,8 @@ class Simulation:
         if not self.knobs.fused:
             return []
         out: list[str] = []
-        for key, entries in parked.items():
-            if not key or self.raw.hget(self.store.keys.idem(key), "s") != b"d":
+        for key, entries in parked.items():  # (completed under any of its keys)
+            if not key or not self._recorded(key):
                 continue
             for dlq_id in {f.get(b"dlq_id", b"").decode() for f in entries}:
                 status = self.raw.hget(self.store.keys.dlq("rec", dlq_id), "st")
@@ -961,15 +1256,49 @@ class Simulation:
         processes reach the fleet's counters, each once: ``duplicates`` (only
         ever batched) equals what was batched, and ``succeeded`` too (only the
         record step's batch carries it, and no record step fails here)."""
-        if self.knobs.fault_rate > 0 or any(a.crashed for a in self.actors):
+        if self.knobs.fault_rate > 0:
             return []
         raw = self.raw.hgetall(self.store.keys.layer("stats"))
         stored = {k.decode(): int(v) for k, v in raw.items()}
+        # A process that died lost what waited in it (a parent dead after a
+        # fork, the only crash without faults): fewer, never more (a forked
+        # child never sends its parent's counts).
+        died = any(a.crashed for a in self.actors)
         return [
             f"counter {name}: {stored.get(name, 0)} in Redis, {self.batched[name]} batched"
             for name in ("duplicates", "succeeded")
-            if stored.get(name, 0) != self.batched[name]
+            if stored.get(name, 0) > self.batched[name]
+            or (stored.get(name, 0) != self.batched[name] and not died)
         ]
+
+    def _check_budget(self) -> list[str]:
+        """The fleet never grants more retries than the strictest setting in use
+        allows (docs/retry.md, "Replicas that disagree"): at each granted retry,
+        for every setting used within its window W before it, the retries granted
+        in ``(t - W, t]`` (this one included) are at most ``ratio * calls + min``
+        with the calls recorded in ``[t - W, t]``. Exact sliding windows of the
+        true log (the script's bucket counting is conservative: a retry counts for
+        at least W, a call for at most W), each call's server time bracketed by
+        reads before and after it: a retry counts only if surely in the window,
+        a call if possibly, a setting binds only if surely live."""
+        out: list[str] = []
+        log = self.budget_log
+        for i, (lo, hi, _mode, _w, _r, _m, granted) in enumerate(log):
+            if not granted:
+                continue
+            seen = log[:i + 1]
+            for window, ratio_ppm, least in sorted({(e[3], e[4], e[5]) for e in seen
+                                                     if e[0] > hi - e[3]}):
+                retries = sum(1 for e in seen if e[6] and e[0] > hi - window)
+                calls = sum(1 for e in seen if e[2] == "call" and e[1] >= lo - window)
+                if retries * 1_000_000 > ratio_ppm * calls + least * 1_000_000:
+                    out.append(
+                        f"retry budget: retry #{i} at {lo}..{hi} ms granted although setting "
+                        f"(ratio {ratio_ppm / 1e6}, min {least}, window {window} ms) allows "
+                        f"{(ratio_ppm * calls) / 1e6 + least} with {calls} call(s); {retries} "
+                        "retries in its window")
+                    break
+        return out
 
     def _check_nothing_stuck(self) -> list[str]:
         out: list[str] = []
@@ -1034,6 +1363,27 @@ def _unavailable(why: str, n: int) -> StorageUnavailable:
     exc = StorageUnavailable(f"simulated: {why}")
     exc.partial = Replies([None] * n, "?" * n)
     return exc
+
+
+@contextmanager
+def _locks_copied_unheld() -> Iterator[None]:
+    """``copy.deepcopy`` copies a lock as a lock nobody holds (as fork copies one
+    that no thread held: none is held between the simulator's steps)."""
+    kinds = {type(threading.Lock()): threading.Lock, type(threading.RLock()): threading.RLock}
+    saved = {kind: copyreg.dispatch_table.get(kind) for kind in kinds}
+    def unheld(make: Callable[[], Any]) -> Callable[[Any], tuple[Any, tuple[()]]]:
+        return lambda _lock: (make, ())
+
+    for kind, make in kinds.items():
+        copyreg.dispatch_table[kind] = unheld(make)
+    try:
+        yield
+    finally:
+        for kind, old in saved.items():
+            if old is None:
+                copyreg.dispatch_table.pop(kind, None)
+            else:
+                copyreg.dispatch_table[kind] = old
 
 
 @contextmanager
