@@ -922,7 +922,11 @@ class _LayerCore:
             self._breakers._forget(req.dependency)  # no report confirms the cache (Cluster)
         calls: list[ScriptCall] = []
         if cl.token or cl.member:
-            calls.append(self._idem.release(req.key, cl.token, cl.nonce, touched=touched))
+            # A run flagged recovered passes the mark on (its own key may hold it
+            # only through an alias, under another secret, that expires sooner).
+            calls.append(self._idem.release(
+                req.key, cl.token, cl.nonce, touched=touched or cl.taken_over,
+            ))
         dep = req.dependency
         if dep is not None:
             if permit is not None and permit.is_probe:
@@ -1091,7 +1095,7 @@ class _LayerCore:
                 self._leave([], {"retries": 1})
             ctx = OperationContext(
                 req.agent_id, req.operation_type, req.payload, req.key.value, cl.token, attempt,
-                dep, req.task_id, req.phase, req.replay, cl.taken_over,
+                dep, req.task_id, req.phase, req.replay, cl.taken_over, req.key.caller_key,
             )
             began = self.clock()
             try:
@@ -1457,6 +1461,7 @@ class _LayerCore:
             calls["release"] = self._idem.release(
                 req.key, cl.token, cl.nonce,
                 hold_ms=self._dlq.ttl_ms(None),  # the record is pending (a replay's too)
+                touched=cl.taken_over,  # (a mark held only by an alias passes on)
             )
         elif self.config.idempotency.enabled and not req.replay:
             # Parked before any claim (open breaker): nothing at the key says it
@@ -1817,15 +1822,35 @@ class _LayerCore:
 
         return handle
 
-    def decode_stats(self, raw: Mapping[Any, Any], in_flight: int) -> LayerStats:
+    def stats_call(self) -> ScriptCall:
+        """The counters and the in-flight index's live and lease-ended counts
+        (``layer_stats``: one read-only script, the server's clock)."""
+        return ScriptCall("layer_stats", [self._index, self._stats], [])
+
+    def decode_stats_reply(self, reply: Any) -> LayerStats:
+        """A ``layer_stats`` reply as :class:`LayerStats`."""
+        if not isinstance(reply, (list, tuple)) or len(reply) != 3:
+            raise CorruptData(self._stats, f"unexpected layer_stats reply {reply!r}")
+        flat, live, ended = reply
+        flat = list(flat or ())
+        raw = dict(zip(flat[0::2], flat[1::2], strict=False))
+        return self.decode_stats(
+            raw, _codec.as_int(live, key=self._index, field="in_flight"),
+            _codec.as_int(ended, key=self._index, field="lease_ended"),
+        )
+
+    def decode_stats(
+        self, raw: Mapping[Any, Any], in_flight: int, lease_ended: int = 0
+    ) -> LayerStats:
         values = {}
         counters = LayerStats.__dataclass_fields__
+        gauges = ("in_flight", "lease_ended")  # from the index, never from the hash
         for k, v in (raw or {}).items():
             name = k.decode("utf-8", "replace") if isinstance(k, bytes) else str(k)
-            if name in counters and name != "in_flight":  # (a field not ours is no counter)
+            if name in counters and name not in gauges:  # (a field not ours is no counter)
                 values[name] = _codec.as_int(v, key=self._stats, field=name)
-        known = {f: values.get(f, 0) for f in LayerStats.__dataclass_fields__ if f != "in_flight"}
-        return LayerStats(**known, in_flight=in_flight)
+        known = {f: values.get(f, 0) for f in counters if f not in gauges}
+        return LayerStats(**known, in_flight=in_flight, lease_ended=lease_ended)
 
 
 class _Unsent(Exception):

@@ -20,7 +20,7 @@ import durabilis
 from durabilis import IdempotencyConfig, IdempotencyKey, RetryExhausted
 from durabilis.dlq import DlqStatus, ReplayOutcome
 from durabilis.layer import AsyncDurabilityLayer, DurabilityLayer, OperationContext
-from tests.integration._layer_support import Counter
+from tests.integration._layer_support import Counter, fast_config
 from tests.integration._rotation_workers import NEW, OLD, race_worker, rotation_config
 from tests.integration.test_layer_round_trips import EXPECTED, Sends, round_trips, sends
 from tests.support.backends import raw_client
@@ -229,6 +229,47 @@ def test_a_run_interrupted_after_its_effect_under_the_old_secret_flags_the_deliv
         assert len(op.calls) == 1 and op.calls[0].recovered
     finally:
         after.close()
+
+
+def test_a_flagged_run_parked_under_the_other_secret_passes_the_mark_on_past_the_alias_s_expiry(
+    store: durabilis.Store, raw: Any
+) -> None:
+    # The touched mark of an interrupted run lives on its own key only; a run
+    # under the other secret, flagged through that alias, then parked, must
+    # carry it on: its key is held for the DLQ's TTL, the alias only for the
+    # dedup window.
+    def cfg(current: str, previous: str) -> Any:
+        return fast_config(
+            idempotency=IdempotencyConfig(
+                key_secret=current, previous_key_secrets=(previous,), dedup_window_seconds=1,
+                in_progress_ttl_seconds=1,
+            ),
+            dependencies={},
+        )
+
+    x = DurabilityLayer(store, cfg(NEW, OLD))
+    y = DurabilityLayer(store, cfg(OLD, NEW))
+    payload = {**PAYLOAD, "case": "parked"}
+
+    def interrupted(ctx: OperationContext) -> str:
+        raise KeyboardInterrupt
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            x.execute("a1", "job", payload, interrupted)
+        flagged = Counter(EXHAUST)
+        with pytest.raises(RetryExhausted):
+            y.execute("a1", "job", payload, flagged)
+        assert flagged.calls[0].recovered
+        new_key = IdempotencyKey.new("a1", "job", payload, secret=NEW)
+        wait_until(lambda: not raw.exists(store.keys.idem(new_key.value)),
+                   what="the interrupted run's own key has expired", timeout=10)
+        later = Counter(result="sent")
+        assert y.execute("a1", "job", payload, later) == "sent"
+        assert len(later.calls) == 1 and later.calls[0].recovered
+    finally:
+        x.close()
+        y.close()
 
 
 def test_two_replicas_with_swapped_secrets_run_each_operation_exactly_once_threads(
