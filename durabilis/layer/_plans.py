@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import os
 import random
 import secrets
 import threading
@@ -249,6 +250,8 @@ class _Claim:
     # Aliases of the key found released (a parking under a previous secret):
     # this run's success settles their DLQ records too.
     settle_aliases: tuple[IdempotencyKey, ...] = ()
+    # The process that claimed: a child forked inside fn sends nothing for it.
+    pid: int = dataclasses.field(default_factory=os.getpid)
 
 
 class _LayerCore:
@@ -1103,6 +1106,10 @@ class _LayerCore:
             except GeneratorExit:
                 raise  # the plan abandoned (its process died, in the simulator)
             except BaseException:
+                if cl.pid != os.getpid():
+                    # A child forked inside fn leaving by an exception (sys.exit
+                    # is the usual way): the claim is its parent's, still running.
+                    raise
                 # Interrupted while fn ran (a cancellation, a timeout, SystemExit,
                 # KeyboardInterrupt, any BaseException not fn's ordinary error):
                 # nothing to record, but its effect may have happened. Give the
@@ -1110,6 +1117,12 @@ class _LayerCore:
                 # runs with ctx.recovered), then re-raise.
                 yield from self._abandon(req, cl, permit, probe, touched=True, started=1)
                 raise
+            if cl.pid != os.getpid():
+                # A child forked inside fn that returned: it records, releases
+                # and retries nothing (its parent does); its fn's outcome is its own.
+                if ok:
+                    return value
+                raise value
             took_ms = (self.clock() - began) * 1000.0
             if ok:
                 return (yield from self._succeeded(req, cl, permit, value, took_ms))

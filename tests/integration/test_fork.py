@@ -131,3 +131,50 @@ def test_an_async_store_used_before_fork_is_refused_in_the_child(
     said = [m.decode() for m in raw.lrange(marks, 0, -1)]
     assert len(said) == 2 and said[1] == "own|True"
     assert said[0].startswith("refused|") and "before fork()" in said[0]
+
+
+@pytest.mark.parametrize("leaves", ["sys.exit", "return", "raise"])
+def test_a_child_forked_inside_fn_never_releases_or_records_its_parent_s_claim(
+    store: durabilis.Store, raw: Any, leaves: str
+) -> None:
+    """A child forked inside ``fn`` that leaves through the layer (``sys.exit``,
+    a return, an error) sends nothing for the claim: the parent, still in
+    ``fn``, keeps it, and another replica's delivery meanwhile is refused."""
+    layer = DurabilityLayer(store, fast_config())
+    key = IdempotencyKey.from_raw(f"fork-in-fn-{leaves}")
+    seen: dict[str, Any] = {}
+
+    def fn(ctx: Any) -> str:
+        before = raw.hgetall(store.keys.idem(ctx.idempotency_key))
+        pid = os.fork()
+        if pid == 0:  # the child: leaves through the layer's plan
+            if leaves == "sys.exit":
+                raise SystemExit(0)
+            if leaves == "raise":
+                raise durabilis.OperationError("PERMISSION_DENIED", "child")
+            return "child"
+        _, status = os.waitpid(pid, 0)
+        seen["child_status"] = status
+        seen["unchanged"] = raw.hgetall(store.keys.idem(ctx.idempotency_key)) == before
+        other = Counter(result="other")
+        try:
+            DurabilityLayer(store, fast_config()).execute("a1", "job", {"x": 1}, other,
+                                                          idempotency_key=key)
+        except durabilis.OperationInProgress:
+            seen["other"] = "in progress"
+        seen["other_runs"] = len(other.calls)
+        return "parent"
+
+    parent = os.getpid()
+    try:
+        result = layer.execute("a1", "job", {"x": 1}, fn, idempotency_key=key)
+    except BaseException:
+        if os.getpid() != parent:
+            os._exit(0)  # the child, leaving by an exception: done
+        raise
+    if os.getpid() != parent:
+        os._exit(0)  # the child, leaving by a return: done
+    assert result == "parent"
+    assert seen["unchanged"], "the child changed its parent's claim"
+    assert seen["other"] == "in progress" and seen["other_runs"] == 0
+    layer.close()
