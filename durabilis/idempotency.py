@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -67,9 +68,22 @@ MAX_PREVIOUS_KEY_SECRETS = 8
 RAW_PREFIX = "%raw:"
 """The key space of caller-supplied keys in the layer (content keys never start so)."""
 
+CALLER_SCOPE_MAX_BYTES = 1024
+"""Room for the scope ``%raw:<agent>:`` of a caller key as the layer stores it:
+``max_key_length`` counts the caller's key alone, and the stored form
+``%raw:<agent>:<key>`` is at most ``max_key_length + CALLER_SCOPE_MAX_BYTES``
+bytes (an agent id of 256 bytes, escaped, always fits)."""
+
 
 def _escape(part: str) -> str:
     return part.replace("%", "%25").replace(":", "%3A")
+
+
+_UNESCAPE = re.compile("%(25|3A)")
+
+
+def _unescape(part: str) -> str:
+    return _UNESCAPE.sub(lambda m: "%" if m.group(1) == "25" else ":", part)
 
 
 def _is_unicode(text: str) -> bool:
@@ -188,11 +202,33 @@ class IdempotencyKey:
         """Whether this is a caller-supplied key as the layer stores it."""
         return self.value.startswith(RAW_PREFIX)
 
+    @staticmethod
+    def split_caller(stored: str) -> tuple[str, str] | None:
+        """``(agent_id, key)`` of a caller key as the layer stores it
+        (``%raw:<agent>:<key>``, the agent unescaped); ``None`` for any other key."""
+        if not stored.startswith(RAW_PREFIX):
+            return None
+        agent, sep, key = stored[len(RAW_PREFIX):].partition(":")
+        if not sep or not agent or not key:
+            return None
+        return _unescape(agent), key
+
+    @property
+    def caller_key(self) -> str | None:
+        """The caller's key as given, for a caller key as the layer stores it
+        (``order-1`` of ``%raw:gw-1:order-1``); ``None`` for any other key."""
+        value = self.value
+        if not value.startswith(RAW_PREFIX):  # (on every claim: no unescaping here)
+            return None
+        agent, sep, key = value[len(RAW_PREFIX):].partition(":")
+        return key if sep and agent and key else None
+
     def __str__(self) -> str:
         return self.value
 
     def __len__(self) -> int:
-        """Length in UTF-8 bytes (what ``max_key_length`` limits)."""
+        """Length in UTF-8 bytes of the whole key (``max_key_length`` limits it, or
+        for a caller key as the layer stores it, the caller's key part alone)."""
         return len(self.value.encode("utf-8", errors="surrogatepass"))
 
 
@@ -205,7 +241,10 @@ class IdempotencyConfig:
             is stored.
         dedup_window_seconds: How long a claim/result dedups, counted from the claim.
         max_key_length: Longest key in UTF-8 bytes; longer raises ``InvalidKey``
-            (the seed silently turned dedup off instead).
+            (the seed silently turned dedup off instead). For a caller's key
+            (the layer's ``idempotency_key=``, an HTTP ``Idempotency-Key``) it
+            counts the key as given; the stored form ``%raw:<agent>:<key>`` may
+            be up to :data:`CALLER_SCOPE_MAX_BYTES` (1024) bytes longer.
         in_progress_ttl_seconds: Lease of an in-progress claim (30 s, whatever
             builds the config); after it a dead owner's claim is taken over or
             recovered. A live owner renews it (the layer's keep-alive;
@@ -383,11 +422,30 @@ class _IdemOps:
             raise InvalidKey(str(key.value), "an idempotency key must be a non-empty string")
         if not _is_unicode(key.value):
             raise InvalidKey(key.value, "an idempotency key must be valid Unicode")
-        if len(key) > self.config.max_key_length:
+        limit = self.config.max_key_length
+        given = key.caller_key
+        if given is None:
+            if len(key) > limit:
+                raise InvalidKey(
+                    key.value, f"idempotency key is {len(key)} bytes, over max_key_length={limit}"
+                )
+            return key
+        # A caller key as the layer stores it: the caller's key is what the
+        # limit counts (the user never sees the ``%raw:<agent>:`` scope); the
+        # stored form has a cap of its own.
+        size = len(given.encode("utf-8", errors="surrogatepass"))
+        if size > limit:
+            raise InvalidKey(
+                given,
+                f"idempotency key is {size} bytes, over max_key_length={limit} (the key as "
+                "given is counted, not the layer's %raw:<agent>: scope)",
+            )
+        if len(key) > limit + CALLER_SCOPE_MAX_BYTES:
             raise InvalidKey(
                 key.value,
-                f"idempotency key is {len(key)} bytes, over max_key_length="
-                f"{self.config.max_key_length}",
+                f"the stored form %raw:<agent>:<key> is {len(key)} bytes, over its cap of "
+                f"max_key_length + {CALLER_SCOPE_MAX_BYTES} = {limit + CALLER_SCOPE_MAX_BYTES}"
+                " (the agent id is too long)",
             )
         return key
 
@@ -457,17 +515,20 @@ class _IdemOps:
 
     def record_packed(
         self, key: IdempotencyKey, packed: bytes, token: str | None, not_stored: str = "",
-        nonce: str = "",
+        nonce: str = "", *, hold_ms: int = 0, orphan: bool = False,
     ) -> ScriptCall:
         """The ``idem_record`` call of an encoded result, or of "completed,
-        result not stored" (``not_stored``: why); ``nonce`` also names the owner."""
+        result not stored" (``not_stored``: why); ``nonce`` also names the owner.
+        ``hold_ms``: the done record lives at least this long. ``orphan``: record
+        onto a claim whose lease has run out, whoever held it (``token`` unused)."""
         if token:  # "" or None: record without fencing, as before
             _check_token(token)
-        return ScriptCall(
-            "idem_record",
-            [self.keys.idem(key.value)],
-            [b"" if not_stored else packed, token or "", self.window_ms, not_stored, nonce],
-        )
+        args: list[Any] = [
+            b"" if not_stored else packed, token or "", self.window_ms, not_stored, nonce,
+        ]
+        if hold_ms or orphan:
+            args += [hold_ms or "", "orphan" if orphan else ""]
+        return ScriptCall("idem_record", [self.keys.idem(key.value)], args)
 
     def decode_record(self, key: IdempotencyKey, reply: Any) -> None:
         rkey = self.keys.idem(key.value)

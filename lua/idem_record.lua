@@ -23,6 +23,15 @@ ARGV[2]  token                      fencing token from the claim, "" = none
 ARGV[3]  window_ms                  dedup window, used when no claim exists
 ARGV[4]  not_stored                 "" = store ARGV[1]; else why the result is not stored
 ARGV[5]  nonce                      the claim's nonce, "" = none (optional)
+ARGV[6]  hold_ms                    optional: the done record lives at least this
+                                    long from now ("hd"; a run that took over an
+                                    operation under another secret's key, whose
+                                    dead claim recovery may park later)
+ARGV[7]  mode                       optional: "orphan" = record onto a claim whose
+                                    lease has run out, whoever holds it (the same
+                                    operation's key under another secret: its dead
+                                    claim is then done, never parked and replayed);
+                                    anything else there answers {"lost"}
 
 Returns one of
   {"ok", claimed_ms, window_expires_ms}
@@ -57,6 +66,13 @@ if f.err then
 end
 local state = f[1]
 local missing = not state and redis.call("EXISTS", key) == 0
+if (ARGV[7] or "") == "orphan" then
+  if state ~= "p" then return {"lost"} end
+  local le = int(redis.call("HGET", key, "le"))
+  if not le or le > now then return {"lost"} end
+  token = f[2] or ""  -- recorded as its (dead) owner would have
+  if token == "" then return {"lost"} end
+end
 if missing or state == "x" then
   if token ~= "" then return {"lost"} end
   local window = tonumber(ARGV[3])
@@ -104,5 +120,10 @@ redis.call("HSET", key, unpack(fields))
 -- should the settle that follows the record be lost (Cluster: a step of its
 -- own), a replay after the window still finds the operation done.
 local expires = math.max(ts + window, now + 1000, int(f[8]) or 0)
+local hold = int(ARGV[6] or "")
+if hold and hold > 0 and now + hold > expires then
+  expires = now + hold
+  redis.call("HSET", key, "hd", expires)
+end
 redis.call("PEXPIREAT", key, expires)
 return {"ok", ts, ts + window}

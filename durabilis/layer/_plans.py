@@ -250,6 +250,9 @@ class _Claim:
     # Aliases of the key found released (a parking under a previous secret):
     # this run's success settles their DLQ records too.
     settle_aliases: tuple[IdempotencyKey, ...] = ()
+    # Aliases found claimed by a dead worker (lease run out): this run's success
+    # records there too, so recovery never parks them for a replay to run again.
+    orphaned_aliases: tuple[IdempotencyKey, ...] = ()
     # The process that claimed: a child forked inside fn sends nothing for it.
     pid: int = dataclasses.field(default_factory=os.getpid)
 
@@ -811,10 +814,13 @@ class _LayerCore:
         if isinstance(claim, Duplicate):
             return (yield from self._duplicate(req, claim, member if listed else "", wait_until))
         orphaned = False
+        dead: tuple[IdempotencyKey, ...] = ()
         parked: tuple[IdempotencyKey, ...] = ()
         if "aliases" in at:
             try:
-                holder, orphaned, parked = self._alias_holder(req, replies, at["aliases"])
+                holder, orphaned, dead, parked = self._alias_holder(
+                    req, replies, at["aliases"]
+                )
             except DurabilisError:  # CorruptData at an alias
                 yield from self._undo_begin(req, nonce, member, probe, replies, at)
                 raise
@@ -830,6 +836,7 @@ class _LayerCore:
             taken_over=bool(claim is not None and claim.taken_over) or orphaned,
             settle=dedup and token is not None and _had_previous(replies[at["claim"]]),
             settle_aliases=parked if token is not None else (),
+            orphaned_aliases=dead if token is not None else (),
         )
         permit: Permit | None = cached
         if dep is not None and cached is None:
@@ -950,7 +957,12 @@ class _LayerCore:
 
     def _alias_holder(
         self, req: _Request, replies: Replies, first: int
-    ) -> tuple[tuple[IdempotencyKey, Duplicate] | None, bool, tuple[IdempotencyKey, ...]]:
+    ) -> tuple[
+        tuple[IdempotencyKey, Duplicate] | None,
+        bool,
+        tuple[IdempotencyKey, ...],
+        tuple[IdempotencyKey, ...],
+    ]:
         """What the claim step read at the key's aliases: the alias holding the
         operation (completed, else in progress with a live lease) and its record;
         whether an alias is in progress with its lease run out (a dead owner: this
@@ -966,6 +978,7 @@ class _LayerCore:
         done: tuple[IdempotencyKey, Duplicate] | None = None
         running: tuple[IdempotencyKey, Duplicate] | None = None
         orphaned = False
+        dead: list[IdempotencyKey] = []
         parked: list[IdempotencyKey] = []
         for i, alias in enumerate(req.aliases):
             if replies.status[first + i] not in "rc":  # not read: the step was refused
@@ -980,10 +993,14 @@ class _LayerCore:
                 if not seen.in_progress:
                     done = done or (alias, seen)
                 elif seen.lease_expired:
+                    # A dead claim: recovery may park it (before or after this
+                    # run's success): settled if parked first, recorded done here.
                     orphaned = True
+                    dead.append(alias)
+                    parked.append(alias)
                 else:
                     running = running or (alias, seen)
-        return done or running, orphaned, tuple(parked)
+        return done or running, orphaned, tuple(dead), tuple(parked)
 
     def _duplicate(
         self, req: _Request, dup: Duplicate, member: str, wait_until: float | None,
@@ -1293,8 +1310,17 @@ class _LayerCore:
         packed, save, not_stored = self._encode_result(req, result)
         calls: dict[str, ScriptCall] = {}
         if cl.token:
+            # Taken over from a dead claim under another secret: recovery may
+            # park that claim after this success; the record outlives its DLQ
+            # record, so the replay finds the operation done.
             calls["record"] = self._idem.record_packed(
-                req.key, packed, cl.token, not_stored, cl.nonce
+                req.key, packed, cl.token, not_stored, cl.nonce,
+                hold_ms=self._dlq.ttl_ms(None) * 2 if cl.orphaned_aliases else 0,
+            )
+        # The dead claims themselves are recorded done (never parked, then).
+        for i, alias in enumerate(cl.orphaned_aliases):
+            calls[f"orphan.{i}"] = self._idem.record_packed(
+                alias, packed, None, not_stored, orphan=True
             )
         if save is not None:
             calls["save"] = save
@@ -1332,6 +1358,10 @@ class _LayerCore:
             named = [f"settle.{i}" for i in range(len(cl.settle_aliases))]
             order = (*order, *named)
             waves.update((n, 2) for n in named)
+        if cl.orphaned_aliases:
+            named = [f"orphan.{i}" for i in range(len(cl.orphaned_aliases))]
+            order = (*order, *named)
+            waves.update((n, 2) for n in named)
         lost = False
         misses: dict[str, list[str]] = {}
 
@@ -1366,6 +1396,10 @@ class _LayerCore:
             if name == "settle":
                 return self._settle_again(req, reply, misses.setdefault(name, []),
                                           req.key.value, own=True)
+            if name.startswith("orphan."):
+                # "lost": no longer a dead claim (recovery reclaimed or parked
+                # it first: the settle above, and this record's hold, cover it).
+                return None
             if name.startswith("settle."):  # a record parked under an alias
                 alias = cl.settle_aliases[int(name[len("settle."):])].value
                 return self._settle_again(req, reply, misses.setdefault(name, []), alias,

@@ -51,3 +51,21 @@ def race_worker(
         assert layer.execute("agent", "job", {"op": n}, op, wait=30) == n
     layer.close()
     store.close()
+
+
+def dead_in_fn_worker(url: str, namespace: str, current: str, previous: str, ready: Any) -> None:
+    """Claim the operation ``{"x": 1}`` under ``current`` with a 1 s lease and
+    block inside ``fn`` (before its effect) until killed."""
+    store = durabilis.connect(url, namespace=namespace)
+    layer = DurabilityLayer(store, fast_config(
+        idempotency=IdempotencyConfig(
+            key_secret=current, previous_key_secrets=(previous,), in_progress_ttl_seconds=1,
+        ),
+        dependencies={},
+    ))
+
+    def fn(ctx: OperationContext) -> None:
+        ready.set()
+        time.sleep(120)
+
+    layer.execute("a1", "job", {"x": 1}, fn)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -21,7 +22,13 @@ from durabilis import IdempotencyConfig, IdempotencyKey, RetryExhausted
 from durabilis.dlq import DlqStatus, ReplayOutcome
 from durabilis.layer import AsyncDurabilityLayer, DurabilityLayer, OperationContext
 from tests.integration._layer_support import Counter, fast_config
-from tests.integration._rotation_workers import NEW, OLD, race_worker, rotation_config
+from tests.integration._rotation_workers import (
+    NEW,
+    OLD,
+    dead_in_fn_worker,
+    race_worker,
+    rotation_config,
+)
 from tests.integration.test_layer_round_trips import EXPECTED, Sends, round_trips, sends
 from tests.support.backends import raw_client
 from tests.support.waits import wait_until
@@ -270,6 +277,53 @@ def test_a_flagged_run_parked_under_the_other_secret_passes_the_mark_on_past_the
     finally:
         x.close()
         y.close()
+
+
+@pytest.mark.parametrize("recovery", ["after", "before"])
+def test_a_dead_claim_under_the_old_secret_run_under_the_new_is_never_replayed_after_the_window(
+    store: durabilis.Store, redis_url: str, namespace: str, raw: Any, recovery: str
+) -> None:
+    # A worker on the old secret dies inside fn; a replica on the new secret
+    # runs the operation (flagged), before or after recovery parks the dead
+    # claim; once the new key's dedup window has passed, a replay of what was
+    # parked must still find the operation done.
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Event()
+    worker = ctx.Process(target=dead_in_fn_worker, args=(redis_url, namespace, OLD, NEW, ready))
+    worker.start()
+    try:
+        assert ready.wait(60)
+    finally:
+        worker.kill()
+        worker.join(30)
+    idem = IdempotencyConfig(
+        key_secret=NEW, previous_key_secrets=(OLD,), in_progress_ttl_seconds=1,
+        dedup_window_seconds=1,
+    )
+    layer = DurabilityLayer(store, fast_config(idempotency=idem, dependencies={}))
+    guard = durabilis.IdempotencyGuard(store, idem)
+    old_key = IdempotencyKey.new("a1", "job", {"x": 1}, secret=OLD)
+    new_key = IdempotencyKey.new("a1", "job", {"x": 1}, secret=NEW)
+    wait_until(lambda: (seen := guard.check(old_key)) is not None and seen.lease_expired,
+               what="the dead claim's lease has run out")
+    op = Counter(result="sent")
+    try:
+        parked = layer.recover_orphans() if recovery == "before" else []
+        assert layer.execute("a1", "job", {"x": 1}, op) == "sent"
+        assert len(op.calls) == 1 and op.calls[0].recovered
+        if recovery == "after":
+            # The dead claim was recorded done by the run: nothing to park.
+            assert layer.recover_orphans() == []
+        else:
+            assert parked, "recovery parked the dead claim first"
+        time.sleep(1.5)  # the new key's dedup window (1 s) passes
+        if recovery == "after":  # held past its window, should a recovery park late
+            assert raw.exists(store.keys.idem(new_key.value))
+        for dlq_id in parked:
+            layer.replay(dlq_id, op)
+        assert len(op.calls) == 1, "the completed operation ran again"
+    finally:
+        layer.close()
 
 
 def test_two_replicas_with_swapped_secrets_run_each_operation_exactly_once_threads(
