@@ -1,9 +1,8 @@
-"""The real-Redis harness, for a standalone server or a local Redis Cluster.
+"""The real-Redis harness, for a standalone server, a local Redis Cluster or Sentinel.
 
 Backend: ``--backend=standalone`` (default), ``--backend=cluster`` or
 ``--backend=sentinel`` (also ``DURABILIS_TEST_BACKEND``; a ``redis+cluster://`` or
-``redis+sentinel://`` URL in ``DURABILIS_TEST_REDIS_URL`` implies it). The same
-test files run on all three:
+``redis+sentinel://`` URL in ``DURABILIS_TEST_REDIS_URL`` implies it).
 
 - ``redis_url`` is a session ``redis-server`` on a free loopback port, or the
   URL of a local cluster of 3 primaries + 3 replicas (``tests/support/cluster.py``),
@@ -11,17 +10,26 @@ test files run on all three:
   or ``DURABILIS_TEST_REDIS_URL``;
 - ``store`` / ``namespace`` / ``raw`` follow it (``raw`` is cluster-aware on
   Cluster, and talks to the Sentinels' primary on Sentinel);
-- on ``--backend=cluster`` and ``--backend=sentinel`` only the tests that use
-  the backend run (those that depend on ``redis_url`` and are not marked
-  ``standalone_only``): a test that needs no Redis, or only its own
-  ``private_redis``, runs once, in the standalone pass. Tests under
-  ``tests/cluster/`` are ``cluster_only``, under ``tests/sentinel/`` ``sentinel_only``.
+- the standalone pass runs every test (but ``tests/cluster/`` and
+  ``tests/sentinel/``). A test runs on ``--backend=cluster`` / ``sentinel`` too
+  only when it opts in with ``@pytest.mark.topologies("cluster", "sentinel")``
+  (a module's ``pytestmark``, or the test's own marker, which wins; an empty
+  ``topologies()`` means standalone only) and uses ``redis_url``: its behaviour
+  can differ there (docs/testing.md has the map and the reasons). Tests under
+  ``tests/cluster/`` are ``cluster_only``, under ``tests/sentinel/``
+  ``sentinel_only``. ``--every-test-on-backend`` brings back the old sweep
+  (every test that uses ``redis_url`` and is not ``standalone_only``);
+- under pytest-xdist every worker has its own servers, cluster and Sentinels,
+  on ports of its own block (``tests/support/ports.py``); tests marked
+  ``serial`` (CPU-heavy multi-process or timing-sensitive loads) all run on one
+  worker, one after another (``--dist loadgroup``), beside the light ones.
 
 A missing redis-server fails loudly with the install hint: it is never a skip.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import tempfile
@@ -34,12 +42,18 @@ import structlog
 
 import durabilis
 from durabilis.testing import INSTALL_HINT, RedisServer, find_redis_server, isolated_namespace
-from tests.support import figures
+from tests.support import figures, ports
 from tests.support.backends import raw_client
 from tests.support.cluster import LocalCluster
 from tests.support.sentinel import LocalSentinel
 
+# Before any test module is imported: RedisServer(port=None) and the modules'
+# ``from durabilis.testing import free_port`` take this worker's own ports.
+ports.install()
+
 BACKENDS = ("standalone", "cluster", "sentinel")
+TOPOLOGIES = ("cluster", "sentinel")
+SERIAL_GROUP = "serial"
 
 MARKERS = (
     "standalone_only: needs one plain Redis server (a single node's SCRIPT FLUSH, "
@@ -48,6 +62,13 @@ MARKERS = (
     "--backend=cluster",
     "sentinel_only: needs local Sentinel topologies (tests/sentinel/); deselected unless "
     "--backend=sentinel",
+    "topologies(*names): besides standalone, also run on these backends (\"cluster\", "
+    "\"sentinel\"), where the test's behaviour can differ (docs/testing.md); a test's own "
+    "marker wins over its module's, topologies() means standalone only",
+    "serial: a CPU-heavy multi-process or timing-sensitive load: under pytest-xdist all of "
+    "these run on one worker, one after another (xdist_group 'serial', --dist loadgroup)",
+    # pytest-xdist registers it too; here for a run without it (the benchmark venv)
+    "xdist_group(name): pytest-xdist's --dist loadgroup runs a group on one worker",
 )
 
 _CLUSTER_DIR = Path(__file__).parent / "cluster"
@@ -68,6 +89,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="Redis deployment the integration suites run on (default: "
         "$DURABILIS_TEST_BACKEND, else cluster / sentinel for a redis+cluster:// / "
         "redis+sentinel:// $DURABILIS_TEST_REDIS_URL, else standalone)",
+    )
+    parser.addoption(
+        "--every-test-on-backend",
+        action="store_true",
+        default=False,
+        help="on --backend=cluster/sentinel, run every test that uses redis_url and is "
+        "not standalone_only (the full sweep), not only those marked topologies(...)",
     )
 
 
@@ -97,6 +125,21 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"durabilis test backend: {_backend(config)}"
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """An xdist worker hands its fault figures to the controller, which prints them."""
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None:
+        out["durabilis_figures"] = [dataclasses.astuple(f) for f in figures.FIGURES]
+        out["durabilis_notes"] = list(figures.NOTES)
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: only called with pytest-xdist
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    out = getattr(node, "workeroutput", None) or {}
+    figures.FIGURES.extend(figures.FaultFigure(*f) for f in out.get("durabilis_figures", ()))
+    figures.NOTES.extend(out.get("durabilis_notes", ()))
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     lines = figures.table()
     if lines:
@@ -105,8 +148,25 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             terminalreporter.write_line(line)
 
 
+def _topologies(item: pytest.Item) -> tuple[str, ...]:
+    """The backends besides standalone ``item`` opted into (its closest marker)."""
+    marker = item.get_closest_marker("topologies")
+    if marker is None:
+        return ()
+    unknown = [t for t in marker.args if t not in TOPOLOGIES]
+    if unknown:
+        raise pytest.UsageError(
+            f"{item.nodeid}: topologies({', '.join(map(repr, marker.args))}): "
+            f"unknown {unknown}; use {TOPOLOGIES}"
+        )
+    return tuple(marker.args)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own: it reads the xdist_group markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     backend = _backend(config)
+    sweep = config.getoption("--every-test-on-backend")
+    own = {"cluster": "cluster_only", "sentinel": "sentinel_only"}
     keep, drop = [], []
     for item in items:
         parents = Path(str(item.path)).parents
@@ -114,12 +174,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.cluster_only)
         if _SENTINEL_DIR in parents:
             item.add_marker(pytest.mark.sentinel_only)
-        own = {"cluster": "cluster_only", "sentinel": "sentinel_only"}
+        if item.get_closest_marker("serial") is not None:
+            item.add_marker(pytest.mark.xdist_group(SERIAL_GROUP))
+        chosen = _topologies(item)
         if backend != "standalone":
             other = own["sentinel" if backend == "cluster" else "cluster"]
-            uses_backend = "redis_url" in getattr(item, "fixturenames", ())
+            uses_backend = (
+                "redis_url" in getattr(item, "fixturenames", ())
+                and item.get_closest_marker("standalone_only") is None
+            )
             wanted = (
-                (uses_backend and item.get_closest_marker("standalone_only") is None)
+                (uses_backend and (sweep or backend in chosen))
                 or item.get_closest_marker(own[backend]) is not None
             ) and item.get_closest_marker(other) is None
         else:
@@ -128,6 +193,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+def _started(data_dir: Path, **options: Any) -> RedisServer:
+    """A started ``RedisServer`` on a port of this worker's (``tests/support/ports.py``);
+    on another port if the one picked was taken meanwhile (by a process outside this
+    session: the workers' blocks are disjoint)."""
+    for attempt in range(3):
+        server = RedisServer(data_dir / f"try-{attempt}" if attempt else data_dir, **options)
+        try:
+            return server.start()
+        except (RuntimeError, TimeoutError):
+            server.stop(kill=True)
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 @pytest.fixture(autouse=True)
@@ -194,7 +274,7 @@ def redis_url(backend: str, request: pytest.FixtureRequest) -> Iterator[str]:
     if find_redis_server() is None:
         pytest.fail(INSTALL_HINT, pytrace=False)
     with tempfile.TemporaryDirectory(prefix="durabilis-test-") as tmp:
-        server = RedisServer(tmp).start()
+        server = _started(Path(tmp))
         try:
             yield server.url
         finally:
@@ -235,7 +315,7 @@ def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
     """A redis-server of the test's own (appendonly, fsync always): may be killed."""
     if find_redis_server() is None:
         pytest.fail(INSTALL_HINT, pytrace=False)
-    server = RedisServer(tmp_path / "redis", appendonly=True, appendfsync="always").start()
+    server = _started(tmp_path / "redis", appendonly=True, appendfsync="always")
     try:
         yield server
     finally:

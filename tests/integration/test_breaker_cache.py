@@ -13,22 +13,25 @@ import pytest
 import durabilis
 from durabilis.breaker import CircuitBreakerConfig, CircuitBreakerRegistry
 from tests.integration._breaker_workers import cached_caller
+from tests.support.waits import wait_until
 
 CONFIG = CircuitBreakerConfig("svc", 0.5, 100, 60, 1, 200, 30)
 
 
 def _admitted_after_a_trip_elsewhere(redis_url: str, namespace: str, cache_s: float) -> int:
     ctx = multiprocessing.get_context("spawn")
-    ready, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    ready, stop, out, refused = ctx.Event(), ctx.Event(), ctx.Queue(), ctx.Value("i", 0)
     worker = ctx.Process(target=cached_caller,
-                         args=(redis_url, namespace, cache_s, ready, stop, out))
+                         args=(redis_url, namespace, cache_s, ready, stop, out, refused))
     worker.start()
     store = durabilis.connect(redis_url, namespace=namespace)
     try:
         assert ready.wait(60)
         CircuitBreakerRegistry(store, (CONFIG,)).force_open("svc")  # another replica trips it
         tripped = time.time()
-        time.sleep(0.3)  # the worker keeps calling: ~hundreds of attempts
+        # The worker keeps calling (hundreds of attempts in 0.3 s on an idle machine):
+        # until it has been refused more than 20 times, however loaded the machine.
+        wait_until(lambda: refused.value > 20, timeout=60, what="20 refusals")
         stop.set()
         calls: list[tuple[float, bool]] = out.get(timeout=60)
         worker.join(30)

@@ -6,6 +6,8 @@ import multiprocessing
 import time
 from typing import Any
 
+import pytest
+
 import durabilis
 from durabilis.breaker import BreakerState, CircuitBreakerConfig, CircuitBreakerRegistry
 from tests.integration._breaker_workers import (
@@ -15,6 +17,8 @@ from tests.integration._breaker_workers import (
     reporter,
 )
 from tests.support.backends import raw_client
+
+pytestmark = pytest.mark.serial
 
 FLEET = 8
 
@@ -66,7 +70,10 @@ def test_eight_processes_open_it_cap_probes_fleet_wide_and_all_see_recovery(
         recovered_at = time.time()
         books.set(_fake_key(namespace, "mode"), "ok")
         _wait_for(lambda: registry.state(config.name) is BreakerState.CLOSED, 10, "recovery")
-        time.sleep(0.5)  # every worker loops every <= 0.12 s: each sees CLOSED
+        # Each worker sees CLOSED (it loops every <= 0.12 s; when is asserted below).
+        _wait_for(
+            lambda: books.scard(_fake_key(namespace, "closed_seen")) == FLEET, 30, "all CLOSED"
+        )
     finally:
         books.set(_fake_key(namespace, "stop"), 1)
         results = [out.get(timeout=30) for _ in procs]

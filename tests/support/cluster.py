@@ -9,9 +9,7 @@ coordinated replica failover (``CLUSTER FAILOVER``).
 
 from __future__ import annotations
 
-import random
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -24,6 +22,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from durabilis.testing import INSTALL_HINT, RedisServer, find_redis_server
+from tests.support import ports
 
 CLI_HINT = (
     "redis-cli was not found on PATH (needed to create the test cluster). On Debian/Ubuntu: "
@@ -31,22 +30,10 @@ CLI_HINT = (
 )
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def free_cluster_port() -> int:
-    """A port ``p`` with ``p`` and its cluster-bus port ``p + 10000`` both free."""
-    for _ in range(200):
-        port = random.randint(20000, 50000)
-        if _port_free(port) and _port_free(port + 10000):
-            return port
-    raise RuntimeError("no free port pair (p, p + 10000) on 127.0.0.1")
+    """A port ``p`` with ``p`` and its cluster-bus port ``p + 10000`` both free
+    (from this xdist worker's own block: ``tests/support/ports.py``)."""
+    return ports.free_port(with_bus=True)
 
 
 def _plain(port: int, timeout: float = 2.0) -> redis.Redis:

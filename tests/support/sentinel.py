@@ -28,7 +28,8 @@ import redis.sentinel
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from durabilis.testing import INSTALL_HINT, RedisServer, find_redis_server, free_port
+from durabilis.testing import INSTALL_HINT, RedisServer, find_redis_server
+from tests.support.ports import free_port
 
 HOST = "127.0.0.1"
 
