@@ -128,7 +128,8 @@ MAX_CHECKPOINTS: Final = 100_000_000
 """``max_checkpoints`` in a namespace."""
 
 MAX_LINEAGE_PER_TASK: Final = 10_000
-"""``max_lineage_per_task``: the longest lineage walk."""
+"""``max_lineage_per_task``; also a lineage walk's read bound per task it crosses
+(records other than that task's current checkpoints), whatever the reader's cap."""
 
 MAX_PENDING: Final = 1_000_000_000
 """``DlqConfig.max_pending`` (a warning threshold)."""

@@ -15,16 +15,19 @@ cleared or evicted ever comes back: index entries are trusted only while the
 replaced): the save that would exceed it deletes the task's oldest replaced
 records (superseded saves) in the same script, spliced out of the lineage:
 every child of a deleted record (found in the children index) gets its parent,
-so no lineage ends at a trimmed record and a resume never runs a completed
-phase again. Every lineage walk (``history``, loading a :class:`TaskRun`)
-reads the task's current checkpoints plus at most that many records.
+so no lineage ends at a trimmed record, and only records that every lineage
+through them can do without (a newer save of their phase below them on each
+branch: forks and rewinds included) are deleted, so a resume never runs a
+completed phase again. Every lineage walk (``history``, loading a
+:class:`TaskRun`) reads, per task it crosses, that task's current checkpoints
+plus at most ``MAX_LINEAGE_PER_TASK`` (the largest cap allowed) other records.
 
 Round trips: ``save``/``fork``/``rewind``, ``get_by_id``, ``count`` are one
 (``save`` takes a second one, rarely, when the cap must evict a checkpoint, or
 the lineage cap delete a record, it did not expect: see ``ckpt_save.lua``);
 ``restore`` two; ``clear_task`` two per 256 records of the task; ``history`` and
 loading a :class:`TaskRun` two plus one per ancestor that is not a current
-checkpoint of the task (at most ``max_lineage_per_task`` of those).
+checkpoint of the task (and one per fork source entered).
 
 Events (logger ``"durabilis"``, docs/production.md): ``durability_checkpoint_saved``
 (info: every save, fork and rewind; ``mode`` says which), ``durability_checkpoint_conflict``
@@ -48,7 +51,7 @@ from urllib.parse import unquote
 
 from durabilis import _codec
 from durabilis._keys import KeySpace, escape_part
-from durabilis._limits import MAX_STORED_TTL_SECONDS, check_limits
+from durabilis._limits import MAX_LINEAGE_PER_TASK, MAX_STORED_TTL_SECONDS, check_limits
 from durabilis._log import get_logger
 from durabilis._scripts import ScriptCall
 from durabilis._steps import IO, Plan, Run, Sleep, adrive, drive, is_async_callable
@@ -168,9 +171,11 @@ class CheckpointConfig:
             (lineage) together: a save beyond it deletes the task's oldest
             replaced records in the same script (at most 32 per save),
             relinking their children to their parent, so lineages and resumes
-            stay whole. Current checkpoints are never deleted by it. Every
-            lineage walk (``history``, loading a :class:`TaskRun`) follows the
-            task's current checkpoints plus at most this many records.
+            stay whole; a record a fork or rewind branch still needs is kept
+            (docs/checkpoint.md, the branch rule). Current checkpoints are
+            never deleted by it. Lineage walks do not depend on it: they
+            read up to ``MAX_LINEAGE_PER_TASK`` other records per task, so
+            replicas with different caps resume the same.
     """
 
     default_ttl_seconds: float = 86400
@@ -682,20 +687,14 @@ class _CheckpointOps:
                     "checkpoint save kept racing other writers' evictions; try again")
             call = out
 
-    def lineage_limit(self, limit: int | None, current: int = 0) -> int:
-        """How many records a lineage walk follows: ``limit``, at most the
-        task's ``current`` checkpoints plus the lineage cap.
+    def lineage_limit(self, limit: int | None) -> int | None:
+        """How many records a lineage walk follows: ``limit`` (``None``: the
+        whole lineage, within the read bound of :meth:`walk_plan`)."""
+        return None if limit is None else max(0, limit)
 
-        The lineage cap never deletes a current checkpoint and keeps the
-        lineage linked through the records it deletes, so a task's lineage
-        holds at most its current checkpoints and ``max_lineage_per_task``
-        other records: a walk this long reaches its first phase, however many
-        phases the task has.
-        """
-        cap = self.config.max_lineage_per_task + max(0, current)
-        return cap if limit is None else max(0, min(limit, cap))
-
-    def lineage_entries(self, agent_id: str, entries: Sequence[_Entry], limit: int) -> list[_Entry]:
+    def lineage_entries(
+        self, agent_id: str, entries: Sequence[_Entry], limit: int | None
+    ) -> list[_Entry]:
         """The current entries a walk from the agent's newest checkpoint reads up front.
 
         Only entries no newer than the agent's newest can be on its lineage (a
@@ -703,33 +702,48 @@ class _CheckpointOps:
         records: the newest ``limit`` of those, newest first.
         """
         mine = [e.sequence for e in entries if e.agent_id == agent_id]
-        if not mine or limit <= 0:
+        if not mine or (limit is not None and limit <= 0):
             return []
         top = max(mine)
         older = sorted((e for e in entries if e.sequence <= top), key=lambda e: -e.sequence)
-        return older[:limit]
+        return older if limit is None else older[:limit]
 
     def walk_plan(
         self, task_id: str, agent_id: str, limit: int | None
     ) -> Plan[tuple[list[_Entry], _Walk]]:
         """Locate the task's checkpoints, then follow the agent's lineage.
 
-        Follows at most ``lineage_limit(limit, <current checkpoints>)``
-        records: the task's current ones up front (one round trip), then at
-        most ``max_lineage_per_task`` ancestors that are not among them (one
-        round trip each).
+        Follows at most ``limit`` records (``None``: the whole lineage): the
+        task's current ones up front (one round trip), then its ancestors one
+        round trip each. The read bound never depends on this manager's own
+        ``max_lineage_per_task`` (a task may have been written under a larger
+        one, and a fork's lineage holds its source's records too): per task
+        the walk enters, it reads at most that task's current checkpoints plus
+        ``MAX_LINEAGE_PER_TASK`` (the largest cap allowed) other records, and
+        entering another task (a fork source) costs one more round trip that
+        counts the source's current checkpoints, so they never use up the
+        fork's reads.
         """
         find = self.find(task_id)
         _part("agent_id", agent_id)
         entries = self.decode_find(find, (yield find))
-        bound = self.lineage_limit(limit, len(entries))
+        bound = self.lineage_limit(limit)
         ahead = self.lineage_entries(agent_id, entries, bound)
         gets = [self.get(e.checkpoint_id, task_id) for e in ahead]
         replies = list((yield IO(gets))) if gets else []
-        reads = self.config.max_lineage_per_task
-        walk = self.walk(agent_id, ahead, replies, bound, reads)
+        walk = self.walk(agent_id, ahead, replies, bound)
+        reads = {task_id: MAX_LINEAGE_PER_TASK}  # per task: records it may still read
         while (cid := walk.need()) is not None:
-            walk.feed(cid, self.decode_get(cid, (yield self.get(cid))))
+            cp = self.decode_get(cid, (yield self.get(cid)))
+            if cp is not None:
+                left = reads.get(cp.task_id)
+                if left is None:  # a fork source: its current ones are not the fork's reads
+                    other = self.find(cp.task_id)
+                    left = MAX_LINEAGE_PER_TASK + len(self.decode_find(other, (yield other)))
+                reads[cp.task_id] = left - 1
+                if left <= 0:
+                    cp = None  # the read bound: the walk ends here
+            walk.feed(cid, cp)
         return entries, walk
 
     def current(self, entries: Sequence[_Entry], replies: Sequence[Any]) -> list[Checkpoint]:
@@ -1062,9 +1076,9 @@ class CheckpointManager:
         live checkpoint in the task.
 
         Args:
-            limit: At most this many records; never more than the task's
-                current checkpoints plus ``config.max_lineage_per_task`` (the
-                walk reads no more).
+            limit: At most this many records. Without it, the walk reads,
+                per task it crosses, that task's current checkpoints plus at
+                most ``MAX_LINEAGE_PER_TASK`` other records.
         """
         return self._walk(task_id, agent_id, limit)[1].chain
 
@@ -1119,8 +1133,8 @@ class TaskRun:
     def load(self) -> TaskRun:
         """Read which phases are completed (done by ``with`` and by the first ``phase``).
 
-        Reads the task's current checkpoints plus at most
-        ``config.max_lineage_per_task`` other records of the lineage.
+        Reads the task's current checkpoints plus the other records of the
+        lineage (at most ``MAX_LINEAGE_PER_TASK`` per task it crosses).
         """
         drive(self._plan.load_plan(), self._manager.store)
         return self

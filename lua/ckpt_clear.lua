@@ -9,7 +9,7 @@ KEYS[1]  the task's current index   (hash "<escaped agent>:<phase>" -> id)
 KEYS[2]  the task's replaced ids    (zset id -> expires ms)
 KEYS[3]  live                       (zset "<id>:<task>" -> expires ms)
 KEYS[4]  order                      (zset "<id>:<task>" -> sequence)
-KEYS[5]  children                   (hash parent id -> its children's ids)
+KEYS[5]  children                   (hash parent id -> its children's tokens: ckpt_save.lua)
 KEYS[6]  children expiry            (zset parent id -> the parent's expiry ms)
 KEYS[7..] record hashes of ARGV[1..]
 ARGV[1..n] ids (n = #KEYS - 6)

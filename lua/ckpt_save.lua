@@ -20,7 +20,13 @@ children index (KEYS[8]: parent id -> its children's ids, written by the save
 that creates the child); the index entry of a parent lives until the parent's
 expiry (KEYS[9]), and is swept after it (at most SWEEP per save). A record
 with more than CHILD_MAX children is never deleted by the cap (bounded work),
-and one save relinks at most CHILD_BUDGET children in all.
+and one save relinks at most CHILD_BUDGET children in all. The branch rule:
+a record is deleted only when every lineage through it (a fork copy's, a
+rewind branch's too) holds a newer record of its agent and phase, checked in
+the children index (each child's token carries a mark of its agent and
+phase, a replaced record's entry its own mark; see lineage_oldest), so no
+lineage loses a phase by the splice; a record the check cannot clear within
+its bounds is kept (the task may then hold more than max_lineage records).
 The records deleted and their children must be declared: the caller passes the
 ids it expects (bare ids, ARGV[13..], one record key each); when the real
 victims or their children are not among them the script writes nothing and
@@ -42,7 +48,9 @@ KEYS[4]  live                       (zset member -> expires ms; current checkpoi
 KEYS[5]  order                      (zset member -> sequence; current checkpoints)
 KEYS[6]  seq                        (string counter: fleet-wide creation order)
 KEYS[7]  source record hash         (fork/rewind; any key otherwise, unused)
-KEYS[8]  children                   (hash parent id -> "child id child id ..." space-separated)
+KEYS[8]  children                   (hash parent id -> space-separated tokens: "<child id>/<mark>"
+                                    per child, "=<mark>" its own once replaced; mark: 16 hex of
+                                    SHA-1("<escaped agent>:<phase>"))
 KEYS[9]  children expiry            (zset parent id -> the parent's expiry ms: when its entry goes)
 KEYS[10..] per candidate, in ARGV order: an eviction candidate's record hash
           and its task's current index (two keys), a lineage candidate's record
@@ -90,6 +98,9 @@ local LINEAGE_TRIM, LINEAGE_SLACK = 32, 2
 -- Children relinked per save at most; a record with more is kept; index
 -- entries of expired parents swept per save.
 local CHILD_BUDGET, CHILD_MAX, SWEEP = 64, 64, 64
+-- The branch rule (see lineage_oldest): children-index entries one check
+-- reads at most, and in all per search; replaced records one search scans.
+local WALK_MAX, WALK_BUDGET, SCAN = 256, 4096, 256
 local check, expected = ARGV[8] == "1", ARGV[9]
 local mode, source_id = ARGV[10], ARGV[11]
 local hint_n = tonumber(ARGV[12])
@@ -223,11 +234,29 @@ end
 local skip = ""  -- a fork's or rewind's source is never deleted by the lineage cap
 if mode ~= "save" then skip = source_id end
 
--- The children index: a parent's children, as listed (space-separated ids).
+-- The children index: a parent's entry is space-separated tokens, one per
+-- child, "<id>/<mark>" where mark names the child's task, agent and phase (8
+-- hex digits of the SHA-1 of the task, then 16 of the SHA-1 of "<escaped
+-- agent>:<phase>"; a bare "<id>" when unknown), and, once the parent is a
+-- replaced record, "=<mark>": its own.
+local function mark(tk, f)
+  return string.sub(redis.sha1hex(tk), 1, 8) .. string.sub(redis.sha1hex(f), 1, 16)
+end
+-- The new record's token in its parent's entry, until this save writes it.
+local pending = nil
+if parent ~= "" then pending = id .. "/" .. mark(task, field) end
+local function tok_id(tok) return (string.match(tok, "^[^/]+")) end
+local function tok_mark(tok) return string.match(tok, "/(.+)$") end
+-- A parent's children (tokens), its own mark (nil: unknown) and whether it
+-- has an entry at all.
 local function children_of(cid)
-  local out, v = {}, redis.call("HGET", kids, cid)
-  if v then for c in string.gmatch(v, "%S+") do out[#out + 1] = c end end
-  return out
+  local out, own, v = {}, nil, redis.call("HGET", kids, cid)
+  if v then
+    for c in string.gmatch(v, "%S+") do
+      if string.sub(c, 1, 1) == "=" then own = string.sub(c, 2) else out[#out + 1] = c end
+    end
+  end
+  return out, own, v ~= false
 end
 
 -- The `want` replaced records of the task the lineage cap deletes first: the
@@ -236,23 +265,73 @@ end
 -- left (`with_replaced`). Stops early rather than relink more than
 -- CHILD_BUDGET children. Returns the records, their children, and the ids a
 -- save deleting them must declare (both, each once); or nil and a bad member.
+--
+-- The branch rule: a record is deleted only when every lineage through it
+-- holds a newer record of its agent and phase, so that no lineage loses a
+-- phase by the splice. The check follows the children index down from the
+-- record (its marks, no record read) and succeeds when each branch below
+-- reaches a record of the record's agent and phase (of its task, or a fork
+-- copy of the record itself) before anything else: a branch that ends first
+-- (a rewind's branch, a tip of another phase), that enters another task (a
+-- fork: the copy's task may start its lineage at any of its records), a
+-- child of unknown mark, or more than WALK_MAX entries read (WALK_BUDGET in
+-- all) keeps the record. Why within one task is enough: a lineage starts at
+-- an agent's newest checkpoint of its task, and a newer record of the
+-- agent in the same task below it would be newer still. Linear saves pass;
+-- a record of an earlier version (no entry) is deleted as before.
 local function lineage_oldest(want, with_replaced)
   local out, children, declare, seen = {}, {}, {}, {}
   local budget = CHILD_BUDGET
+  local walk_left = WALK_BUDGET
+  -- children as indexed, plus the new record while this save has not written it
+  local function below(cid)
+    local ch, own, has = children_of(cid)
+    if pending and cid == parent then ch[#ch + 1] = pending; has = true end
+    return ch, own, has
+  end
+  local function covered(cid, own)  -- true: every lineage through cid has a newer record of its mark
+    local ch, self_mark, has = below(cid)
+    if not has then return true end  -- no entry: no child indexed (an earlier version's record)
+    own = own or self_mark
+    if not own then return false end
+    local stack, visited, used = {}, {[cid] = true}, 0
+    for _, c in ipairs(ch) do
+      local m = tok_mark(c)
+      -- a child in another task is a fork copy of cid: of cid's agent and phase
+      if not (m and string.sub(m, 9) == string.sub(own, 9)) then stack[#stack + 1] = c end
+    end
+    while #stack > 0 do
+      local tok = table.remove(stack)
+      local m, nid = tok_mark(tok), tok_id(tok)
+      if m ~= own and not visited[nid] then
+        if not m or string.sub(m, 1, 8) ~= string.sub(own, 1, 8) then return false end
+        visited[nid] = true
+        used = used + 1
+        walk_left = walk_left - 1
+        if used > WALK_MAX or walk_left < 0 then return false end
+        local next_ch = below(nid)
+        if #next_ch == 0 then return false end  -- a lineage through cid starts here without its mark
+        for _, c in ipairs(next_ch) do stack[#stack + 1] = c end
+      end
+    end
+    return true
+  end
   local function add(cid)
     if not seen[cid] then
       seen[cid] = true
       declare[#declare + 1] = cid
     end
   end
-  local function take(cid)  -- false: stop here
+  local function take(cid, own)  -- false: stop here
     local ch = children_of(cid)
     if #ch > CHILD_MAX then return true end
     if #ch > budget then return false end
+    if not covered(cid, own) then return true end
     budget = budget - #ch
     out[#out + 1] = cid
     add(cid)
     for _, c in ipairs(ch) do
+      c = tok_id(c)
       children[#children + 1] = c
       add(c)
     end
@@ -260,17 +339,17 @@ local function lineage_oldest(want, with_replaced)
   end
   local start, page = 0, 64
   local going = true
-  while going and #out < want and start < want + CHILD_MAX + page do
+  while going and #out < want and start < want + SCAN do
     local ids = redis.call("ZRANGEBYSCORE", old, "(" .. now, "+inf", "LIMIT", start, page)
     for _, cid in ipairs(ids) do
       if #out >= want then break end
       if string.find(cid, ":", 1, true) then return nil, cid end
-      if cid ~= skip and cid ~= replaced and not take(cid) then going = false; break end
+      if cid ~= skip and cid ~= replaced and not take(cid, nil) then going = false; break end
     end
     if #ids < page then break end
     start = start + page
   end
-  if going and with_replaced and #out < want and replaced ~= skip then take(replaced) end
+  if going and with_replaced and #out < want and replaced ~= skip then take(replaced, mark(task, field)) end
   return out, children, declare
 end
 
@@ -323,9 +402,12 @@ local function pa(cid)
   end
   return pa_of[cid]
 end
-local kid_lists, kid_dirty, kid_dirty_ids = {}, {}, {}
-local function klist(cid)
-  if kid_lists[cid] == nil then kid_lists[cid] = children_of(cid) end
+local kid_lists, kid_own, kid_dirty, kid_dirty_ids = {}, {}, {}, {}
+local function klist(cid)  -- tokens; kid_own[cid]: its own mark (false: none)
+  if kid_lists[cid] == nil then
+    local l, own = children_of(cid)
+    kid_lists[cid], kid_own[cid] = l, own or false
+  end
   return kid_lists[cid]
 end
 local function touch(cid)
@@ -334,15 +416,15 @@ local function touch(cid)
     kid_dirty_ids[#kid_dirty_ids + 1] = cid
   end
 end
-local function list_add(p, c)
-  local l = klist(p)
-  for _, x in ipairs(l) do if x == c then return end end
-  l[#l + 1] = c
+local function list_add(p, tok)
+  local l, c = klist(p), tok_id(tok)
+  for _, x in ipairs(l) do if tok_id(x) == c then return end end
+  l[#l + 1] = tok
   touch(p)
 end
 local function list_remove(p, c)
   local l, keep = klist(p), {}
-  for _, x in ipairs(l) do if x ~= c then keep[#keep + 1] = x end end
+  for _, x in ipairs(l) do if tok_id(x) ~= c then keep[#keep + 1] = x end end
   kid_lists[p] = keep
   touch(p)
 end
@@ -351,7 +433,8 @@ local gone = {}
 for _, v in ipairs(lineage_victims) do gone[v] = true end
 for _, v in ipairs(lineage_victims) do
   local up = pa(v)
-  for _, c in ipairs(klist(v)) do
+  for _, tok in ipairs(klist(v)) do
+    local c = tok_id(tok)
     local cp = pa(c)
     if cp == v and up ~= false then
       pa_of[c] = up
@@ -359,7 +442,7 @@ for _, v in ipairs(lineage_victims) do
         relinked[c] = true
         relink_ids[#relink_ids + 1] = c
       end
-      if up ~= "" then list_add(up, c) end
+      if up ~= "" then list_add(up, tok) end
     end
   end
   if up and up ~= "" then list_remove(up, v) end
@@ -368,6 +451,7 @@ for _, v in ipairs(lineage_victims) do
   if parent == v then parent = up or "" end
 end
 ready()
+pending = nil  -- written below: the index holds it from here on
 -- Entries whose record expired are dropped here (bounded; the rest are
 -- skipped by every reader and dropped by later calls).
 local dead = redis.call("ZRANGEBYSCORE", live, "-inf", now, "LIMIT", 0, 1000)
@@ -420,11 +504,19 @@ for _, cid in ipairs(relink_ids) do
   end
 end
 
+local replaced_exp = nil
 if replaced then
   local re = redis.call("ZSCORE", live, replaced_member)
   redis.call("ZREM", live, replaced_member)
   redis.call("ZREM", order, replaced_member)
-  if not replaced_deleted then redis.call("ZADD", old, re, replaced) end
+  if not replaced_deleted then
+    redis.call("ZADD", old, re, replaced)
+    -- its own mark, for the branch rule (its entry lives while it does)
+    klist(replaced)
+    kid_own[replaced] = mark(task, field)
+    touch(replaced)
+    replaced_exp = tonumber(re)
+  end
 end
 
 local seq = redis.call("INCR", seqk)
@@ -436,7 +528,7 @@ redis.call("PEXPIREAT", rec, exp)
 -- The new record is its parent's child; the entry lives while the parent does.
 local parent_exp = nil
 if parent ~= "" then
-  list_add(parent, id)
+  list_add(parent, id .. "/" .. mark(task, field))
   if parent == latest then
     parent_exp = latest_exp
   elseif mode ~= "save" and parent == source_id then
@@ -444,17 +536,19 @@ if parent ~= "" then
   end
 end
 for _, cid in ipairs(kid_dirty_ids) do
-  local l = kid_lists[cid]
-  if gone[cid] or #l == 0 then
+  local l, own = kid_lists[cid], kid_own[cid]
+  if gone[cid] or (#l == 0 and not own) then
     redis.call("HDEL", kids, cid)
     redis.call("ZREM", kidsx, cid)
   else
     -- drop children whose record is known to be gone
     local keep = {}
-    for _, c in ipairs(l) do if pa_of[c] ~= false then keep[#keep + 1] = c end end
+    if own then keep[1] = "=" .. own end
+    for _, c in ipairs(l) do if pa_of[tok_id(c)] ~= false then keep[#keep + 1] = c end end
     redis.call("HSET", kids, cid, table.concat(keep, " "))
     local known = tonumber(redis.call("ZSCORE", kidsx, cid))
     local want_exp = known or exp
+    if cid == replaced and not known and replaced_exp then want_exp = replaced_exp end
     if cid == parent and parent_exp and parent_exp > want_exp then want_exp = parent_exp end
     if known ~= want_exp then redis.call("ZADD", kidsx, want_exp, cid) end
   end

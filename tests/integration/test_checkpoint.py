@@ -24,6 +24,8 @@ from durabilis.errors import (
 )
 from tests.support.lossy import lose_replies
 
+pytestmark = pytest.mark.topologies("cluster")
+
 
 @pytest.fixture
 def mgr(store: durabilis.Store) -> CheckpointManager:
@@ -321,7 +323,7 @@ def test_the_lineage_cap_counts_every_agent_and_phase_of_the_task(
         mgr.save("other", "a", "p", i)  # another task: its own cap
     assert len([k for k in records(raw, namespace)]) == 6 + 6
     # a(29) -> b(28) -> a(28) -> b(27) -> a(27) -> b(26): deleted, and a(27) is a
-    # current checkpoint (not declared by the save that deleted b(26)): it ends there
+    # current checkpoint: relinked past the deleted records, to nothing older
     assert [h.state for h in mgr.history("t", "a")] == [29, 28, 28, 27, 27]
     assert len(mgr.history("other", "a")) == 6
     assert {c.phase for c in mgr.list_current("t")} == {"p0", "p1", "p2", "q"}
@@ -430,7 +432,7 @@ def test_every_key_carries_a_ttl_and_the_ckpt_hash_tag(
     mgr.save("u", "b", "q", 3, ttl_seconds=10)
     keys = ckpt_keys(raw, namespace)
     assert {k.split("{ckpt}:")[1].split(":")[0] for k in keys} == {
-        "rec", "task", "live", "order", "seq",
+        "rec", "task", "live", "order", "seq", "kids",
     }
     for key in keys:
         assert raw.pttl(key) > 0, key
@@ -661,3 +663,184 @@ def test_a_phase_whose_save_reply_is_lost_is_saved_once_and_never_run_again(
     with mgr.task("job", "agent") as resumed:
         assert resumed.phase("fetch", phase("fetch")) == "fetch done"
     assert calls == {"fetch": 1, "parse": 1}
+
+
+# --- the lineage cap never breaks a resume (issue 35, hole 6) -------------------------------
+
+
+def _phases_with_a_recurring_cursor(
+    mgr: CheckpointManager, task: str, phases: int, cursor_every: int
+) -> None:
+    """A run of ``phases`` phases that also saves its "cursor" phase again and
+    again (``cursor_every`` cursor saves after each phase, from the same process)."""
+    with mgr.task(task, "agent", exclusive=False) as run:
+        for i in range(phases):
+            run.phase(f"p{i}", lambda i=i: {"phase": i})
+            for j in range(cursor_every):
+                mgr.save(task, "agent", "cursor", {"after": i, "n": j})
+
+
+def _resume_runs_nothing_again(mgr: CheckpointManager, task: str, phases: int) -> None:
+    ran: list[int] = []
+    fresh = CheckpointManager(mgr.store, mgr.config)  # a restarted process
+    with fresh.task(task, "agent") as run:
+        for i in range(phases):
+            state = run.phase(f"p{i}", lambda i=i: ran.append(i) or {"phase": i})
+            assert state == {"phase": i}
+    assert ran == []  # no completed phase ran again
+
+
+def test_60_phases_and_a_recurring_cursor_save_resume_without_rerunning_a_phase(
+    mgr: CheckpointManager, raw: redis.Redis, namespace: str
+) -> None:
+    _phases_with_a_recurring_cursor(mgr, "job", 60, 1)
+    assert len(records(raw, namespace)) == mgr.config.max_lineage_per_task
+    # the children index holds an entry per kept parent, none for a deleted one
+    assert raw.hlen(f"{namespace}:ckpt:{{ckpt}}:kids") < mgr.config.max_lineage_per_task
+    _resume_runs_nothing_again(mgr, "job", 60)
+    history = mgr.history("job", "agent")
+    assert history[-1].phase == "p0"  # the walk still reaches the first phase
+    assert [h.phase for h in history if h.phase != "cursor"] == [
+        f"p{i}" for i in range(59, -1, -1)
+    ]
+
+
+def test_300_phases_and_many_cursor_saves_resume_without_rerunning_a_phase(
+    mgr: CheckpointManager, raw: redis.Redis, namespace: str
+) -> None:
+    _phases_with_a_recurring_cursor(mgr, "big", 300, 3)
+    # 300 current phases + 1 current cursor: over the cap, so no replaced record is kept
+    assert len(records(raw, namespace)) == 301
+    _resume_runs_nothing_again(mgr, "big", 300)
+    history = mgr.history("big", "agent")
+    assert [h.phase for h in history] == ["cursor", *(f"p{i}" for i in range(299, -1, -1))]
+
+
+def test_trimming_relinks_every_child_of_a_deleted_record_across_tasks(
+    store: durabilis.Store,
+) -> None:
+    small = CheckpointManager(store, CheckpointConfig(max_lineage_per_task=3))
+    small.save("t", "a", "first", 0)
+    mid = small.save("t", "a", "p", 1)
+    copy = small.fork(mid.checkpoint_id, "forked")  # a child in another task
+    for i in range(2, 8):
+        small.save("t", "a", "p", i)  # mid is a superseded save: trimmed
+    with pytest.raises(CheckpointNotFound):
+        small.get_by_id(mid.checkpoint_id)
+    assert [h.state for h in small.history("forked", "a")] == [1, 0]
+    assert small.get_by_id(copy.checkpoint_id).parent_checkpoint_id != mid.checkpoint_id
+    assert [h.state for h in small.history("t", "a")][-1] == 0
+
+
+def test_a_parents_children_index_entry_is_swept_once_the_parent_expired(
+    mgr: CheckpointManager, raw: redis.Redis, namespace: str
+) -> None:
+    kids = f"{namespace}:ckpt:{{ckpt}}:kids"
+    first = mgr.save("t", "a", "p1", 1, ttl_seconds=0.2)
+    mgr.save("t", "a", "p2", 2, ttl_seconds=0.2)
+    assert raw.hkeys(kids) == [first.checkpoint_id.encode()]
+    deadline = time.monotonic() + 10
+    while records(raw, namespace) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert records(raw, namespace) == []
+    mgr.save("u", "a", "p", 3)  # any later save sweeps it
+    assert raw.hlen(kids) == 0
+
+
+def test_clear_task_drops_its_records_children_index_entries(
+    mgr: CheckpointManager, raw: redis.Redis, namespace: str
+) -> None:
+    for i in range(5):
+        mgr.save("t", "a", f"p{i % 2}", i)
+    assert raw.hlen(f"{namespace}:ckpt:{{ckpt}}:kids") == 4
+    assert mgr.clear_task("t") == 2
+    assert ckpt_keys(raw, namespace, "kids*") == []
+
+
+# --- branches, mixed caps (adv32 findings 1 and 2) ------------------------------------------
+
+
+def _resume_reruns(mgr: CheckpointManager, task: str, phases: list[str]) -> list[str]:
+    ran: list[str] = []
+    fresh = CheckpointManager(mgr.store, mgr.config)  # a restarted process
+    with fresh.task(task, "a") as run:
+        for p in phases:
+            run.phase(p, lambda p=p: ran.append(p))
+    return ran
+
+
+def test_a_fork_keeps_a_phase_whose_only_record_on_its_lineage_is_a_trimmed_superseded_save(
+    store: durabilis.Store,
+) -> None:
+    small = CheckpointManager(store, CheckpointConfig(max_lineage_per_task=4))
+    with small.task("src", "a") as run:
+        run.phase("p0", lambda: "v1")
+        run.phase("p1", lambda: "v1")
+    small.fork(small.restore("src", "a").checkpoint_id, "copy")
+    for i in range(6):  # the source saves p0 again, past its cap: p0(v1) is superseded
+        small.save("src", "a", "p0", f"v{i + 2}")
+    assert _resume_reruns(small, "copy", ["p0", "p1"]) == []
+    assert [(h.phase, h.state) for h in small.history("copy", "a")][-1] == ("p0", "v1")
+
+
+def test_a_rewind_branch_keeps_a_phase_whose_only_record_on_it_is_a_superseded_save(
+    store: durabilis.Store,
+) -> None:
+    small = CheckpointManager(store, CheckpointConfig(max_lineage_per_task=6))
+    small.save("t", "a", "p0", "v1")
+    small.save("t", "a", "p1", "v1")
+    cursor = small.save("t", "a", "cursor", 1)
+    small.save("t", "a", "p1", "v2")  # p1(v1) is superseded on the main line
+    small.save("t", "a", "cursor", 2)
+    small.rewind("t", cursor.checkpoint_id)  # the branch: cursor(1) <- p1(v1) <- p0
+    assert [h.phase for h in small.history("t", "a")] == ["cursor", "cursor", "p1", "p0"]
+    for i in range(3, 12):
+        small.save("t", "a", "cursor", i)  # the task's cap trims superseded saves
+    assert [h.phase for h in small.history("t", "a") if h.phase != "cursor"] == ["p1", "p0"]
+    assert _resume_reruns(small, "t", ["p0", "p1"]) == []
+
+
+def test_a_lower_lineage_cap_than_the_writers_never_reruns_a_completed_phase(
+    store: durabilis.Store,
+) -> None:
+    wide = CheckpointManager(store, CheckpointConfig(max_lineage_per_task=10_000))
+    for i in range(5):
+        with wide.task("t", "a") as run:
+            run.phase(f"p{i}", lambda i=i: i)
+        for j in range(40):
+            wide.save("t", "a", "cursor", j)
+    narrow = CheckpointManager(store, CheckpointConfig(max_lineage_per_task=10))
+    assert _resume_reruns(narrow, "t", [f"p{i}" for i in range(5)]) == []
+    assert [h.phase for h in narrow.history("t", "a")][-1] == "p0"
+
+
+def test_a_fork_of_a_task_with_more_phases_than_the_cap_reruns_none(
+    store: durabilis.Store,
+) -> None:
+    small = CheckpointManager(store, CheckpointConfig(max_lineage_per_task=20))
+    phases = [f"p{i}" for i in range(50)]
+    with small.task("src", "a") as run:
+        for p in phases:
+            run.phase(p, lambda p=p: p)
+    small.fork(small.restore("src", "a").checkpoint_id, "copy")
+    assert _resume_reruns(small, "copy", phases) == []
+    assert _resume_reruns(small, "src", phases) == []
+
+
+def test_a_fork_of_a_fork_keeps_its_phase_when_only_the_second_copy_saved_it_again(
+    store: durabilis.Store,
+) -> None:
+    # the first copy is its task's newest checkpoint *and* has a child (the second
+    # copy): a newer save of the phase below it, in another task, does not cover it
+    small = CheckpointManager(store, CheckpointConfig(max_lineage_per_task=2))
+    with small.task("src", "a") as run:
+        run.phase("cur", lambda: 1)
+        run.phase("p0", lambda: 0)
+    first = small.fork(small.restore("src", "a", "p0").checkpoint_id, "one")
+    second = small.fork(first.checkpoint_id, "two")
+    small.save("two", "a", "cur", 2)
+    for i in range(3, 8):
+        small.save("src", "a", "cur", i)  # src's cap trims its superseded cur(1)
+    assert second.parent_checkpoint_id == first.checkpoint_id
+    assert _resume_reruns(small, "one", ["cur", "p0"]) == []
+    assert _resume_reruns(small, "two", ["cur", "p0"]) == []

@@ -273,18 +273,19 @@ def test_decode_save_miss_on_the_lineage_cap_resends_with_the_ids_to_delete() ->
     assert list(o.save("t", "a", "p", 2).args[12:]) == []
 
 
-def test_lineage_walks_are_bounded_by_the_lineage_cap() -> None:
+def test_lineage_walks_follow_the_callers_limit_whatever_the_managers_lineage_cap() -> None:
+    # the cap of the manager reading is not the one the task was written under
+    # (replicas, a lowered cap): the walk's read bound is MAX_LINEAGE_PER_TASK per task
     o = ops(max_lineage_per_task=3)
-    assert o.lineage_limit(None) == 3
+    assert o.lineage_limit(None) is None
     assert o.lineage_limit(2) == 2
-    assert o.lineage_limit(1000) == 3
-    # the task's current checkpoints come on top: the cap never deletes them
-    assert o.lineage_limit(None, 5) == 8
-    assert o.lineage_limit(1000, 5) == 8
+    assert o.lineage_limit(1000) == 1000
+    assert o.lineage_limit(-1) == 0
     entries = [_Entry("a", f"p{i}", f"i{i}", i) for i in range(1, 7)]
     entries.append(_Entry("b", "late", "b9", 9))  # newer than the agent's newest: no ancestor
     ahead = o.lineage_entries("a", entries, 3)
     assert [e.checkpoint_id for e in ahead] == ["i6", "i5", "i4"]
+    assert len(o.lineage_entries("a", entries, None)) == 6
     assert o.lineage_entries("nobody", entries, 3) == []
 
 
