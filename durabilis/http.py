@@ -32,12 +32,13 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 from durabilis._log import get_logger
 from durabilis._retry_core import NotRetried
 from durabilis._scripts import ScriptCall
+from durabilis.dlq import ReplaySummary
 from durabilis.errors import (
     ConfigError,
     DurabilisError,
@@ -50,7 +51,7 @@ from durabilis.errors import (
     WrongEventLoop,
 )
 from durabilis.events import exception_str
-from durabilis.idempotency import IdempotencyKey
+from durabilis.idempotency import CALLER_SCOPE_MAX_BYTES, IdempotencyKey
 from durabilis.layer import AsyncDurabilityLayer, OperationContext
 
 __all__ = [
@@ -123,8 +124,8 @@ class DurableIdempotencyMiddleware:
         wait_seconds: A duplicate that arrives while the first request runs
             waits up to this long for its response; ``0``: ``409`` at once.
         max_key_length: Longest accepted key, in characters (printable ASCII).
-            ``None``: 255, or less when the layer's ``max_key_length`` leaves
-            less room beside the tenant (the layer stores ``%raw:<tenant>:<key>``).
+            ``None``: 255, or the layer's ``max_key_length`` when smaller (it
+            counts the key as sent; the layer stores ``%raw:<tenant>:<key>``).
         max_request_bytes: Largest request body; a larger ``Content-Length``
             is refused (``413``) before anything is read or run. ``None``: 1 MiB,
             less 16 KiB kept for the rest of the stored request (the layer's
@@ -148,6 +149,10 @@ class DurableIdempotencyMiddleware:
         recover_every_seconds: Run an :class:`OrphanRecovery` in the
             application's lifespan (started at startup or on the first
             request, stopped at shutdown); ``None``: do not.
+        serve_requeued: With ``recover_every_seconds``, that recovery also
+            replays (with :meth:`replay_stored`) the parked requests of this
+            middleware's ``operation_type`` an operator marked for redelivery
+            (``durabilis dlq requeue``).
 
     Raises:
         ConfigError: A setting out of range (field named).
@@ -175,6 +180,7 @@ class DurableIdempotencyMiddleware:
         stream_types: Iterable[str] = ("text/event-stream",),
         replayed_header: str = "Idempotent-Replayed",
         recover_every_seconds: float | None = None,
+        serve_requeued: bool = True,
     ) -> None:
         if not isinstance(layer, AsyncDurabilityLayer):
             raise ConfigError("layer", "DurableIdempotencyMiddleware needs an AsyncDurabilityLayer")
@@ -195,18 +201,21 @@ class DurableIdempotencyMiddleware:
         self.operation_type = _token("operation_type", operation_type)
         self.wait_seconds = _number("wait_seconds", wait_seconds, 0.0, 3600.0)
         idem = layer.config.idempotency
-        # The room a fixed tenant leaves in the layer's stored key (keys are ASCII:
-        # a character is a byte; the tenant counts in UTF-8 bytes, escaped).
-        room = (idem.max_key_length + 1
-                - len(str(IdempotencyKey.caller(tenant, "k", None)).encode())
-                if isinstance(tenant, str) else 255)
+        # The layer's max_key_length counts the key as the client sent it (keys
+        # are ASCII: a character is a byte), not the %raw:<tenant>: scope, which
+        # has room of its own (CALLER_SCOPE_MAX_BYTES): a fixed tenant must fit it.
+        room = idem.max_key_length
+        if isinstance(tenant, str):
+            scope = len(str(IdempotencyKey.caller(tenant, "k", None)).encode()) - 1
+            if scope > CALLER_SCOPE_MAX_BYTES:
+                raise ConfigError("tenant", f"{tenant!r} is too long: its scope %raw:<tenant>: "
+                                  f"is {scope} bytes, over {CALLER_SCOPE_MAX_BYTES}")
         if max_key_length is None:
             max_key_length = max(1, min(255, room))
         self.max_key_length = int(_number("max_key_length", max_key_length, 1, 4096))
         if self.max_key_length > room:
-            raise ConfigError("max_key_length", f"tenant {tenant!r} leaves room for keys of "
-                              f"{room} characters (IdempotencyConfig.max_key_length="
-                              f"{idem.max_key_length})")
+            raise ConfigError("max_key_length", f"must be at most the layer's "
+                              f"IdempotencyConfig.max_key_length={idem.max_key_length}")
         # The stored request (method, path, query, headers, key) must fit beside
         # the body in what the claim and the DLQ keep.
         cap = min(idem.max_value_bytes, layer.config.dlq.max_payload_bytes) - _REQUEST_ROOM
@@ -234,7 +243,11 @@ class DurableIdempotencyMiddleware:
         self._replayed = _token("replayed_header", replayed_header).lower().encode("latin-1")
         self.recovery: OrphanRecovery | None = None
         if recover_every_seconds is not None:
-            self.recovery = OrphanRecovery(layer, every_seconds=recover_every_seconds)
+            self.recovery = OrphanRecovery(
+                layer, every_seconds=recover_every_seconds,
+                requeue_handlers={self.operation_type: self.replay_stored}
+                if serve_requeued else None,
+            )
 
     # -- ASGI --
 
@@ -716,6 +729,15 @@ class OrphanRecovery:
     unreplayed is reported (event ``durability_dlq_expired``, an ``expired``
     log entry, ``DlqStats.expired``) even when nothing new is parked.
 
+    With ``requeue_handlers`` (operation type -> the ``fn`` the application
+    replays it with, as given to ``layer.replay``), this replica also serves
+    the records an operator marked for redelivery (``durabilis dlq requeue``):
+    every ``requeue_every_seconds`` it runs ``layer.replay_requeued`` over
+    those types. Every replica with handlers runs it at once, no lease: each
+    record is claimed first, so one replica replays it, under the breaker,
+    pacing and exactly-once rules of any replay. Records of a type without a
+    handler here are left to the replicas that have one.
+
     Args:
         layer: The layer whose orphans to recover.
         every_seconds: The period (and the lease).
@@ -723,6 +745,11 @@ class OrphanRecovery:
         holder: The name kept in the lease (default: host and pid).
         dlq_cleanup_every_seconds: The DLQ cleanup's period (and lease);
             ``None`` turns it off.
+        requeue_handlers: Operation type -> replay ``fn``; ``None`` (or empty):
+            this replica serves no requeued record.
+        requeue_every_seconds: The period of the requeue pass.
+        requeue_limit: Most handlers one requeue pass runs.
+        requeue_max_per_second: Most handlers started per second (``None``: no pacing).
     """
 
     def __init__(
@@ -733,8 +760,29 @@ class OrphanRecovery:
         limit: int = 1000,
         holder: str | None = None,
         dlq_cleanup_every_seconds: float | None = 60.0,
+        requeue_handlers: Mapping[str, Callable[[OperationContext], Any]] | None = None,
+        requeue_every_seconds: float = 5.0,
+        requeue_limit: int = 100,
+        requeue_max_per_second: float | None = None,
     ) -> None:
         self.layer = layer
+        if requeue_handlers is not None and not isinstance(requeue_handlers, Mapping):
+            raise ConfigError("requeue_handlers", "must map operation types to replay functions")
+        self.requeue_handlers = dict(requeue_handlers or {})
+        for op, fn in self.requeue_handlers.items():
+            if not isinstance(op, str) or not op or not callable(fn):
+                raise ConfigError("requeue_handlers",
+                                  f"must map operation types to callables, got {op!r}: {fn!r}")
+        self.requeue_every_seconds = _number("requeue_every_seconds", requeue_every_seconds,
+                                             0.05, 86400.0)
+        self.requeue_limit = int(_number("requeue_limit", requeue_limit, 1, 1_000_000))
+        self.requeue_max_per_second = None if requeue_max_per_second is None else (
+            _number("requeue_max_per_second", requeue_max_per_second, 0.001, 1_000_000.0)
+        )
+        self.requeue_runs = 0
+        self.requeue_replayed = 0
+        self.requeue_failed = 0
+        self.requeue_error: str | None = None
         self.every_seconds = _number("every_seconds", every_seconds, 0.05, 86400.0)
         self.dlq_cleanup_every_seconds = None if dlq_cleanup_every_seconds is None else (
             _number("dlq_cleanup_every_seconds", dlq_cleanup_every_seconds, 0.05, 86400.0)
@@ -800,6 +848,23 @@ class OrphanRecovery:
         self.cleanup_expired += len(done.expired)
         return done.removed
 
+    async def requeue_once(self) -> ReplaySummary | None:
+        """One pass over the requeued records this replica has handlers for
+        (``layer.replay_requeued``); ``None`` when it has none.
+
+        Raises:
+            StorageUnavailable: Redis is down.
+        """
+        if not self.requeue_handlers:
+            return None
+        summary = await self.layer.replay_requeued(
+            self.requeue_handlers, self.requeue_limit, self.requeue_max_per_second
+        )
+        self.requeue_runs += 1
+        self.requeue_replayed += summary.replayed
+        self.requeue_failed += summary.failed
+        return summary
+
     def start(self) -> None:
         """Start the periodic task on the running loop (no-op when running, or
         once :meth:`stop` was called: a request after shutdown does not restart it)."""
@@ -820,7 +885,8 @@ class OrphanRecovery:
 
     async def _loop(self) -> None:
         clean_every = self.dlq_cleanup_every_seconds
-        next_recover = next_clean = time.monotonic()
+        requeue_every = self.requeue_every_seconds if self.requeue_handlers else None
+        next_recover = next_clean = next_requeue = time.monotonic()
         while not self._stopped:  # (stop() stays final should a cancellation be lost)
             if time.monotonic() >= next_recover:
                 try:
@@ -838,7 +904,17 @@ class OrphanRecovery:
                     self.cleanup_error = f"{type(exc).__name__}: {exc}"
                     _log.warning("durability_dlq_cleanup_failed", error=type(exc).__name__)
                 next_clean = time.monotonic() + clean_every
+            if requeue_every is not None and time.monotonic() >= next_requeue:
+                try:
+                    await self.requeue_once()
+                    self.requeue_error = None
+                except Exception as exc:  # the same: next period
+                    self.requeue_error = f"{type(exc).__name__}: {exc}"
+                    _log.warning("durability_dlq_requeue_pass_failed", error=type(exc).__name__)
+                next_requeue = time.monotonic() + requeue_every
             wake = next_recover if clean_every is None else min(next_recover, next_clean)
+            if requeue_every is not None:
+                wake = min(wake, next_requeue)
             await asyncio.sleep(max(0.0, wake - time.monotonic()))
 
     async def health(self) -> dict[str, Any]:
@@ -847,7 +923,8 @@ class OrphanRecovery:
         ``ok`` is false when the last recovery failed or Redis cannot be read.
         """
         report: dict[str, Any] = {
-            "ok": self.last_error is None and self.cleanup_error is None,
+            "ok": self.last_error is None and self.cleanup_error is None
+            and self.requeue_error is None,
             "recovery": {
                 "running": self._task is not None and not self._task.done(),
                 "every_seconds": self.every_seconds, "runs": self.runs,
@@ -858,6 +935,12 @@ class OrphanRecovery:
                 "every_seconds": self.dlq_cleanup_every_seconds, "runs": self.cleanup_runs,
                 "skipped": self.cleanup_skipped, "removed": self.cleanup_removed,
                 "expired": self.cleanup_expired, "last_error": self.cleanup_error,
+            },
+            "dlq_requeue": {
+                "operation_types": sorted(self.requeue_handlers),
+                "every_seconds": self.requeue_every_seconds, "runs": self.requeue_runs,
+                "replayed": self.requeue_replayed, "failed": self.requeue_failed,
+                "last_error": self.requeue_error,
             },
         }
         try:

@@ -233,7 +233,8 @@ class DurabilisCollector(Collector):
     gauges are then upper bounds, see :class:`~durabilis.dlq.DlqStats`),
     ``durabilis_breaker_state`` (dependency; 0 closed, 1 half open, 2 open),
     ``durabilis_breaker_failure_rate`` (dependency), ``durabilis_checkpoints_current``,
-    ``durabilis_operations_in_flight``, ``durabilis_config_version``.
+    ``durabilis_operations_in_flight``, ``durabilis_operations_lease_ended``,
+    ``durabilis_config_version``.
     Counter: ``durabilis_operations_total`` (outcome: the layer's fleet-wide totals).
 
     A read costs about six round trips, each script bounded. What was read
@@ -369,10 +370,16 @@ class DurabilisCollector(Collector):
 
         totals = layer.stats()
         flight = GaugeMetricFamily(
-            "durabilis_operations_in_flight", "Operations holding a claim (fleet-wide)"
+            "durabilis_operations_in_flight", "Operations holding a live claim (fleet-wide)"
         )
         flight.add_metric([], float(totals.in_flight))
         yield flight
+        ended = GaugeMetricFamily(
+            "durabilis_operations_lease_ended",
+            "Claims whose lease ended (dead workers), not yet recovered (fleet-wide)",
+        )
+        ended.add_metric([], float(totals.lease_ended))
+        yield ended
         ops = CounterMetricFamily(
             "durabilis_operations", "The layer's fleet-wide totals", labels=["outcome"]
         )

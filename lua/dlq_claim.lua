@@ -5,8 +5,16 @@ claim has expired: the replayer died) gets a new claim with a fencing token;
 anyone else is told who holds it. Only the holder of the current token may
 then mark the record replayed (dlq_finish) or report the failure (dlq_fail).
 
+A claim keeps the record alive at least as long as the claim: a record that
+would expire sooner gets its expiry (field "exp", the hash's TTL and its
+expiry-index score) pushed to the claim's expiry, so that the replay's
+outcome lands (no cleanup reports the record "expired" mid-replay). The
+stream entry's readable "expires_at" keeps the parking's. (The shared keys
+outlive the latest record by a day, and a claim lasts at most a day.)
+
 KEYS[1]  stream                     (<ns>:dlq:{dlq}:stream)
 KEYS[2]  the record hash            (<ns>:dlq:{dlq}:rec:<dlq_id>)
+KEYS[3]  expiry index, zset         (see dlq_enqueue.lua for members)
 ARGV[1]  owner                      who replays (readable: host:pid:...)
 ARGV[2]  claim_ms                   how long the claim is held, in milliseconds
 ARGV[3]  nonce                      (optional) this claim's own random id, kept as the
@@ -17,7 +25,8 @@ ARGV[4]  stream id                  (optional) the record's stream entry, as its
                                     pending-index member names it (a replay pass): a
                                     record gone while that entry is still there
                                     expired unreplayed, awaiting cleanup ("expired")
-ARGV[5]  dlq_id                     (with ARGV[4]) the id that entry must name
+ARGV[5]  dlq_id                     the record's id (with ARGV[4], the id that entry
+                                    must name)
 
 Returns one of
   {"ok", token, taken_over (0|1), record hash as a flat field/value list,
@@ -41,6 +50,10 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local skind = redis.call("TYPE", S)["ok"]
 if skind ~= "none" and skind ~= "stream" then
   return {"corrupt", S, "a " .. skind .. " where the DLQ keeps a stream"}
+end
+local ekind = redis.call("TYPE", KEYS[3])["ok"]
+if ekind ~= "none" and ekind ~= "zset" then
+  return {"corrupt", KEYS[3], "a " .. ekind .. " where the DLQ keeps a zset"}
 end
 -- A pending record whose TTL passed: its hash is gone (or going), its stream
 -- entry stays until the cleanup that reports it.
@@ -86,5 +99,12 @@ local taken_over = 0
 if co then taken_over = 1 end
 local token = string.format("%d-%d", redis.call("HINCRBY", H, "cn", 1), now)
 if nonce ~= "" then token = token .. "-" .. nonce end
-redis.call("HSET", H, "co", ARGV[1], "ct", token, "ce", now + tonumber(ARGV[2]))
+local ce = now + tonumber(ARGV[2])
+redis.call("HSET", H, "co", ARGV[1], "ct", token, "ce", ce)
+if exp < ce then  -- (a kept record's "never" is later than any claim)
+  redis.call("HSET", H, "exp", ce)
+  redis.call("PEXPIREAT", H, ce)
+  local op = redis.call("HGET", H, "op") or ""
+  redis.call("ZADD", KEYS[3], "XX", ce, sid .. "|" .. ARGV[5] .. "|p|" .. op)
+end
 return {"ok", token, taken_over, redis.call("HGETALL", H), entry[1][2]}

@@ -13,7 +13,8 @@ reports it, whatever the number of cleaners): an "expired" entry in the log
 stream (dlq_id, operation_type, idempotency_key and agent_id, read from its
 stream entry before the entry goes), the count "expired|<op>" in the counts
 hash (kept at least ARGV[1] ms from now), its by-key entry dropped (when it
-still names this record), and the record in the reply, so the caller logs
+still names this record: its id, and no record hash of that id from another
+stream entry), and the record in the reply, so the caller logs
 the event. Work per call is bounded by the number of members given.
 
 KEYS[1]  stream                     (<ns>:dlq:{dlq}:stream)
@@ -59,7 +60,7 @@ local STATUS = {p = "pending", r = "replayed", a = "abandoned"}
 
 -- (the same report as dlq_enqueue.lua's purge)
 local expired = {}
-local function report_expired(sid, rid, rop)
+local function report_expired(sid, rid, rop, H)
   local ik, agent = "", ""
   local e = redis.call("XRANGE", S, sid, sid)[1]
   if e then
@@ -68,7 +69,12 @@ local function report_expired(sid, rid, rop)
       if e[2][i] == "agent_id" then agent = e[2][i + 1] end
     end
   end
-  if ik ~= "" and redis.call("HGET", BK, ik) == rid then redis.call("HDEL", BK, ik) end
+  -- The entry goes only if it names this record: rid, and no live hash of rid
+  -- from another stream entry (a record of that id made since).
+  if ik ~= "" and redis.call("HGET", BK, ik) == rid
+      and (redis.call("TYPE", H)["ok"] ~= "hash" or redis.call("HGET", H, "sid") == sid) then
+    redis.call("HDEL", BK, ik)
+  end
   redis.call("XADD", LOG, "MAXLEN", "~", LOG_MAX, "*", "dlq_id", rid, "change", "expired",
     "operation_type", rop, "idempotency_key", ik, "agent_id", agent)
   redis.call("HINCRBY", C, "expired|" .. rop, 1)
@@ -84,7 +90,8 @@ for i = 2, #ARGV do
     removed = removed + 1
     local sid, rid, code, rop = string.match(member, "^(%d+%-%d+)|([^|]+)|([pra])|(.*)$")
     if sid then
-      if code == "p" then report_expired(sid, rid, rop) end
+      local H = KEYS[6 + i]
+      if code == "p" then report_expired(sid, rid, rop, H) end
       redis.call("XDEL", S, sid)
       if code == "p" then
         local pm = sortkey(sid) .. "|" .. rid
@@ -92,7 +99,6 @@ for i = 2, #ARGV do
         redis.call("ZREM", PO, rop .. "\0" .. pm)
       end
       bump(STATUS[code] .. "|" .. rop, -1)
-      local H = KEYS[6 + i]
       if redis.call("TYPE", H)["ok"] == "hash" and redis.call("HGET", H, "sid") == sid then
         redis.call("DEL", H)
       end

@@ -29,10 +29,14 @@ ONE RECORD PER OPERATION. With a merge key (the operation's idempotency key),
 every parking of the same operation while its record is pending lands in that
 record: its parking count goes up, its latest error and time are kept, and
 the stream keeps the first failure. The by-key hash maps a merge key to its
-record. Keys must be declared, so the caller names the record it expects (the
-candidate: the first record of a key has the id the caller derives from the
-key); when the by-key hash names another, nothing is written and the answer
-is "miss" with that id, to send again with it. Each parking carries its own id
+record. A record id is never reused while the by-key entry names it: when the
+entry names the candidate but its hash is gone (it expired pending, its index
+members await cleanup), the new record takes this parking's id (ARGV[1]), so
+the cleanup of the old one (which drops the entry only while it names that
+id) never drops the new record's entry. Keys must be declared, so the caller
+names the record it expects (the candidate: the first record of a key has the
+id the caller derives from the key); when the by-key hash names another,
+nothing is written and the answer is "miss" with that id, to send again with it. Each parking carries its own id
 (the claim's), kept in the record ("pid:<id>": "c" for the parking that created
 the record, 1 for one merged into it): a parking sent again after a
 lost reply changes nothing. A record parked without its payload (metadata
@@ -135,6 +139,9 @@ local function report_expired(sid, rid, rop)
       if e[2][i] == "agent_id" then agent = e[2][i + 1] end
     end
   end
+  -- (exact: an id whose record expired pending is never given to a new record
+  -- while the key's entry names it, see below; so the entry naming rid names
+  -- this record, not a newer one)
   if ik ~= "" and redis.call("HGET", BK, ik) == rid then redis.call("HDEL", BK, ik) end
   redis.call("XADD", LOG, "MAXLEN", "~", LOG_MAX, "*", "dlq_id", rid, "change", "expired",
     "operation_type", rop, "idempotency_key", ik, "agent_id", agent)
@@ -202,9 +209,13 @@ if mkey ~= "" then
       if mine then return {"exists", f[3], cand, mine == "c" and 1 or 0} end
       merge_into, fill = true, f[5] and f[3] and not nopay
     end
-  else
+  elseif cur ~= cand then
     target, TH = cand, HC  -- the operation's record takes the id derived from its key
   end
+  -- (The key naming cand, whose hash is gone: that record expired pending and
+  -- awaits its cleanup. Its id is not reused: the new record takes this
+  -- parking's id, so that cleanup, dropping the key's entry only while it names
+  -- cand, can never drop the new record's.)
 end
 if not merge_into and redis.call("EXISTS", TH) == 1 then
   return {"exists", redis.call("HGET", TH, "sid") or "", target,

@@ -6,6 +6,9 @@ record can be replayed again at once.
 
 KEYS[1]  the record hash            (<ns>:dlq:{dlq}:rec:<dlq_id>)
 KEYS[2]  log stream                 (<ns>:dlq:{dlq}:log; the change is appended)
+KEYS[3]  requeue index, lex zset    (optional) a counted failure ends the record's
+                                    requeue mark: the fleet replays it once per
+                                    `dlq requeue`, it does not loop on a failing record
 ARGV[1]  token                      claim token from dlq_claim
 ARGV[2]  error                      text of the replay's error
 ARGV[3]  dlq_id                     (for the log entry)
@@ -15,8 +18,16 @@ ARGV[4]  mode                       "defer": the replay did not run (the operati
                                     "np": the replay claimed the record without
                                     its payload; filled in since (no "np" in the
                                     hash, another stream entry), its failure is
-                                    stale: as "defer"
+                                    stale: as "defer";
+                                    "config": the replaying process lacks config
+                                    (a durabilis ConfigError / DependencyNotFound):
+                                    the claim is released, nothing counted, the
+                                    original error kept; the text goes to "lre"
+                                    (last replay error, at "lrat") and to a
+                                    "replay_config_error" log entry; the requeue
+                                    mark stays (a replica with the config replays it)
 ARGV[5]  stream id                  ("np") the entry the replay claimed
+ARGV[6]  replayer                   ("config") who met the error (for the log entry)
 
 Returns one of
   {"ok", replay_attempts}
@@ -46,6 +57,18 @@ if ct ~= ARGV[1] then return {"lost"} end
 
 local stale = ARGV[4] == "np" and redis.call("HEXISTS", H, "np") == 0
   and redis.call("HGET", H, "sid") ~= ARGV[5]
+if ARGV[4] == "config" then  -- not run for want of config here: counted nowhere
+  local lkind = redis.call("TYPE", KEYS[2])["ok"]
+  if lkind ~= "none" and lkind ~= "stream" then
+    return {"corrupt", KEYS[2], "a " .. lkind .. " where the DLQ keeps its log (stream)"}
+  end
+  redis.call("HDEL", H, "co", "ct", "ce")
+  redis.call("HSET", H, "lre", ARGV[2], "lrat", now)
+  redis.call("XADD", KEYS[2], "MAXLEN", "~", 10000, "*", "dlq_id", ARGV[3] or "",
+    "change", "replay_config_error", "error", ARGV[2], "by", ARGV[6] or "")
+  if redis.call("PTTL", KEYS[2]) == -1 then redis.call("PEXPIREAT", KEYS[2], exp) end
+  return {"ok", tonumber(redis.call("HGET", H, "ra") or "0")}
+end
 if ARGV[4] == "defer" or stale then  -- it did not run: release the claim, count nothing
   redis.call("HDEL", H, "co", "ct", "ce")
   return {stale and "filled" or "ok", tonumber(redis.call("HGET", H, "ra") or "0")}
@@ -60,4 +83,13 @@ redis.call("XADD", KEYS[2], "MAXLEN", "~", 10000, "*", "dlq_id", ARGV[3] or "",
 if redis.call("PTTL", KEYS[2]) == -1 then redis.call("PEXPIREAT", KEYS[2], exp) end
 redis.call("HSET", H, "le", ARGV[2], "lat", now)
 redis.call("HDEL", H, "co", "ct", "ce")
+if KEYS[3] and redis.call("HEXISTS", H, "rq") == 1 then
+  local op, sid = redis.call("HGET", H, "op"), redis.call("HGET", H, "sid")
+  local ms, seq = string.match(sid or "", "^(%d+)%-(%d+)$")
+  if op and ms then
+    redis.call("HDEL", H, "rq")
+    redis.call("ZREM", KEYS[3], op .. "\0" .. string.rep("0", 15 - #ms) .. ms .. "-"
+      .. string.char(96 + #seq) .. seq .. "|" .. (ARGV[3] or ""))
+  end
+end
 return {"ok", attempts}

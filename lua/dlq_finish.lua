@@ -16,6 +16,7 @@ KEYS[4]  counts hash
 KEYS[5]  the record hash
 KEYS[6]  by-key hash                (its entry for the record's operation is removed)
 KEYS[7]  log stream                 (the change is appended)
+KEYS[8]  requeue index, lex zset    (optional) the record's requeue entry is removed
 ARGV[1]  dlq_id
 ARGV[2]  target                     "replayed" | "abandoned"
 ARGV[3]  token                      claim token, "" = none (operator action)
@@ -101,6 +102,7 @@ bump("pending|" .. op, -1)
 local pm = sortkey(sid) .. "|" .. id
 redis.call("ZREM", P, pm)
 redis.call("ZREM", PO, op .. "\0" .. pm)
+if KEYS[8] then redis.call("ZREM", KEYS[8], op .. "\0" .. pm) end
 
 -- (a day past the latest record, as dlq_enqueue.lua: a cleanup reports what expired)
 local horizon = tonumber(redis.call("ZRANGE", E, -1, -1, "WITHSCORES")[2]) + 86400000

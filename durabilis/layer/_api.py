@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import functools
+import inspect
 import threading
 import time
-from collections.abc import Awaitable, Callable
+import weakref
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from durabilis._fork import reset_in_child
@@ -58,8 +61,94 @@ def _keep_alive_ends(leases: LeaseBook, core: _LayerCore, closed: bool) -> bool:
     return not leases.busy() and (closed or not core.waiting())
 
 
+# Sync layers alive in this process, for their counts at interpreter exit (weak:
+# registering keeps no layer alive). A forked child's copies have nothing waiting
+# (the core resets what waits at fork, durabilis/_fork.py): it sends only its own.
+_AT_EXIT: weakref.WeakSet[DurabilityLayer] = weakref.WeakSet()
+
+
+def _close_at_exit() -> None:
+    """Interpreter exit: every layer left unclosed with counts (or index
+    removals) waiting in this process is closed and they are sent (best effort:
+    one try per store; what cannot go is named in one warning)."""
+    failed: dict[int, str] = {}  # id(store client) -> why
+    lost = 0
+    for layer in list(_AT_EXIT):
+        core = layer._core
+        if not core.waiting():
+            continue
+        layer._closed = True
+        core.on_wait = None  # (what fails waits again: no keep-alive to start now)
+        client = id(layer.store.client)
+        if client in failed:  # (its server is gone: no second wait for a timeout)
+            lost += 1
+            continue
+        try:
+            drive(core.flush_plan(), layer.store)
+        except Exception as exc:  # (a store closed already, a server gone: not raised)
+            failed[client] = f"{type(exc).__name__}: {exc}"
+            lost += 1
+    if lost:
+        _log.warning("durability_counts_not_sent", at_exit=True, layers=lost,
+                     error=next(iter(failed.values())))
+
+
+def _register_at_exit(layer: DurabilityLayer) -> None:
+    _AT_EXIT.add(layer)
+    # Moved to the end each time, so that it runs before the exit handlers of
+    # the stores made before this layer (LIFO): the embedded server's, which
+    # drops this process's connections, must come after the last flush.
+    atexit.unregister(_close_at_exit)
+    atexit.register(_close_at_exit)
+
+
 def _payload_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return {"args": list(args), "kwargs": kwargs}
+
+
+class _CallPayload:
+    """The payload (hence the content key) of a call of a ``@durable`` function,
+    keyed by the call, not its spelling: the arguments bound to the function's
+    signature (read once, at decoration), defaults applied, in one canonical
+    form: ``{"args": [...], "kwargs": {...}}`` with every parameter that can be
+    passed by position in ``args`` (``*args`` after them) and the keyword-only
+    ones and ``**kwargs`` in ``kwargs``. ``f("x")``, ``f(fact="x")`` and, with
+    ``def f(fact, n=1)``, ``f("x", 1)`` give one payload.
+
+    A call already spelled canonically (every positional parameter passed by
+    position, none left to its default) gives the payload the decorator made
+    before it bound arguments (issue 32), so its key did not change.
+    """
+
+    __slots__ = ("_fast", "_signature")
+
+    def __init__(self, func: Callable[..., Any]) -> None:
+        try:
+            signature: inspect.Signature | None = inspect.signature(func)
+        except (TypeError, ValueError):  # no signature to read (some builtins): as spelled
+            signature = None
+        self._signature = signature
+        # Plain parameters only (no *args, keyword-only or **kwargs): a call
+        # passing each by position is already canonical (no bind needed).
+        self._fast = -1
+        if signature is not None:
+            kinds = [p.kind for p in signature.parameters.values()]
+            if all(k in (inspect.Parameter.POSITIONAL_ONLY,
+                         inspect.Parameter.POSITIONAL_OR_KEYWORD) for k in kinds):
+                self._fast = len(kinds)
+
+    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The payload of one call.
+
+        Raises:
+            TypeError: The arguments do not fit the signature (as calling the
+                function would), before anything is claimed.
+        """
+        if self._signature is None or (not kwargs and len(args) == self._fast):
+            return _payload_of(args, kwargs)
+        bound = self._signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return _payload_of(bound.args, bound.kwargs)
 
 
 class DurabilityLayer:
@@ -104,6 +193,14 @@ class DurabilityLayer:
         self._renewer_lock = threading.Lock()
         self._closed = False
         reset_in_child(self)
+        _register_at_exit(self)
+
+    def __enter__(self) -> DurabilityLayer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """:meth:`close` (the store stays open: ``with durabilis.connect() as store``)."""
+        self.close()
 
     def after_fork_in_child(self) -> None:
         """A forked child has no keep-alive (the parent's thread is not copied, and
@@ -245,17 +342,24 @@ class DurabilityLayer:
     ) -> Callable[[Callable[..., T]], Callable[..., T]]:
         """Decorator: each call of the function becomes a durable operation.
 
-        The payload is ``{"args": [...], "kwargs": {...}}`` of the call (so it must
-        be JSON-compatible for content keys); ``key(*args, **kwargs)`` supplies a
-        raw idempotency key instead. Inside, :func:`current_operation` gives the
-        context (key, fencing token, attempt).
+        The payload is the call's arguments bound to the function's signature,
+        defaults applied: ``{"args": [...], "kwargs": {...}}`` (so it must be
+        JSON-compatible for content keys). The key is the call's, not its
+        spelling's: ``f("x")`` and ``f(fact="x")`` (and, with a default
+        ``n=1``, ``f("x", 1)``) are one operation. Arguments that do not fit
+        the signature raise ``TypeError`` before anything is claimed.
+        ``key(*args, **kwargs)`` supplies a raw idempotency key instead (called
+        with the arguments as spelled). Inside, :func:`current_operation` gives
+        the context (key, fencing token, attempt).
         """
 
         def decorate(func: Callable[..., T]) -> Callable[..., T]:
+            payload_of = _CallPayload(func)  # the signature, read once
+
             @functools.wraps(func)
             def wrapper(*args: Any, **kwargs: Any) -> T:
                 return self.execute(
-                    agent_id, operation_type, _payload_of(args, kwargs),
+                    agent_id, operation_type, payload_of(args, kwargs),
                     lambda _ctx: func(*args, **kwargs), dependency=dependency,
                     idempotency_key=None if key is None else key(*args, **kwargs), wait=wait,
                 )
@@ -299,15 +403,44 @@ class DurabilityLayer:
         *,
         wait: float | None = None,
         on_result: Callable[[ReplayResult], object] | None = None,
+        requeued_only: bool = False,
     ) -> ReplaySummary:
         """Replay pending DLQ records through the layer (see :meth:`replay`); the
         pass replays no record of a dependency found with an open breaker
         (``summary.breakers_open``). ``on_result`` is called with each record's
-        :class:`ReplayResult` as the pass goes (progress)."""
+        :class:`ReplayResult` as the pass goes (progress). ``requeued_only``:
+        only the records an operator marked for redelivery (``dlq requeue``)."""
         return drive(
             self.dlq._ops.replay_pending_steps(
                 operation_type, limit, max_per_second, self._core.replay_plan(fn, wait),
-                on_result,
+                on_result, requeued_only=requeued_only,
+            ),
+            self.store, leases=self._leases,
+        )
+
+    def replay_requeued(
+        self,
+        handlers: Mapping[str, Callable[[OperationContext], Any]],
+        limit: int | None = None,
+        max_per_second: float | None = None,
+        *,
+        wait: float | None = None,
+        on_result: Callable[[ReplayResult], object] | None = None,
+    ) -> ReplaySummary:
+        """Replay through the layer the records an operator marked for
+        redelivery (``durabilis dlq requeue``) whose operation type has a
+        handler here: ``handlers`` maps operation type -> ``fn`` (as given to
+        :meth:`replay`). Records of other types are left to the replicas that
+        have their handler. Each record is claimed first (one replica per
+        record) and replayed under the breaker, pacing and exactly-once rules
+        of :meth:`replay_pending`; a failed replay ends the record's mark, a
+        deferred one (breaker open, in progress) or one met with a config error
+        keeps it. ``OrphanRecovery(requeue_handlers=...)`` runs this on a schedule.
+        """
+        return drive(
+            self.dlq._ops.replay_requeued_steps(
+                {op: self._core.replay_plan(fn, wait) for op, fn in handlers.items()},
+                limit, max_per_second, on_result,
             ),
             self.store, leases=self._leases,
         )
@@ -319,9 +452,7 @@ class DurabilityLayer:
         processes' may lag by up to a second (see docs/layer.md, Counters).
         """
         drive(self._core.flush_plan(), self.store)
-        raw = self.store.command("HGETALL", self._core._stats)
-        in_flight = self.store.command("ZCARD", self._core._index)
-        return self._core.decode_stats(raw, int(in_flight or 0))
+        return self._core.decode_stats_reply(self.store.run(self._core.stats_call()))
 
     def close(self) -> None:
         """Accept no new operation (they raise :class:`~durabilis.LayerClosed`).
@@ -377,6 +508,13 @@ class AsyncDurabilityLayer:
         self._closed = False
         reset_in_child(self)
 
+    async def __aenter__(self) -> AsyncDurabilityLayer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        """:meth:`close` (the store stays open: ``async with durabilis.connect_async()``)."""
+        await self.close()
+
     def after_fork_in_child(self) -> None:
         """The parent's keep-alive task is the parent loop's (see
         :meth:`DurabilityLayer.after_fork_in_child`)."""
@@ -414,8 +552,13 @@ class AsyncDurabilityLayer:
                 if _keep_alive_ends(self._leases, self._core, last):
                     break
             except asyncio.CancelledError:
-                if asyncio.current_task() is not self._renewer or not self._leases.busy():
-                    raise  # stopped (close), or nothing held: it ends as asked
+                if asyncio.current_task() is not self._renewer:
+                    raise  # stopped (close): it ends as asked
+                if not self._leases.busy():
+                    # Swept with nothing held: the loop is shutting down (asyncio.run's
+                    # end, a layer left unclosed). What waits goes now, or never.
+                    await self._flush_swept()
+                    raise
                 # Cancelled by a sweep of every task (a shutdown) while claims are
                 # held: their operations' fn still run (a plain fn in its thread) or
                 # their outcomes wait to be sent, so their leases must still be
@@ -424,6 +567,16 @@ class AsyncDurabilityLayer:
                 _uncancel()
         if swept:
             raise asyncio.CancelledError
+
+    async def _flush_swept(self) -> None:
+        """The last flush of a keep-alive cancelled by a shutdown's sweep (best effort)."""
+        if not self._core.waiting():
+            return
+        _uncancel()  # (a sweep cancels once: the flush's own waits must not misread it)
+        try:
+            await adrive(self._core.flush_plan(), self.store)
+        except (DurabilisError, asyncio.CancelledError) as exc:
+            _log.warning("durability_counts_not_sent", error=f"{type(exc).__name__}: {exc}")
 
     async def _renew_once(self) -> None:
         try:
@@ -498,13 +651,15 @@ class AsyncDurabilityLayer:
         """See :meth:`DurabilityLayer.durable` (decorates ``async def`` functions)."""
 
         def decorate(func: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+            payload_of = _CallPayload(func)  # the signature, read once
+
             @functools.wraps(func)
             async def wrapper(*args: Any, **kwargs: Any) -> T:
                 async def call(_ctx: OperationContext) -> T:
                     return await func(*args, **kwargs)
 
                 return await self.execute(
-                    agent_id, operation_type, _payload_of(args, kwargs), call,
+                    agent_id, operation_type, payload_of(args, kwargs), call,
                     dependency=dependency,
                     idempotency_key=None if key is None else key(*args, **kwargs), wait=wait,
                 )
@@ -537,13 +692,33 @@ class AsyncDurabilityLayer:
         *,
         wait: float | None = None,
         on_result: Callable[[ReplayResult], object] | None = None,
+        requeued_only: bool = False,
     ) -> ReplaySummary:
         """See :meth:`DurabilityLayer.replay_pending`."""
         self._on_home_loop()
         return await adrive(
             self.dlq._ops.replay_pending_steps(
                 operation_type, limit, max_per_second, self._core.replay_plan(fn, wait),
-                on_result,
+                on_result, requeued_only=requeued_only,
+            ),
+            self.store, leases=self._leases,
+        )
+
+    async def replay_requeued(
+        self,
+        handlers: Mapping[str, Callable[[OperationContext], Any]],
+        limit: int | None = None,
+        max_per_second: float | None = None,
+        *,
+        wait: float | None = None,
+        on_result: Callable[[ReplayResult], object] | None = None,
+    ) -> ReplaySummary:
+        """See :meth:`DurabilityLayer.replay_requeued`."""
+        self._on_home_loop()
+        return await adrive(
+            self.dlq._ops.replay_requeued_steps(
+                {op: self._core.replay_plan(fn, wait) for op, fn in handlers.items()},
+                limit, max_per_second, on_result,
             ),
             self.store, leases=self._leases,
         )
@@ -552,9 +727,7 @@ class AsyncDurabilityLayer:
         """See :meth:`DurabilityLayer.stats`."""
         self._on_home_loop()
         await adrive(self._core.flush_plan(), self.store)
-        raw = await self.store.command("HGETALL", self._core._stats)
-        in_flight = await self.store.command("ZCARD", self._core._index)
-        return self._core.decode_stats(raw, int(in_flight or 0))
+        return self._core.decode_stats_reply(await self.store.run(self._core.stats_call()))
 
     async def close(self) -> None:
         """See :meth:`DurabilityLayer.close`."""

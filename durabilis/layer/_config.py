@@ -186,7 +186,10 @@ class OperationContext:
         agent_id: Who runs it.
         operation_type: Its type (selects the retry policy).
         payload: The operation's payload.
-        idempotency_key: The key claimed for it.
+        idempotency_key: The key claimed for it, as stored: for a caller's key
+            (``idempotency_key=``, an HTTP ``Idempotency-Key``) its scoped form
+            ``%raw:<agent>:<key>``, which two agents sending the same key to
+            one downstream never share (docs/layer.md, "Which key to forward").
         token: The claim's fencing token (``None`` with idempotency disabled);
             tokens of successive claims of one key increase.
         attempt: 0-based attempt number.
@@ -205,6 +208,10 @@ class OperationContext:
             operation again after its effect: forward ``idempotency_key`` (the
             same on every run; ``token`` higher) so the downstream keeps it
             exactly once.
+        caller_key: The caller's key as given (``order-1`` of
+            ``%raw:gw-1:order-1``; the same on replays); ``None`` for a content
+            key. Forward it instead of ``idempotency_key`` only to a downstream
+            that keeps each agent's keys apart itself (one account per agent).
     """
 
     agent_id: str
@@ -218,6 +225,7 @@ class OperationContext:
     phase: str | None = None
     replay: bool = False
     recovered: bool = False
+    caller_key: str | None = None
 
 
 def current_operation() -> OperationContext | None:
@@ -246,7 +254,12 @@ class LayerStats:
             in the DLQ too (it merges into that record: ``DlqRecord.parkings``).
         non_retryable: Operations stopped by a non-retryable error.
         recovered: Orphans (dead workers) moved to the DLQ by ``recover_orphans``.
-        in_flight: Operations holding a claim now (including dead ones not yet recovered).
+        in_flight: Operations holding a live claim now: the in-flight index's
+            entries whose lease has not ended (a live worker renews its own).
+        lease_ended: The index's entries whose lease ended: workers that died
+            (or processes that ended without removing theirs), until
+            ``recover_orphans`` parks or drops them. Never counted in flight:
+            a crashed process cannot leave ``in_flight`` wrong past one lease.
     """
 
     started: int = 0
@@ -258,5 +271,6 @@ class LayerStats:
     non_retryable: int = 0
     recovered: int = 0
     in_flight: int = 0
+    lease_ended: int = 0
 
 

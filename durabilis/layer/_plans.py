@@ -884,10 +884,7 @@ class _LayerCore:
                            error=f"{type(exc).__name__}: {exc}")
                 return
             if claimed and done[0] == 2:
-                yield from self._best_effort(
-                    self._park_orphan_calls(req, nonce, member if listed else ""),
-                    "durability_claim_undo_failed", req.key.value, gates={0: _missed},
-                )
+                yield from self._park_inherited(req, nonce, member if listed else "")
                 return
         gone = [self._note("rem", [member])] if listed else []
         if claimed and self._buckets:  # its birth entry (recovery drops it otherwise)
@@ -900,23 +897,42 @@ class _LayerCore:
         """Parkings of one operation share a DLQ record (when operations have keys)."""
         return key if self.config.idempotency.enabled else None
 
-    def _park_orphan_calls(self, req: _Request, nonce: str, member: str) -> list[ScriptCall]:
-        """Park an inherited orphan (a taken-over claim this call will not run)."""
+    def _park_inherited(self, req: _Request, nonce: str, member: str) -> Plan[None]:
+        """Park an inherited orphan (a taken-over claim this call will not run), as
+        a compensating step: shielded, a storage failure logged (what it leaves
+        behind is found by recovery). ``parked`` is counted from the enqueue's
+        reply: only a new record is a new operation parked (not one merged into
+        the operation's pending record)."""
         dlq_id = dlq_id_for(req.key.value, nonce)
         _log.warning("durability_orphan_recovered", idempotency_key=req.key.value,
                      dlq_id=dlq_id, operation_type=req.operation_type, agent_id=req.agent_id)
-        return [
+        calls = [
             self._dlq.enqueue_prepared(
                 req.park, 0, WORKER_LOST, dlq_id=dlq_id,
                 metadata={"reason": WORKER_LOST, "claim": nonce},
                 merge_key=self._merge_key(req.key.value),
             ),
-            self._idem.release(req.key, None, nonce, hold_ms=self._dlq.ttl_ms(None),
+            self._idem.release(req.key, None, nonce, hold_ms=self._dlq.hold_ms(),
                                touched=True),
-            # (its reply is not read: counted as a new record, the usual case)
-            self._note("rem", [member] if member else [], recovered=1, parked=1, parkings=1),
+            self._note("rem", [member] if member else [], recovered=1, parkings=1),
             *([self._birth_gone(req.key.value, nonce)] if self._buckets else []),
         ]
+        try:
+            out = yield IO(calls, {0: _missed}, shield=True)
+        except DurabilisError as exc:
+            _log.error("durability_claim_undo_failed", idempotency_key=req.key.value,
+                       error=f"{type(exc).__name__}: {exc}")
+            return
+        if out.status[0] != "c":
+            return
+        try:
+            made = self._dlq.decode_enqueue(calls[0], out[0])
+        except DurabilisError as exc:  # (CorruptData: nothing to count)
+            _log.error("durability_claim_undo_failed", idempotency_key=req.key.value,
+                       error=f"{type(exc).__name__}: {exc}")
+            return
+        if made.new_record:
+            self._leave([], {"parked": 1})
 
     def _abandon(
         self, req: _Request, cl: _Claim, permit: Permit | None, probe: str | None,
@@ -1315,7 +1331,7 @@ class _LayerCore:
             # record, so the replay finds the operation done.
             calls["record"] = self._idem.record_packed(
                 req.key, packed, cl.token, not_stored, cl.nonce,
-                hold_ms=self._dlq.ttl_ms(None) * 2 if cl.orphaned_aliases else 0,
+                hold_ms=self._dlq.hold_ms() * 2 if cl.orphaned_aliases else 0,
             )
         # The dead claims themselves are recorded done (never parked, then).
         for i, alias in enumerate(cl.orphaned_aliases):
@@ -1507,13 +1523,13 @@ class _LayerCore:
         if cl.token or cl.member:
             calls["release"] = self._idem.release(
                 req.key, cl.token, cl.nonce,
-                hold_ms=self._dlq.ttl_ms(None),  # the record is pending (a replay's too)
+                hold_ms=self._dlq.hold_ms(),  # the record is pending (a replay's too)
                 touched=cl.taken_over,  # (a mark held only by an alias passes on)
             )
         elif self.config.idempotency.enabled and not req.replay:
             # Parked before any claim (open breaker): nothing at the key says it
             # was delivered; a tombstone does, so a later success settles it.
-            calls["release"] = self._idem.tombstone(req.key, self._dlq.ttl_ms(None))
+            calls["release"] = self._idem.tombstone(req.key, self._dlq.hold_ms())
         calls["note"] = self._note(
             "rem", [cl.member] if cl.member else [], parkings=0 if req.replay else 1, **counts
         )
@@ -1699,7 +1715,7 @@ class _LayerCore:
                 merge_key=self._merge_key(key),
             ),
             # (touched: a later delivery is told the dead worker may have had its effect)
-            self._idem.release(IdempotencyKey(key), token, hold_ms=self._dlq.ttl_ms(None),
+            self._idem.release(IdempotencyKey(key), token, hold_ms=self._dlq.hold_ms(),
                                touched=True),
             *self._entry_note(index, "rem", [member], recovered=1, parkings=1),
         ]

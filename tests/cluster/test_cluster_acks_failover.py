@@ -34,6 +34,8 @@ from tests.support.failover import (
     through_a_failover,
 )
 
+pytestmark = pytest.mark.serial
+
 
 @pytest.fixture(scope="module")
 def own_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:

@@ -20,6 +20,8 @@ from tests.support.cluster import LocalCluster
 from tests.support.slots import crowded_slot, slot_of
 from tests.support.workload import LoadResult, run_load, stored_records_disagreeing
 
+pytestmark = pytest.mark.serial
+
 # A fault is a burst, then normal service: errors must stop soon after it ends.
 RECOVERY_S = 3.0
 

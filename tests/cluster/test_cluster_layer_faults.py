@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from durabilis._keys import KeySpace
 from tests.faults.test_layer_faults import assert_layer_held, layer_ops, note_layer
 from tests.support.cluster import LocalCluster
 from tests.support.slots import slot_of
 from tests.support.workload import LAYER_BREAKER, run_layer_ops, run_load
+
+pytestmark = pytest.mark.serial
 
 RECOVERY_S = 3.0
 

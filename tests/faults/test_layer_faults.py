@@ -31,6 +31,8 @@ from tests.support.workload import (
     run_load,
 )
 
+pytestmark = [pytest.mark.topologies("cluster"), pytest.mark.serial]
+
 SOCKET_TIMEOUT = 0.5
 SLACK = 0.75  # a loaded 2-core machine on top of the socket timeout (not a speed target)
 

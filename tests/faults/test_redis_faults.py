@@ -23,6 +23,8 @@ from durabilis.testing import RedisServer
 from tests.support import figures
 from tests.support.workload import LoadResult, run_load, stored_records_disagreeing
 
+pytestmark = [pytest.mark.topologies("cluster"), pytest.mark.serial]
+
 SOCKET_TIMEOUT = 0.5
 # Slack for a loaded 2-core machine on top of the socket timeout: a bound that
 # shows nothing hangs, not a speed target.

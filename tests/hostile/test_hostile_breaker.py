@@ -38,6 +38,8 @@ from tests.support.hypo import (
     plant_drawn_garbage,
 )
 
+pytestmark = pytest.mark.topologies("cluster")
+
 _fresh = itertools.count()
 
 FIELDS = {

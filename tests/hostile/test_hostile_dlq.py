@@ -43,6 +43,8 @@ from tests.support.hypo import (
     unencodable,
 )
 
+pytestmark = pytest.mark.topologies("cluster")
+
 _fresh = itertools.count()
 
 CONFIG_FIELDS = {

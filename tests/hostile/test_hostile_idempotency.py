@@ -34,6 +34,7 @@ from durabilis import (
     PayloadTooLarge,
 )
 from durabilis._keys import KeySpace
+from durabilis._limits import MAX_KEY_LENGTH, MAX_LEASE_SECONDS
 from durabilis.idempotency import MAX_VALUE_BYTES, MAX_WINDOW_SECONDS
 from tests.support.garbage import (
     KINDS,
@@ -43,6 +44,8 @@ from tests.support.garbage import (
     untouched_or_valid,
 )
 from tests.support.hypo import any_text, hostile, msgpack_values, normalised, same, unencodable
+
+pytestmark = pytest.mark.topologies("cluster")
 
 _fresh = itertools.count()
 
@@ -221,8 +224,8 @@ def test_any_config_is_valid_or_a_config_error_naming_one_of_its_fields(
 
 @hostile(30)
 @given(window=st.floats(min_value=0.001, max_value=MAX_WINDOW_SECONDS),
-       lease=st.floats(min_value=0.001, max_value=MAX_WINDOW_SECONDS),
-       key_len=st.integers(min_value=64, max_value=2**62))
+       lease=st.floats(min_value=0.001, max_value=MAX_LEASE_SECONDS),
+       key_len=st.integers(min_value=64, max_value=MAX_KEY_LENGTH))
 def test_extreme_valid_configs_work_end_to_end_and_every_record_gets_a_ttl(
     store: durabilis.Store, raw: Any, window: float, lease: float, key_len: int
 ) -> None:

@@ -49,6 +49,8 @@ from tests.support.hypo import (
     unencodable,
 )
 
+pytestmark = pytest.mark.topologies("cluster")
+
 _fresh = itertools.count()
 
 

@@ -31,6 +31,8 @@ from tests.support.garbage import (
 )
 from tests.support.hypo import any_text, garbage_bytes, hostile, hostile_or
 
+pytestmark = pytest.mark.topologies("cluster")
+
 _fresh = itertools.count()
 
 POLICY_FIELDS = {

@@ -47,7 +47,8 @@ def fleet_member(
     The dependency takes 0.1 s per call and fails while ``<ns>:mode`` is not
     ``ok``. Reports to ``out``: ``(me, closed_seen_at, errors)`` where
     ``closed_seen_at`` is the first wall-clock time this process saw CLOSED
-    after the dependency recovered (``None`` if never).
+    after the dependency recovered (``None`` if never); ``me`` joins the set
+    ``<ns>:closed_seen`` then.
     """
     store = durabilis.connect(url, namespace=namespace)
     registry = CircuitBreakerRegistry(store, [config], replica_id=f"worker-{me}")
@@ -70,6 +71,7 @@ def fleet_member(
                 and registry.state(config.name) is BreakerState.CLOSED
             ):
                 closed_seen_at = time.time()
+                books.sadd(_fake_key(namespace, "closed_seen"), me)  # for the test to wait on
             try:
                 permit = registry.before_call(config.name)
             except durabilis.CircuitOpen:
@@ -86,6 +88,7 @@ def fleet_member(
             registry.after_call(config.name, ok, permit)
             if recovered and closed_seen_at is None and not permit.is_probe:
                 closed_seen_at = time.time()  # admitted as a CLOSED call: it saw CLOSED
+                books.sadd(_fake_key(namespace, "closed_seen"), me)
     except Exception as exc:  # reported to the test, which fails on any
         errors.append(f"{type(exc).__name__}: {exc}")
     finally:
@@ -129,10 +132,12 @@ def reporter(
 
 
 def cached_caller(
-    url: str, namespace: str, cache_s: float, ready: Any, stop: Any, out: Any
+    url: str, namespace: str, cache_s: float, ready: Any, stop: Any, out: Any,
+    refused: Any = None,
 ) -> None:
     """Call the dependency through the breaker, one call after another, until told
-    to stop; report each call's start (wall clock) and whether it was admitted."""
+    to stop; report each call's start (wall clock) and whether it was admitted.
+    ``refused`` (a shared ``multiprocessing.Value``) counts the refusals as they come."""
     store = durabilis.connect(url, namespace=namespace)
     registry = CircuitBreakerRegistry(
         store, (CircuitBreakerConfig("svc", 0.5, 100, 60, 1, 200, 30),),
@@ -147,6 +152,9 @@ def cached_caller(
                 calls.append((started, True))
             except durabilis.CircuitOpen:
                 calls.append((started, False))
+                if refused is not None:
+                    with refused.get_lock():
+                        refused.value += 1
             if len(calls) == 20:
                 ready.set()  # warm: the breaker is CLOSED and cached here
     finally:

@@ -17,6 +17,8 @@ from durabilis import Duplicate, DurabilisError, IdempotencyGuard, New, StorageU
 from durabilis.testing import RedisServer, free_port, isolated_namespace
 from tests.support.acl import rules_for
 
+pytestmark = pytest.mark.topologies("cluster")
+
 
 def each_node(raw: Any) -> Iterator[Any]:
     """A plain client per node (the one client on a standalone server)."""

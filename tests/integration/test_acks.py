@@ -19,6 +19,8 @@ from durabilis import AsyncDurabilityLayer, DurabilityLayer, NotReplicated
 from tests.integration._layer_support import Counter, fast_config
 from tests.support.backends import keys_matching
 
+pytestmark = pytest.mark.topologies("cluster", "sentinel")
+
 REPLICAS = {"standalone": 0, "cluster": 1, "sentinel": 2}
 """Replicas of each key's primary on each test backend."""
 

@@ -24,6 +24,8 @@ from durabilis.dlq import DeadLetterQueue, DlqConfig, DlqStatus
 from durabilis.layer import DurabilityLayer
 from durabilis.metrics import OTHER_OPERATION_TYPE, DurabilisCollector, DurabilisMetrics
 
+pytestmark = pytest.mark.topologies("cluster")
+
 LIMIT = 5
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -22,6 +22,8 @@ from durabilis.idempotency import IdempotencyConfig, IdempotencyKey, _IdemOps
 from durabilis.testing import offset_server_clock
 from tests.support.logs import own_logs
 
+pytestmark = pytest.mark.topologies("cluster")
+
 CLOSED, OPEN, HALF_OPEN = BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN
 RESET = 1.0  # seconds: every timeout in these tests is the shortest the config allows
 

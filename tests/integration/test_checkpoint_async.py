@@ -12,6 +12,8 @@ import durabilis
 from durabilis.checkpoint import NO_CHECKPOINT, AsyncCheckpointManager, CheckpointConfig
 from durabilis.errors import CheckpointConflict, CheckpointNotFound, InvalidTtl
 
+pytestmark = pytest.mark.topologies("cluster")
+
 
 def run(redis_url: str, namespace: str, body: Any, config: CheckpointConfig | None = None) -> Any:
     async def main() -> Any:

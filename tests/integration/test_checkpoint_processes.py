@@ -7,11 +7,14 @@ import signal
 import time
 from collections import Counter
 
+import pytest
 import redis
 
 import durabilis
 from durabilis.checkpoint import CheckpointConfig, CheckpointManager
 from tests.integration import _checkpoint_workers as workers
+
+pytestmark = pytest.mark.serial
 
 SPAWN = multiprocessing.get_context("spawn")
 

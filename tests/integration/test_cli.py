@@ -36,6 +36,8 @@ from tests.integration import _cli_handlers
 from tests.integration._cli_support import fleet_toml
 from tests.integration._layer_workers import die_inside
 
+pytestmark = pytest.mark.topologies("cluster")
+
 ROOT = Path(__file__).resolve().parents[2]
 
 FLEET_TOML = fleet_toml(
@@ -118,6 +120,7 @@ def park(layer: Any, payload: Any, operation_type: str = "job") -> str:
 # --- dlq -------------------------------------------------------------------------------
 
 
+@pytest.mark.topologies("cluster", "sentinel")  # the connect path per URL scheme
 def test_dlq_ls_show_abandon_stats_and_cleanup(cli: Run, layer: Any) -> None:
     ids = [park(layer, {"page": i}) for i in range(3)]
     other = park(layer, {"mail": 1}, "other")
@@ -209,7 +212,7 @@ def test_dlq_ls_prints_an_aligned_table_for_humans(cli: Run, layer: Any) -> None
     assert code == EXIT_OK
     header, *rows = out.splitlines()
     assert header.split() == ["DLQ_ID", "STATUS", "OPERATION_TYPE", "AGENT", "RETRIES",
-                              "REPLAYS", "FAILED_AT", "LAST_ERROR"]
+                              "REPLAYS", "REQUEUED", "FAILED_AT", "LAST_ERROR"]
     assert len(rows) == 2
     for column in ("STATUS", "OPERATION_TYPE", "AGENT", "RETRIES"):
         at = header.index(column)
@@ -519,6 +522,7 @@ def test_argparse_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> Non
     capsys.readouterr()
 
 
+@pytest.mark.topologies("cluster", "sentinel")  # the connect path per URL scheme
 def test_the_console_script_and_python_m_run_the_cli_in_a_fresh_process(
     redis_url: str, namespace: str, layer: Any, fleet_toml: Path, tmp_path: Path
 ) -> None:

@@ -144,6 +144,7 @@ def test_durabilis_namespace_is_honoured_and_the_flag_wins(
     assert code == EXIT_USAGE and "$DURABILIS_NAMESPACE" in err
 
 
+@pytest.mark.topologies("cluster", "sentinel")  # the connect path per URL scheme
 def test_the_console_script_finds_everything_in_the_environment(
     redis_url: str, namespace: str, layer: DurabilityLayer, fleet_toml: Path
 ) -> None:

@@ -19,6 +19,8 @@ from durabilis._autopipe import DEFAULT_SENDERS, AutoPipeline
 from durabilis.layer import AsyncDurabilityLayer, DurabilityLayer, OperationContext
 from durabilis.testing import RedisServer
 
+pytestmark = pytest.mark.topologies("cluster", "sentinel")
+
 
 def test_1000_concurrent_async_operations_complete_with_0_errors_each_applied_once(
     redis_url: str, namespace: str

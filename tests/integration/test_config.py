@@ -21,6 +21,8 @@ from durabilis.layer import AsyncDurabilityLayer, DurabilityConfig, DurabilityLa
 from durabilis.testing import RedisServer
 from tests.support.acl import rules_for
 
+pytestmark = pytest.mark.topologies("cluster")
+
 MCP5 = RetryPolicy("mcp_call", 5, 100, 1000, jitter=False)
 MEM = CircuitBreakerConfig("memory_service", 0.9, 10, 30, 2, 20, 30)
 

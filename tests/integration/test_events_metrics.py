@@ -19,6 +19,8 @@ from durabilis.layer import DurabilityConfig, DurabilityLayer
 from durabilis.metrics import DurabilisCollector, DurabilisMetrics
 from durabilis.testing import RedisServer, instant_retries
 
+pytestmark = pytest.mark.topologies("cluster")
+
 POLICY = RetryPolicy("job", 3, 1, 2, jitter=False, retryable_errors=("NETWORK_TIMEOUT",))
 
 
@@ -126,6 +128,7 @@ def test_the_collector_reads_the_fleet_state_at_scrape_time(store: durabilis.Sto
     assert value("durabilis_checkpoints_current") == 1
     assert value("durabilis_operations_total", outcome="parked") == 1
     assert value("durabilis_operations_in_flight") == 0
+    assert value("durabilis_operations_lease_ended") == 0
     assert value("durabilis_config_version") == 1
     assert value("durabilis_dlq_oldest_pending_age_seconds") is not None
     layer.close()

@@ -21,17 +21,22 @@ from structlog.testing import capture_logs
 
 import durabilis
 from durabilis import CircuitBreakerConfig, ConfigError, RetryPolicy
+from durabilis._limits import LIMITS
 from durabilis.cli import EXIT_OK
 from durabilis.config import (
     MAX_ENTRY_BYTES,
     MAX_ENTRY_DEPTH,
     AsyncConfigSync,
     ConfigSync,
+    breaker_to_dict,
+    policy_to_dict,
     printable_entry,
 )
 from durabilis.layer import AsyncDurabilityLayer, DurabilityLayer
 from durabilis.retry import RetryEngine
 from tests.integration._cli_support import run_cli
+
+pytestmark = pytest.mark.topologies("cluster")
 
 MCP5 = RetryPolicy("mcp_call", 5, 100, 1000, jitter=False)
 MEM = CircuitBreakerConfig("memory_service", 0.9, 10, 30, 2, 20, 30)
@@ -402,3 +407,56 @@ def test_an_unreadable_version_field_does_not_block_the_reading_commands(
         code, _, err = run(capsys, *args, *base)
         assert code == 0, (args, err)
         assert "published fleet config is unreadable" in err, args
+
+
+# --- entries over a hard maximum (durabilis._limits) ----------------------------------------
+
+def _over_the_limit_entries() -> dict[bytes, bytes]:
+    """One published entry per retry/budget/breaker bound, that field at twice its maximum."""
+    out: dict[bytes, bytes] = {}
+    for limit in LIMITS:
+        over: Any = limit.maximum * 2
+        over = int(over) if float(limit.maximum).is_integer() else over
+        name = f"over_{limit.owner}_{limit.field}"
+        if limit.owner in ("RetryPolicy", "RetryBudget"):
+            data = policy_to_dict(RetryPolicy(name, 3, 1, 10, budget=durabilis.RetryBudget()))
+            target = data if limit.owner == "RetryPolicy" else data["budget"]
+            target[limit.field] = over
+            if limit.field == "initial_delay_ms":
+                data["max_delay_ms"] = over
+            out[f"retry:{name}".encode()] = json.dumps(data).encode()
+        elif limit.owner == "CircuitBreakerConfig":
+            data = breaker_to_dict(CircuitBreakerConfig(name))
+            data[limit.field] = over
+            if limit.field == "min_request_count":
+                data["window_size"] = over
+            if limit.field == "slow_call_duration_ms":
+                data["slow_call_rate_threshold"] = 0.5
+            out[f"breaker:{name}".encode()] = json.dumps(data).encode()
+    return out
+
+
+def test_a_published_entry_over_a_hard_maximum_is_rejected_by_every_replica(
+    store: durabilis.Store, namespace: str, raw: Any
+) -> None:
+    over = _over_the_limit_entries()
+    # The issue's own example: a policy of 10**9 attempts.
+    billion = policy_to_dict(RetryPolicy("forever", 3, 1, 10))
+    billion["max_attempts"] = 10**9
+    over[b"retry:forever"] = json.dumps(billion).encode()
+    plant(raw, namespace, over)
+    layers = [DurabilityLayer(store), DurabilityLayer(store)]
+    syncs = [ConfigSync(layer) for layer in layers]
+    try:
+        for sync, layer in zip(syncs, layers, strict=True):
+            sync.refresh()
+            assert set(sync.rejected) == {as_name(f) for f in over}
+            for entry, reason in sync.rejected.items():
+                field = "max_attempts" if entry == "retry:forever" else entry.split("_", 2)[2]
+                assert field in reason, (entry, reason)
+            assert layer.retry.get_policy("forever").operation_type == "*"  # not applied
+        rejected = ConfigSync(store).fleet_config().rejected  # what `config show` lists
+        assert set(rejected) == {as_name(f) for f in over}
+    finally:
+        for layer in layers:
+            layer.close()

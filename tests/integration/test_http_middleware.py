@@ -148,15 +148,16 @@ def test_bad_or_missing_keys_are_400_and_nothing_runs(redis_url: str, namespace:
         accented = {"Idempotency-Key": "caf\u00e9".encode()}
         problem(await c.post("/orders", json={}, headers=accented),
                 400, "idempotency-key-invalid")
-        # The default limit is what the layer's stored key leaves beside the tenant.
-        assert mw.max_key_length == 246
-        problem(await c.post("/orders", json={}, headers=key("x" * 247)),
+        # The default limit is 255 characters: the layer's max_key_length (256)
+        # counts the key as sent, not the %raw:<tenant>: scope beside it.
+        assert mw.max_key_length == 255
+        problem(await c.post("/orders", json={}, headers=key("x" * 256)),
                 400, "idempotency-key-invalid")
-        assert (await c.post("/orders", json={}, headers=key("x" * 246))).status_code == 201
+        assert (await c.post("/orders", json={}, headers=key("x" * 255))).status_code == 201
         mw.require_key = True
         problem(await c.post("/orders", json={}), 400, "idempotency-key-missing")
         assert (await c.get("/healthz")).status_code == 200  # GET is not guarded
-        assert await effects(raw, namespace) == {"x" * 246: 1}
+        assert await effects(raw, namespace) == {"x" * 255: 1}
 
     drive(redis_url, namespace, body)
 
@@ -348,7 +349,8 @@ def test_bad_settings_are_config_errors(redis_url: str, namespace: str) -> None:
             {"header": "Idem:Key"}, {"tenant": ""}, {"wait_seconds": -1},
             {"max_key_length": 0}, {"max_request_bytes": 10 ** 9},
             {"max_response_bytes": True}, {"recover_every_seconds": 0},
-            {"max_key_length": 250},  # no room for it beside the tenant in the layer's key
+            {"max_key_length": 257},  # over the layer's max_key_length (256)
+            {"tenant": "t" * 1100},  # its %raw:<tenant>: scope over CALLER_SCOPE_MAX_BYTES
         ]
         for options in bad:
             with pytest.raises(ConfigError):

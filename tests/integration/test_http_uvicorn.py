@@ -30,7 +30,8 @@ from durabilis.layer import WORKER_LOST
 from tests.integration._http_app import build
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.standalone_only  # uvicorn processes on one plain server
+# uvicorn processes on one plain server; serial: their timeouts are the machine's
+pytestmark = [pytest.mark.standalone_only, pytest.mark.serial]
 
 
 def _free_port() -> int:

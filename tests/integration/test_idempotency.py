@@ -24,6 +24,8 @@ from durabilis import (
 )
 from durabilis.testing import isolated_namespace
 
+pytestmark = pytest.mark.topologies("cluster")
+
 
 @pytest.fixture(
     params=[

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import multiprocessing
 
+import pytest
+
 import durabilis
 from tests.integration._idem_workers import claim_rounds
+
+pytestmark = pytest.mark.serial
 
 PROCESSES = 16
 ROUNDS = 200

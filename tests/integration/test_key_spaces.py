@@ -15,6 +15,8 @@ from durabilis.layer import DurabilityLayer, OperationContext
 from durabilis.testing import instant_retries
 from tests.integration._layer_support import Counter, fast_config
 
+pytestmark = pytest.mark.topologies("cluster")
+
 
 def test_a_caller_key_cannot_take_another_agents_content_key(store: durabilis.Store) -> None:
     layer = DurabilityLayer(store, fast_config())

@@ -22,6 +22,8 @@ from durabilis.dlq import DlqStatus, ReplayOutcome
 from durabilis.layer import DurabilityLayer, OperationContext, current_operation
 from tests.integration._layer_support import Counter, fast_config
 
+pytestmark = pytest.mark.topologies("cluster", "sentinel")
+
 
 @pytest.fixture
 def layer(store: durabilis.Store) -> DurabilityLayer:
@@ -139,7 +141,7 @@ def test_a_record_the_layer_cannot_rebuild_fails_its_replay_and_the_pass_goes_on
     assert layer.dlq.get(bad).replay_attempts == 2 and len(op.calls) == 3
 
 
-def test_a_record_parked_under_a_dependency_renamed_since_fails_its_replay(
+def test_a_record_parked_under_a_dependency_renamed_since_is_a_config_error_not_an_attempt(
     store: durabilis.Store, layer: DurabilityLayer,
 ) -> None:
     with pytest.raises(RetryExhausted) as info:
@@ -150,10 +152,11 @@ def test_a_record_parked_under_a_dependency_renamed_since_fails_its_replay(
     ))
     op = Counter(result="ok")
     result = renamed.replay(dlq_id, op)
-    assert result.outcome is ReplayOutcome.FAILED and op.calls == []
+    assert result.outcome is ReplayOutcome.CONFIG_ERROR and op.calls == []
     assert result.error is not None and "svc" in result.error
     record = renamed.dlq.get(dlq_id)
-    assert record.status is DlqStatus.PENDING and record.replay_attempts == 1
+    assert record.status is DlqStatus.PENDING and record.replay_attempts == 0
+    assert record.last_replay_error == result.error and "NETWORK_TIMEOUT" in record.last_error
     # Replayed through a layer that knows the dependency again, it runs.
     assert layer.replay(dlq_id, op).outcome is ReplayOutcome.REPLAYED
 
@@ -307,7 +310,8 @@ def test_decorator_makes_each_call_durable_and_exposes_the_context(
     assert edit(2, text="a") == "2:a"
     assert len(seen) == 2
     assert seen[0] is not None and seen[0].agent_id == "wiki-bot"
-    assert seen[0].payload == {"args": [1], "kwargs": {"text": "a"}}
+    # Bound to the signature: every parameter passable by position, in "args".
+    assert seen[0].payload == {"args": [1, "a"], "kwargs": {}}
     assert current_operation() is None
 
 

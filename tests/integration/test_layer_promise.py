@@ -56,6 +56,8 @@ from durabilis.layer import (
 from durabilis.testing import RedisServer, offset_server_clock
 from tests.integration._layer_support import Counter, fast_config
 
+pytestmark = pytest.mark.topologies("cluster")
+
 
 def layer_on(store: durabilis.Store, **kw: Any) -> DurabilityLayer:
     return DurabilityLayer(store, fast_config(**kw))

@@ -8,6 +8,7 @@ import signal
 import threading
 import time
 
+import pytest
 import redis
 
 import durabilis
@@ -15,6 +16,8 @@ from durabilis.dlq import ReplayOutcome
 from durabilis.layer import DurabilityLayer
 from tests.integration._layer_support import Counter, fast_config
 from tests.integration._layer_workers import die_inside
+
+pytestmark = [pytest.mark.topologies("cluster"), pytest.mark.serial]
 
 
 def test_worker_killed_mid_operation_is_recovered_into_the_dlq_and_replayed(

@@ -21,6 +21,8 @@ from durabilis.layer import DurabilityLayer
 from durabilis.layer._plans import DUPLICATES_FLUSH_SECONDS
 from tests.integration._layer_support import Counter, fast_config
 
+pytestmark = pytest.mark.topologies("cluster")
+
 # (Round trips one after another, requests sent) per call. Standalone: the scripts
 # of a step fused, one round trip each. Cluster (docs/layer.md, "Steps and round
 # trips"), in waves whose calls go at once: the index entry (beside it, the

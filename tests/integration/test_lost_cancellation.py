@@ -25,9 +25,12 @@ from durabilis.config import AsyncConfigSync
 from durabilis.layer import AsyncDurabilityLayer, OperationContext
 from tests.integration._layer_support import fast_config
 
-pytestmark = pytest.mark.skipif(
-    sys.version_info < (3, 11), reason="Task.cancelling() (how a lost one is seen) is 3.11+"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        sys.version_info < (3, 11), reason="Task.cancelling() (how a lost one is seen) is 3.11+"
+    ),
+    pytest.mark.topologies("cluster"),  # seen under CPU load on Cluster (no auto-pipelining)
+]
 
 
 _WATCHED: contextvars.ContextVar[bool] = contextvars.ContextVar("watched", default=False)

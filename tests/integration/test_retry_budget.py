@@ -27,6 +27,8 @@ from durabilis.retry import (
 from durabilis.testing import RedisServer, offset_server_clock
 from tests.integration._retry_workers import fail_every_call
 
+pytestmark = pytest.mark.topologies("cluster")
+
 DOWN = OperationError("SERVICE_UNAVAILABLE", "down")
 
 
@@ -151,12 +153,117 @@ def test_the_budget_key_expires_one_window_after_its_last_write(
     assert 5000 < ttl <= 5500  # (10 + 1) buckets of 500 ms
 
 
-def test_a_changed_window_starts_the_budget_afresh(store: durabilis.Store) -> None:
+def test_a_changed_window_keeps_the_spent_retries(
+    store: durabilis.Store, raw: redis.Redis
+) -> None:
     first = engine(store, policy(ratio=0, min_retries=1, window_seconds=60))
     first.execute("flaky_dep", always_down)
     assert first.execute("flaky_dep", always_down).stop_reason == RETRY_BUDGET_EXHAUSTED
+    # The same cap over another window (a rolling deploy): the retry spent still counts.
     second = engine(store, policy(ratio=0, min_retries=1, window_seconds=30))
-    assert second.execute("flaky_dep", always_down).attempts == 2
+    assert second.execute("flaky_dep", always_down).stop_reason == RETRY_BUDGET_EXHAUSTED
+    assert budget_counts(raw, store.keys.retry_budget("flaky_dep")) == (3, 1)
+
+
+# --- replicas that disagree about the budget's settings -----------------------------------------
+
+STRICT: dict[str, Any] = {"ratio": 0, "min_retries": 1, "window_seconds": 60}  # 1 a minute
+
+
+@pytest.mark.parametrize("loose_window", [30, 60, 120])
+def test_replicas_with_different_settings_never_grant_more_than_the_strictest(
+    redis_url: str, namespace: str, raw: redis.Redis, loose_window: float
+) -> None:
+    a_store = durabilis.connect(redis_url, namespace=namespace)
+    b_store = durabilis.connect(redis_url, namespace=namespace)
+    try:
+        a = engine(a_store, policy(**STRICT))  # replica A: 1 per 60 s
+        b = engine(b_store, policy(ratio=0, min_retries=20, window_seconds=loose_window))
+        granted = [a.execute("flaky_dep", always_down).attempts - 1]
+        granted += [b.execute("flaky_dep", always_down).attempts - 1 for _ in range(10)]
+        granted += [a.execute("flaky_dep", always_down).attempts - 1 for _ in range(3)]
+        assert sum(granted) == 1  # what the strictest allows in its window, fleet-wide
+        assert budget_counts(raw, a_store.keys.retry_budget("flaky_dep")) == (14, 1)
+    finally:
+        a_store.close()
+        b_store.close()
+
+
+def test_four_processes_with_two_settings_stay_within_the_strictest_one(
+    redis_url: str, namespace: str, raw: redis.Redis, store: durabilis.Store
+) -> None:
+    strict: dict[str, Any] = {"ratio": 0.1, "min_retries": 2, "window_seconds": 60.0}
+    loose = {"ratio": 1.0, "min_retries": 50, "window_seconds": 30.0}
+    # The strict setting is in use before the loose replicas start (one call of it).
+    assert engine(store, policy(**strict)).execute("flaky_dep", lambda: "ok").success
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Barrier(4)
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(target=fail_every_call,
+                    args=(redis_url, namespace, 40, budget, start, results))
+        for budget in (strict, loose, strict, loose)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        got = [results.get(timeout=30) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    assert all(p.exitcode == 0 for p in procs)
+    total_retries = sum(r for r, _ in got)
+    # 161 calls in the window: the strict setting allows 0.1 * 161 + 2 = 18 retries
+    # (the loose one alone would allow 211), whichever replicas asked.
+    assert 0 < total_retries <= 18
+    assert budget_counts(raw, store.keys.retry_budget("flaky_dep")) == (161, total_retries)
+
+
+def test_a_strict_replica_arriving_late_stops_the_loose_ones_at_once(
+    store: durabilis.Store,
+) -> None:
+    loose = engine(store, policy(ratio=0, min_retries=20, window_seconds=30))
+    assert sum(loose.execute("flaky_dep", always_down).attempts - 1 for _ in range(3)) == 6
+    strict = engine(store, policy(**STRICT))
+    assert strict.execute("flaky_dep", always_down).stop_reason == RETRY_BUDGET_EXHAUSTED
+    # The strict setting is live now: the loose replica gets no more either.
+    assert loose.execute("flaky_dep", always_down).stop_reason == RETRY_BUDGET_EXHAUSTED
+
+
+@pytest.mark.standalone_only  # offset_server_clock reads an undeclared key
+def test_once_the_strict_setting_is_no_longer_used_the_looser_one_applies_after_its_window(
+    store: durabilis.Store, raw: redis.Redis
+) -> None:
+    clock = f"{store.namespace}:clock"
+    offset_server_clock(store, clock)
+    strict = engine(store, policy(**STRICT))  # replica A: 1 per 60 s
+    loose = engine(store, policy(ratio=0, min_retries=20, window_seconds=30))  # replica B
+    assert strict.execute("flaky_dep", always_down).attempts == 2  # A's one retry
+    assert loose.execute("flaky_dep", always_down).stop_reason == RETRY_BUDGET_EXHAUSTED
+    raw.set(clock, 31_000_000)  # B's own window has passed, A was last seen 31 s ago...
+    assert loose.execute("flaky_dep", always_down).stop_reason == RETRY_BUDGET_EXHAUSTED
+    raw.set(clock, 61_000_000)  # ...and 61 s: one window of A's after its last use
+    assert loose.execute("flaky_dep", always_down).attempts == 3  # B's own cap again
+    # A's replica is back: it binds again at once (B's retries in A's window count).
+    assert strict.execute("flaky_dep", always_down).stop_reason == RETRY_BUDGET_EXHAUSTED
+
+
+@pytest.mark.standalone_only  # offset_server_clock reads an undeclared key
+def test_a_shorter_window_after_a_longer_one_keeps_counting_the_retries_it_spans(
+    store: durabilis.Store, raw: redis.Redis
+) -> None:
+    clock = f"{store.namespace}:clock"
+    offset_server_clock(store, clock)
+    long = engine(store, policy(ratio=0, min_retries=2, window_seconds=60))
+    assert long.execute("flaky_dep", always_down).attempts == 3  # both retries spent
+    raw.set(clock, 10_000_000)  # 10 s later the fleet switches to 2 per 20 s
+    short = engine(store, policy(ratio=0, min_retries=2, window_seconds=20))
+    # The 60 s setting was last used 10 s ago (live), and both retries are in 20 s.
+    assert short.execute("flaky_dep", always_down).stop_reason == RETRY_BUDGET_EXHAUSTED
+    raw.set(clock, 71_000_000)  # the 60 s setting aged out, the retries left 20 s
+    assert short.execute("flaky_dep", always_down).attempts == 3
 
 
 @pytest.mark.standalone_only  # offset_server_clock reads an undeclared key
@@ -180,9 +287,33 @@ def test_a_server_clock_step_back_keeps_the_spent_budget_one_window_not_for_the_
     # One window later (not 30 s) the retry has left it, and none is ahead of the clock.
     assert eng.execute("flaky_dep", always_down).attempts == 2
     seconds, micros = raw.time()
-    now_bucket = (seconds * 1000 + micros // 1000) // 100  # 10 buckets of 100 ms
-    assert all(int(f[1:]) <= now_bucket for f in (k.decode() for k in raw.hkeys(key))
-               if f != "b")
+    now_ms = seconds * 1000 + micros // 1000
+    fields = {k.decode(): int(v) for k, v in raw.hgetall(key).items()}
+    # Buckets c<start>:<width> / r<start>:<width> start, and settings were last seen, by now.
+    assert all(int(f[1:].split(":")[0]) <= now_ms for f in fields if f[0] in "cr")
+    assert all(seen <= now_ms for f, seen in fields.items() if f[0] == "s")
+
+
+@pytest.mark.standalone_only  # offset_server_clock reads an undeclared key
+def test_a_short_and_a_long_window_together_keep_the_hash_small(
+    store: durabilis.Store, raw: redis.Redis
+) -> None:
+    # Fine buckets of the 50 ms window that only the 1 h window still counts are
+    # merged into that window's coarse buckets: the hash stays a few dozen fields
+    # (without merging: two per second of the hour).
+    clock = f"{store.namespace}:clock"
+    offset_server_clock(store, clock)
+    short = engine(store, policy(ratio=1, min_retries=1, window_seconds=0.05))
+    long = engine(store, policy(ratio=1, min_retries=1, window_seconds=3600))
+    for second in range(300):
+        raw.set(clock, second * 1_000_000)
+        short.execute("flaky_dep", lambda: "ok")
+        long.execute("flaky_dep", always_down)
+    key = store.keys.retry_budget("flaky_dep")
+    fields = raw.hlen(key)
+    calls, retries = budget_counts(raw, key)
+    assert (calls, retries) == (600, 600), fields  # nothing lost in the merging
+    assert fields <= 60
 
 
 def test_a_success_after_a_retry_spends_one_retry(store: durabilis.Store, raw: redis.Redis) -> None:
@@ -247,8 +378,16 @@ def test_the_decorator_applies_the_budget(store: durabilis.Store) -> None:
         lambda r, k: r.hset(k, mapping={"c5": 1}),
         lambda r, k: r.hset(k, mapping={"b": 1000, "r5": "1.5"}),
         lambda r, k: r.hset(k, mapping={"b": 1000, f"c{time.time_ns() // 10**9}": "1e1"}),
+        lambda r, k: r.hset(k, mapping={f"c{time.time_ns() // 10**9}:512": "1e1"}),
+        lambda r, k: r.hset(k, mapping={"c0:3": 1}),
+        lambda r, k: r.hset(k, mapping={"r1:2": 1}),
+        lambda r, k: r.hset(k, mapping={"s0:1:60000": "soon"}),
+        lambda r, k: r.hset(k, mapping={"s0:1:99999999999": 1}),
+        lambda r, k: r.hset(k, mapping={"s0:1": 1}),
     ],
-    ids=["string", "unknown-field", "non-numeric", "no-width", "fraction", "exponent"],
+    ids=["string", "unknown-field", "non-numeric", "no-width", "fraction", "exponent",
+         "exponent-bucket", "width-not-a-power-of-two", "start-off-its-grid",
+         "setting-not-a-time", "setting-window-over-the-maximum", "setting-without-window"],
 )
 def test_foreign_data_at_the_budget_key_is_corrupt_data_naming_the_key(
     store: durabilis.Store, raw: redis.Redis, plant: Any

@@ -12,6 +12,8 @@ from durabilis import DurabilisError, IdempotencyGuard, New, StorageUnavailable
 from durabilis._scripts import ScriptCall
 from tests.support.slots import slot_of
 
+pytestmark = pytest.mark.topologies("cluster", "sentinel")
+
 
 def test_run_many_answers_in_call_order_across_slots(store: durabilis.Store) -> None:
     ops = IdempotencyGuard(store)._ops

@@ -22,6 +22,8 @@ from durabilis._scripts import ScriptCall, unfuse
 from durabilis.layer import DurabilityLayer
 from tests.integration._layer_support import Counter, fast_config
 
+pytestmark = pytest.mark.topologies("cluster")
+
 
 def claims(store: durabilis.Store, *names: str) -> list[ScriptCall]:
     ops = IdempotencyGuard(store)._ops

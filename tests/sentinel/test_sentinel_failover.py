@@ -52,6 +52,8 @@ from tests.support.failover import (
 )
 from tests.support.sentinel import LocalSentinel
 
+pytestmark = pytest.mark.serial
+
 
 @pytest.fixture(scope="module")
 def topology(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSentinel]:

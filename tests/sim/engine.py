@@ -393,9 +393,12 @@ class Simulation:
                 self.rng.choice((1, 2, 100))))
         actors.append(recoverer)
         replayer = Actor("rep", "replayer", self._layer("rep"), rng.choice(("sync", "async")))
-        for _ in range(rng.randint(0, 2)):
-            replayer.queue.append(lambda r=replayer: r.layer.dlq._ops.replay_pending_steps(
-                None, 3, None, r.layer._core.replay_plan(self._fn(r))))
+        for i in range(rng.randint(0, 2)):
+            # (the second pass: an operator's requeue, then the fleet's requeued pass)
+            replayer.queue.append(
+                (lambda r=replayer: self._requeue_pass(r)) if i else
+                (lambda r=replayer: r.layer.dlq._ops.replay_pending_steps(
+                    None, 3, None, r.layer._core.replay_plan(self._fn(r)))))
         actors.append(replayer)
         for a in actors:  # the recoverer and the replayer start a little later
             a.wake = 0.0 if a.kind == "worker" else rng.uniform(0.0, 2.0)
@@ -421,6 +424,15 @@ class Simulation:
         except durabilis.CheckpointNotFound:
             return False
         return True
+
+    def _requeue_pass(self, actor: Actor) -> Any:
+        """An operator marks up to 5 pending records for redelivery (no handler),
+        then the fleet's requeued pass replays those of type ``job``."""
+        ops = actor.layer.dlq._ops
+        pending = yield from ops.list_pending_steps(None, 5, None)
+        yield from ops.requeue_steps([r.dlq_id for r in pending], "sim-operator")
+        return (yield from ops.replay_requeued_steps(
+            {"job": actor.layer._core.replay_plan(self._fn(actor))}, 3, None))
 
     def _fn(self, actor: Actor) -> Callable[[OperationContext], Any]:
         if actor.flavour == "async" and self.rng.random() < 0.5:
@@ -519,6 +531,7 @@ class Simulation:
         if self.knobs.breaker:  # (an operator's forced open would defer every replay)
             self.actors[0].layer.breakers.force_close(DEP)
         rep = Actor("final-rep", "replayer", self._layer("final-rep"), "sync")
+        rep.queue.append(lambda: self._requeue_pass(rep))  # the fleet's pass first
         rep.queue.append(lambda: rep.layer.dlq._ops.replay_pending_steps(
             None, None, None, rep.layer._core.replay_plan(self._fn(rep))))
         self.actors.append(rep)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from durabilis.cli import _cell, print_table, printable
+from durabilis.cli import _cell, escape_controls, print_table, printable
 
 
 @pytest.mark.parametrize(
@@ -50,3 +52,15 @@ def test_table_cells_and_shown_fields_use_it(capsys: pytest.CaptureFixture[str])
     print_table(("ID", "AGENT"), [("1", "a\nstatus  abandoned\r")], "none")
     out = capsys.readouterr().out
     assert out.splitlines() == ["ID  AGENT", "1   a\\nstatus  abandoned\\r"]
+
+
+def test_the_output_filter_escapes_what_printable_escapes_but_newline_and_tab() -> None:
+    text = 'x\u2028\u2029\u061c\u200e\u200f\u200b\ufeff\x85\U000e0041\x1b\t"\n'
+    escaped = escape_controls(text)
+    assert all(ch.isprintable() or ch in "\n\t" for ch in escaped)
+    assert escape_controls("plain\ttext\n") == "plain\ttext\n"
+    # valid JSON inside a string: reads back as the same characters
+    doc = json.dumps({"k": text}, ensure_ascii=False)
+    assert json.loads(escape_controls(doc)) == {"k": text}
+    # one definition: what printable() leaves raw, the filter leaves raw too
+    assert escape_controls(printable(text)) == printable(text)

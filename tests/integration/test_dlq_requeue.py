@@ -1,0 +1,304 @@
+"""Replay by the fleet: an operator marks records (`durabilis dlq requeue`, no
+application code at hand) and the replicas that have the handlers replay them;
+a replay that lacks config counts nothing; bulk abandon and purge by filter."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import durabilis
+from durabilis import DlqStatus, OperationError
+from durabilis.cli import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE
+from durabilis.dlq import ReplayOutcome
+from durabilis.layer import DurabilityConfig, DurabilityLayer, OperationContext
+from durabilis.testing import instant_retries
+from tests.integration._dlq_fleet_workers import fleet_config
+from tests.support.waits import wait_until
+
+pytestmark = pytest.mark.serial
+
+HERE = Path(__file__).resolve().parent
+CLI = str(Path(sys.executable).with_name("durabilis"))
+
+
+def _park(layer: DurabilityLayer, *pages: int, agent: str = "agent-1") -> list[str]:
+    def down(ctx: OperationContext) -> Any:
+        raise OperationError("NETWORK_TIMEOUT", "ledger down")
+
+    ids = []
+    with instant_retries():
+        for page in pages:
+            with pytest.raises(durabilis.RetryExhausted) as info:
+                layer.execute(agent, "job", {"page": page}, down)
+            ids.append(str(info.value.dlq_id))
+    return ids
+
+
+def _cli(cwd: Path, redis_url: str, namespace: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The ``durabilis`` console script, as an operator runs it: no terminal on stdin."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DURABILIS_")}
+    return subprocess.run([CLI, *args, "--url", redis_url, "--namespace", namespace],
+                          cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=120, check=False)
+
+
+def _changes(raw: Any, layer: DurabilityLayer, dlq_id: str) -> list[tuple[str, str]]:
+    """(change, by) of one record's entries in the DLQ's log stream, in order."""
+    return [(f[b"change"].decode(), f.get(b"by", b"").decode())
+            for _, f in raw.xrange(layer.dlq._ops.log_key) if f[b"dlq_id"].decode() == dlq_id]
+
+
+def test_a_requeue_from_a_cli_without_the_handler_is_replayed_once_by_one_of_three_replicas(
+    redis_url: str, namespace: str, store: durabilis.Store, raw: Any, tmp_path: Path,
+) -> None:
+    layer = DurabilityLayer(store, fleet_config())
+    raced, alone = _park(layer, 1, 2)
+    # The application lives where the replicas run it, not on the operator's laptop.
+    app, laptop = tmp_path / "app", tmp_path / "laptop"
+    app.mkdir()
+    laptop.mkdir()
+    shutil.copy(HERE / "_requeue_app.py", app / "fleet_app.py")
+    assert subprocess.run([sys.executable, "-c", "import fleet_app"], cwd=laptop,
+                          capture_output=True, check=False).returncode != 0
+    def spawn(*args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "fleet_app.py", *args, redis_url, namespace],
+                                cwd=app, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True)
+
+    workers = [spawn("serve", f"worker-{i}") for i in range(3)]
+    live = spawn("deliver", "1")
+    try:
+        for p in [*workers, live]:
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        done = _cli(laptop, redis_url, namespace, "dlq", "requeue", raced, alone, "--by", "ops")
+        assert done.returncode == EXIT_OK, done.stderr
+        assert f"{raced}: requeued" in done.stdout and f"{alone}: requeued" in done.stdout
+        assert live.stdin is not None
+        live.stdin.write("go\n")  # a live delivery of `raced` races the replicas' replay
+        live.stdin.flush()
+        assert live.wait(timeout=60) == 0
+
+        def settled() -> bool:
+            return all((r := layer.dlq.get(i)) is not None and r.status is DlqStatus.REPLAYED
+                       for i in (raced, alone))
+
+        wait_until(settled, timeout=60, what="both requeued records replayed")
+    finally:
+        for p in workers:
+            assert p.stdin is not None
+            p.stdin.close()
+        outs = [p.stdout.read() if p.stdout else "" for p in workers]
+        for p in workers:
+            p.wait(timeout=60)
+        live.kill()
+        live.wait()
+    assert [p.returncode for p in workers] == [0, 0, 0], outs
+    assert all("error None" in out for out in outs), outs
+    # The effect happened exactly once per operation, whoever won the race.
+    effects = {k.decode(): int(v) for k, v in raw.hgetall(f"{namespace}:test-effects:{{fx}}")
+               .items()}
+    assert effects == {"1": 1, "2": 1}
+    by_worker = {"worker-0", "worker-1", "worker-2"}
+    record = layer.dlq.get(alone)
+    assert record is not None and record.replayed_by in by_worker
+    assert record.requeued_by == "ops" and record.replay_attempts == 0
+    assert _changes(raw, layer, alone) == [("parked", ""), ("requeued", "ops"),
+                                           ("replayed", record.replayed_by)]
+    record = layer.dlq.get(raced)
+    assert record is not None and record.replayed_by in by_worker | {"its worker"}
+    # Progress is readable without the application: nothing left marked.
+    listing = _cli(laptop, redis_url, namespace, "dlq", "ls", "--status", "requeued", "--json")
+    assert listing.returncode in (EXIT_OK, 5) and raw.zcard(layer.dlq._ops.requeue_key) == 0
+    layer.close()
+
+
+def test_requeue_refuses_final_records_and_a_second_mark_changes_nothing(
+    redis_url: str, namespace: str, store: durabilis.Store, raw: Any, tmp_path: Path,
+) -> None:
+    layer = DurabilityLayer(store, fleet_config())
+    pending, replayed, abandoned = _park(layer, 1, 2, 3)
+    assert layer.dlq.mark_replayed(replayed) and layer.dlq.abandon(abandoned)
+    first = _cli(tmp_path, redis_url, namespace, "dlq", "requeue", pending, "--by", "ann")
+    assert first.returncode == EXIT_OK, first.stderr
+    again = _cli(tmp_path, redis_url, namespace, "dlq", "requeue", pending, "--by", "bob")
+    assert again.returncode == EXIT_OK
+    assert f"{pending}: already requeued (by ann at " in again.stdout
+    record = layer.dlq.get(pending)
+    assert record is not None and record.requeued_by == "ann"  # the first mark stands
+    refused = _cli(tmp_path, redis_url, namespace, "dlq", "requeue", replayed, abandoned,
+                   "no-such-id", "--json")
+    assert refused.returncode == EXIT_NOT_FOUND
+    doc = json.loads(refused.stdout)
+    assert [(r["dlq_id"], r["outcome"], r["status"]) for r in doc["results"]] == [
+        (replayed, "final", "replayed"), (abandoned, "final", "abandoned")]
+    assert doc["final"] == 2 and doc["not_found"] == 1
+    # One "requeued" log entry, one index entry: the second mark wrote nothing.
+    assert [c for c, _ in _changes(raw, layer, pending)] == ["parked", "requeued"]
+    assert raw.zcard(layer.dlq._ops.requeue_key) == 1
+    for final in (replayed, abandoned):
+        assert [c for c, _ in _changes(raw, layer, final)][-1] != "requeued"
+    dry = _cli(tmp_path, redis_url, namespace, "dlq", "requeue", "--all", "--dry-run")
+    assert dry.returncode == EXIT_OK and "dry run: would requeue 1 record(s)" in dry.stdout
+    layer.close()
+
+
+def test_only_the_replica_with_the_types_handler_replays_and_a_failure_ends_the_mark(
+    store: durabilis.Store, raw: Any,
+) -> None:
+    layer = DurabilityLayer(store, fleet_config())
+    (dlq_id,) = _park(layer, 1)
+    assert [r.outcome for r in layer.dlq.requeue([dlq_id])] == ["requeued"]
+    summary = layer.replay_requeued({"other_type": lambda ctx: "never"})
+    assert summary.replayed == summary.failed == 0  # not this replica's type: untouched
+    record = layer.dlq.get(dlq_id)
+    assert record is not None and record.claimed_by is None and record.requeued_at is not None
+
+    def still_down(ctx: OperationContext) -> Any:
+        raise OperationError("NETWORK_TIMEOUT", "still down")
+
+    with instant_retries():
+        summary = layer.replay_requeued({"job": still_down})
+    assert summary.failed == 1
+    record = layer.dlq.get(dlq_id)
+    assert record is not None and record.replay_attempts == 1 and record.requeued_at is None
+    assert layer.dlq.list_requeued() == []  # replayed once per requeue, no loop
+    assert layer.replay_requeued({"job": still_down}).failed == 0
+    layer.close()
+
+
+def test_a_replay_lacking_config_counts_no_attempt_keeps_last_error_and_says_it_in_clear(
+    redis_url: str, namespace: str, store: durabilis.Store, raw: Any, tmp_path: Path,
+) -> None:
+    layer = DurabilityLayer(store, fleet_config())
+    (dlq_id,) = _park(layer, 1)
+    layer.dlq.requeue([dlq_id])
+    # A process without the fleet's breaker config (the laptop's defaults).
+    bare = DurabilityLayer(store, DurabilityConfig())
+    result = bare.replay(dlq_id, lambda ctx: "never runs")
+    assert result.outcome is ReplayOutcome.CONFIG_ERROR
+    assert result.error == "DependencyNotFound: no circuit breaker is configured for 'svc'"
+    record = layer.dlq.get(dlq_id)
+    assert record is not None and record.replay_attempts == 0
+    assert record.last_error == "NETWORK_TIMEOUT: ledger down"
+    assert record.last_replay_error == result.error and record.claimed_by is None
+    assert record.requeued_at is not None  # a replica with the config will replay it
+    assert [c for c, _ in _changes(raw, layer, dlq_id)][-1] == "replay_config_error"
+    # The CLI says it in clear (our text, not user data), exit 2, nothing counted.
+    out = _cli(tmp_path, redis_url, namespace, "dlq", "replay", dlq_id, "--handler",
+               "tests.integration._cli_handlers:record")
+    assert out.returncode == EXIT_USAGE, out.stderr
+    assert "no circuit breaker is configured for 'svc'" in out.stdout
+    assert "[REDACTED]" not in out.stdout
+    record = layer.dlq.get(dlq_id)
+    assert record is not None and record.replay_attempts == 0
+    assert record.last_error == "NETWORK_TIMEOUT: ledger down"
+    assert layer.replay_requeued({"job": lambda ctx: "ok"}).replayed == 1
+    bare.close()
+    layer.close()
+
+
+def test_bulk_abandon_and_purge_act_on_their_filter_only_and_refuse_without_confirmation(
+    redis_url: str, namespace: str, store: durabilis.Store, raw: Any, tmp_path: Path,
+) -> None:
+    layer = DurabilityLayer(store, fleet_config())
+    timeouts = _park(layer, 1, 2, 3)
+    # Another reason, another type: left alone.
+    lost = [layer.dlq.enqueue("agent-1", "job", {"page": 4}, 1, "WORKER_LOST: lease ended")]
+    other = [layer.dlq.enqueue("agent-1", "other_job", {"page": 5}, 2,
+                               "NETWORK_TIMEOUT: ledger down")]
+    args = ("dlq", "abandon", "--type", "job", "--reason", "NETWORK_TIMEOUT")
+    refused = _cli(tmp_path, redis_url, namespace, *args)
+    assert refused.returncode == EXIT_USAGE
+    assert "without confirmation" in refused.stderr and "--yes" in refused.stderr
+    assert layer.dlq.pending_count() == 5  # nothing half-done
+    dry = _cli(tmp_path, redis_url, namespace, *args, "--dry-run", "--json")
+    assert dry.returncode == EXIT_OK
+    assert sorted(r["dlq_id"] for r in json.loads(dry.stdout)["records"]) == sorted(timeouts)
+    assert layer.dlq.pending_count() == 5
+    done = _cli(tmp_path, redis_url, namespace, *args, "--yes", "--by", "ann")
+    assert done.returncode == EXIT_OK, done.stderr
+    for dlq_id in timeouts:
+        record = layer.dlq.get(dlq_id)
+        assert record is not None and record.status is DlqStatus.ABANDONED
+        assert record.abandoned_by == "ann"
+    for dlq_id in lost + other:
+        record = layer.dlq.get(dlq_id)
+        assert record is not None and record.status is DlqStatus.PENDING
+    # Purge: the abandoned ones only; the pending ones stay.
+    purge = ("dlq", "purge", "--status", "abandoned")
+    refused = _cli(tmp_path, redis_url, namespace, *purge)
+    assert refused.returncode == EXIT_USAGE and "without confirmation" in refused.stderr
+    assert all(layer.dlq.get(i) is not None for i in timeouts)
+    gone = _cli(tmp_path, redis_url, namespace, *purge, "--yes", "--json")
+    assert gone.returncode == EXIT_OK, gone.stderr
+    assert json.loads(gone.stdout)["count"] == 3
+    assert all(layer.dlq.get(i) is None for i in timeouts)
+    stats = layer.dlq.stats()
+    assert stats.total == 2 and stats.pending == 2
+    assert [c for c, _ in _changes(raw, layer, timeouts[0])][-1] == "purged"
+    assert len(raw.xrange(layer.dlq._ops.stream_key)) == 2  # their entries went too
+    layer.close()
+
+
+@pytest.mark.topologies("cluster")
+def test_requeue_prune_purge_and_bulk_abandon_scripts_keep_every_index_straight(
+    store: durabilis.Store, raw: Any,
+) -> None:
+    dlq = durabilis.DeadLetterQueue(store)
+    short = dlq.enqueue("agent-1", "job", {"n": 0}, 1, "NETWORK_TIMEOUT: x", ttl_seconds=0.3)
+    held, kept, done = (dlq.enqueue("agent-1", "job", {"n": i}, 1, "NETWORK_TIMEOUT: x")
+                        for i in (1, 2, 3))
+    assert [r.outcome for r in dlq.requeue([short, held, kept, done], by="ann")] == [
+        "requeued"] * 4
+    assert dlq.abandon_many([done, "no-such-id"], by="ann") == {done: True, "no-such-id": False}
+    assert {r.dlq_id for r in dlq.list_requeued()} == {short, held, kept}
+    assert raw.zcard(dlq._ops.requeue_key) == 3  # the abandoned one left the index
+    # A record under a live replay claim is not purged; another status is kept.
+    claim = store.run(dlq._ops.claim(held))
+    assert claim[0] in (b"ok", "ok")
+    assert dlq.purge([held, kept], by="ann", status="abandoned") == {
+        held: "other:requeued", kept: "other:requeued"}
+    assert dlq.purge([held, kept], by="ann") == {held: "busy", kept: "purged"}
+    assert dlq.get(kept) is None and dlq.get(held) is not None
+    # The short-lived record expires; the next pass prunes its mark.
+    wait_until(lambda: dlq.get(short) is None, timeout=30, what="the short record expired")
+    ran: list[str] = []
+    summary = dlq.replay_requeued({"job": lambda r: ran.append(r.dlq_id)})
+    assert ran == [] and summary.skipped == 1  # (`held` is claimed elsewhere)
+    assert summary.expired == 1
+    members = raw.zrange(dlq._ops.requeue_key, 0, -1)
+    assert [m.rsplit(b"|", 1)[1].decode() for m in members] == [held]
+    stats = dlq.stats()
+    assert stats.total == 2 and stats.by_status[DlqStatus.ABANDONED] == 1
+
+
+def test_the_async_twin_requeues_and_replays_with_a_coroutine_handler(
+    redis_url: str, namespace: str,
+) -> None:
+    async def main() -> list[str]:
+        store = durabilis.connect_async(redis_url, namespace=namespace)
+        dlq = durabilis.AsyncDeadLetterQueue(store)
+        dlq_id = await dlq.enqueue("agent-1", "job", {"n": 1}, 1, "NETWORK_TIMEOUT: x")
+        assert [r.outcome for r in await dlq.requeue([dlq_id])] == ["requeued"]
+        assert [r.dlq_id for r in await dlq.list_requeued("job")] == [dlq_id]
+        seen: list[str] = []
+
+        async def handler(record: durabilis.DlqRecord) -> None:
+            seen.append(record.dlq_id)
+
+        summary = await dlq.replay_requeued({"job": handler})
+        assert summary.replayed == 1 and await dlq.list_requeued() == []
+        assert await dlq.purge([dlq_id], status="replayed") == {dlq_id: "purged"}
+        await store.close()
+        return seen
+
+    assert len(asyncio.run(main())) == 1
