@@ -154,7 +154,7 @@ def test_the_documented_operator_user_runs_doctor_and_the_cli_cleanly(
     user, rules = operator_rules()
     _, app_rules = documented_setuser()
     extra = [r for r in rules if r not in app_rules and not r.startswith(">")]
-    assert extra == ["+scan", "+info", "+cluster|info"]  # the app's line, plus these
+    assert extra == ["+scan", "+hscan", "+info", "+cluster|info"]  # the app's line, plus these
     server = servers("ops", appendonly=True, appendfsync="always",
                      extra=["--maxmemory-policy", "noeviction"])
     admin = redis.Redis.from_url(server.url)
