@@ -41,6 +41,8 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timezone
 from typing import Any, ClassVar, TextIO, cast
 
+from durabilis._escape import escape_unprintable
+
 EXIT_OK = 0
 EXIT_NOT_FOUND = 1
 EXIT_USAGE = 2
@@ -362,9 +364,6 @@ def _print_json(document: Any) -> None:
     print(json.dumps(jsonable(document), indent=2, ensure_ascii=False))
 
 
-_SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
 def printable(value: Any, *, escape_backslash: bool = True) -> str:
     """``value`` as text that stays on one line of a terminal and cannot forge one.
 
@@ -386,24 +385,7 @@ def printable(value: Any, *, escape_backslash: bool = True) -> str:
     text = value if isinstance(value, str) else str(value)
     if text.isprintable() and (not escape_backslash or "\\" not in text):
         return text
-    out: list[str] = []
-    for ch in text:
-        code = ord(ch)
-        if ch == "\\":
-            out.append("\\\\" if escape_backslash else ch)
-        elif ch in _SHORT_ESCAPES:
-            out.append(_SHORT_ESCAPES[ch])
-        elif 0xDC80 <= code <= 0xDCFF:  # a byte that was not UTF-8 (surrogateescape)
-            out.append(f"\\x{code - 0xDC00:02x}")
-        elif ch.isprintable():
-            out.append(ch)
-        elif code <= 0xFF:
-            out.append(f"\\x{code:02x}")
-        elif code <= 0xFFFF:
-            out.append(f"\\u{code:04x}")
-        else:
-            out.append(f"\\U{code:08x}")
-    return "".join(out)
+    return escape_unprintable(text, short=True, backslash=escape_backslash)
 
 
 def _cell(value: Any, limit: int | None = 48) -> str:

@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from durabilis import _codec
+from durabilis._escape import escape_unprintable
 from durabilis._fork import reset_in_child
 from durabilis._log import get_logger
 from durabilis._retry_core import RetryBudget, RetryPolicy
@@ -764,22 +765,8 @@ def printable_entry(text: str, limit: int | None = _NAME_CHARS) -> str:
     config show`` prints, and what ``durabilis config unpublish`` accepts back.
     """
     clipped = limit is not None and len(text) > limit
-    out: list[str] = []
-    for ch in text[:limit] if clipped else text:
-        code = ord(ch)
-        if 0xDC80 <= code <= 0xDCFF:  # a byte that was not UTF-8 (surrogateescape)
-            out.append(f"\\x{code - 0xDC00:02x}")
-        elif ch.isprintable():
-            out.append(ch)
-        elif code <= 0xFF:
-            out.append(f"\\x{code:02x}")
-        elif code <= 0xFFFF:
-            out.append(f"\\u{code:04x}")
-        else:
-            out.append(f"\\U{code:08x}")
-    if clipped:
-        out.append(f"... ({len(text)} characters)")
-    return "".join(out)
+    shown = escape_unprintable(text[:limit] if clipped else text)
+    return f"{shown}... ({len(text)} characters)" if clipped else shown
 
 
 def _clip(text: str, limit: int = _REASON_CHARS) -> str:
