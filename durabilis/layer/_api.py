@@ -106,21 +106,34 @@ def _payload_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return {"args": list(args), "kwargs": kwargs}
 
 
+def _is_default(value: Any, default: Any) -> bool:
+    """``value`` is the parameter's default (the same object, or equal and of its type)."""
+    if value is default:
+        return True
+    try:
+        return type(value) is type(default) and bool(value == default)
+    except Exception:  # an == that raises or gives no bool: not the default
+        return False
+
+
 class _CallPayload:
     """The payload (hence the content key) of a call of a ``@durable`` function,
     keyed by the call, not its spelling: the arguments bound to the function's
-    signature (read once, at decoration), defaults applied, in one canonical
-    form: ``{"args": [...], "kwargs": {...}}`` with every parameter that can be
-    passed by position in ``args`` (``*args`` after them) and the keyword-only
-    ones and ``**kwargs`` in ``kwargs``. ``f("x")``, ``f(fact="x")`` and, with
-    ``def f(fact, n=1)``, ``f("x", 1)`` give one payload.
+    signature (read once, at decoration), every argument equal to its
+    parameter's default left out, in one canonical form: ``{"args": [...],
+    "kwargs": {...}}`` with the parameters that can be passed by position in
+    ``args`` (up to the first one left out; ``*args`` after them) and the rest
+    in ``kwargs``. With ``def f(fact, n=1)``, ``f("x")``, ``f(fact="x")``,
+    ``f("x", 1)`` and ``f("x", n=1)`` give one payload; so do the calls that
+    leave out a parameter added later with a default, or whose default changed
+    (a rolling deploy keys a re-delivery as its first delivery was keyed).
 
-    A call already spelled canonically (every positional parameter passed by
-    position, none left to its default) gives the payload the decorator made
-    before it bound arguments (issue 32), so its key did not change.
+    A call that passes every parameter by position, none at its default, gives
+    the payload the decorator made before it bound arguments, so its key did
+    not change.
     """
 
-    __slots__ = ("_fast", "_signature")
+    __slots__ = ("_fast", "_signature", "_var_positional")
 
     def __init__(self, func: Callable[..., Any]) -> None:
         try:
@@ -128,14 +141,18 @@ class _CallPayload:
         except (TypeError, ValueError):  # no signature to read (some builtins): as spelled
             signature = None
         self._signature = signature
-        # Plain parameters only (no *args, keyword-only or **kwargs): a call
-        # passing each by position is already canonical (no bind needed).
+        # Plain parameters without defaults only: a call passing each by
+        # position is already canonical (no bind needed).
         self._fast = -1
+        self._var_positional = False
         if signature is not None:
-            kinds = [p.kind for p in signature.parameters.values()]
-            if all(k in (inspect.Parameter.POSITIONAL_ONLY,
-                         inspect.Parameter.POSITIONAL_OR_KEYWORD) for k in kinds):
-                self._fast = len(kinds)
+            params = list(signature.parameters.values())
+            plain = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+            if all(p.kind in plain and p.default is inspect.Parameter.empty for p in params):
+                self._fast = len(params)
+            self._var_positional = any(
+                p.kind is inspect.Parameter.VAR_POSITIONAL for p in params
+            )
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The payload of one call.
@@ -147,7 +164,22 @@ class _CallPayload:
         if self._signature is None or (not kwargs and len(args) == self._fast):
             return _payload_of(args, kwargs)
         bound = self._signature.bind(*args, **kwargs)
-        bound.apply_defaults()
+        # With values in *args, a positional parameter left out would move them
+        # to kwargs under *args' name, where a **kwargs entry could spell them.
+        keep_positional = self._var_positional and any(
+            p.kind is inspect.Parameter.VAR_POSITIONAL and bound.arguments.get(p.name)
+            for p in self._signature.parameters.values()
+        )
+        for name, param in self._signature.parameters.items():
+            if (
+                name in bound.arguments
+                and param.default is not inspect.Parameter.empty
+                and not (keep_positional and param.kind in (
+                    inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                ))
+                and _is_default(bound.arguments[name], param.default)
+            ):
+                del bound.arguments[name]
         return _payload_of(bound.args, bound.kwargs)
 
 

@@ -109,10 +109,11 @@ def test_durable_keys_the_call_not_its_spelling(layer: DurabilityLayer) -> None:
         assert call() == "x/user"
     assert len(ran) == 1
     ctx = ran[0]
-    assert ctx is not None and ctx.payload == {"args": ["x", "user"], "kwargs": {}}
+    # An argument at its default is left out of the payload.
+    assert ctx is not None and ctx.payload == {"args": ["x"], "kwargs": {}}
     # The canonical spelling keeps the key the decorator gave it before binding.
     assert ctx.idempotency_key == str(IdempotencyKey.new(
-        "bot", "job", {"args": ["x", "user"], "kwargs": {}}))
+        "bot", "job", {"args": ["x"], "kwargs": {}}))
     assert remember("x", "bot") == "x/bot" and remember("y") == "y/user"
     assert len(ran) == 3
 
@@ -125,7 +126,7 @@ def test_durable_keys_the_call_not_its_spelling(layer: DurabilityLayer) -> None:
     assert tag("a", "b", strict=False, k=1) == 2  # the default spelled: the same call
     assert len(ran) == 5
     assert ran[3] is not None and ran[3].payload == {
-        "args": ["a", "b"], "kwargs": {"strict": False, "k": 1}}
+        "args": ["a", "b"], "kwargs": {"k": 1}}
 
     # A call that does not fit the signature fails as the function would, before a claim.
     with pytest.raises(TypeError):
@@ -151,7 +152,7 @@ def test_async_durable_keys_the_call_not_its_spelling(redis_url: str, namespace:
             assert await remember(fact="x") == "x/user"
             assert await remember("x", source="user") == "x/user"
             assert len(ran) == 1
-            assert ran[0] is not None and ran[0].payload == {"args": ["x", "user"], "kwargs": {}}
+            assert ran[0] is not None and ran[0].payload == {"args": ["x"], "kwargs": {}}
             assert await remember("x", "bot") == "x/bot"
             assert len(ran) == 2
             with pytest.raises(TypeError):
@@ -173,4 +174,29 @@ def test_durable_payload_is_what_a_failed_call_parks(layer: DurabilityLayer) -> 
     assert info.value.dlq_id is not None
     record = layer.dlq.get(info.value.dlq_id)
     assert record is not None
-    assert record.original_operation == {"args": ["ann", "hi"], "kwargs": {}}
+    assert record.original_operation == {"args": ["ann"], "kwargs": {}}
+
+
+def test_durable_keys_a_call_alike_across_a_deploy_that_adds_a_parameter_or_changes_a_default(
+    layer: DurabilityLayer,
+) -> None:
+    # Two replicas of a rolling deploy: the new one added an optional
+    # parameter (its default not even JSON) and changed a default. A
+    # re-delivery of a call that left them out is the same operation.
+    ran: list[str] = []
+    unset = object()
+
+    @layer.durable("job", agent_id="bot")
+    def before(fact: str, source: str = "user") -> str:
+        ran.append("before")
+        return fact
+
+    @layer.durable("job", agent_id="bot")
+    def after(fact: str, source: str = "api", *, tag: object = unset) -> str:
+        ran.append("after")
+        return fact
+
+    assert before("x") == "x"
+    assert after("x") == "x"
+    assert after(fact="x", tag=unset) == "x"
+    assert ran == ["before"]
