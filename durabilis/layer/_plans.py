@@ -1326,12 +1326,15 @@ class _LayerCore:
         packed, save, not_stored = self._encode_result(req, result)
         calls: dict[str, ScriptCall] = {}
         if cl.token:
-            # Taken over from a dead claim under another secret: recovery may
-            # park that claim after this success; the record outlives its DLQ
-            # record, so the replay finds the operation done.
+            # An operation parked, or claimed by a dead worker, under another
+            # secret's key: its DLQ record is settled in a later wave on Cluster
+            # (a crash between the waves leaves it pending), or recovery may
+            # park the dead claim after this success: the record outlives any
+            # such DLQ record, so its replay finds the operation done.
+            aliased = cl.orphaned_aliases or cl.settle_aliases
             calls["record"] = self._idem.record_packed(
                 req.key, packed, cl.token, not_stored, cl.nonce,
-                hold_ms=self._dlq.hold_ms() * 2 if cl.orphaned_aliases else 0,
+                hold_ms=self._dlq.hold_ms() * 2 if aliased else 0,
             )
         # The dead claims themselves are recorded done (never parked, then).
         for i, alias in enumerate(cl.orphaned_aliases):

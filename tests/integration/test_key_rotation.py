@@ -326,6 +326,30 @@ def test_a_dead_claim_under_the_old_secret_run_under_the_new_is_never_replayed_a
         layer.close()
 
 
+def test_a_success_that_settles_an_alias_s_record_is_held_as_long_as_that_record(
+    store: durabilis.Store, raw: Any
+) -> None:
+    # On Cluster the alias's settle is a wave after the record: a crash
+    # between them leaves the old record pending, and its replay after the new
+    # key's window must still find the operation done (found by an adversarial
+    # pass on a local cluster). The new key's record outlives the DLQ record.
+    idem_old = IdempotencyConfig(key_secret=OLD, dedup_window_seconds=2)
+    idem_new = IdempotencyConfig(key_secret=NEW, previous_key_secrets=(OLD,),
+                                 dedup_window_seconds=2)
+    before = DurabilityLayer(store, fast_config(idempotency=idem_old, dependencies={}))
+    after = DurabilityLayer(store, fast_config(idempotency=idem_new, dependencies={}))
+    try:
+        with pytest.raises(RetryExhausted):
+            before.execute("a1", "job", PAYLOAD, Counter(EXHAUST))
+        assert after.execute("a1", "job", PAYLOAD, Counter(result="sent")) == "sent"
+        new_key = IdempotencyKey.new("a1", "job", PAYLOAD, secret=NEW)
+        ttl_ms = raw.pttl(store.keys.idem(new_key.value))
+        assert ttl_ms > after.dlq._ops.ttl_ms(None) - 60_000, ttl_ms
+    finally:
+        before.close()
+        after.close()
+
+
 def test_two_replicas_with_swapped_secrets_run_each_operation_exactly_once_threads(
     store: durabilis.Store, raw: Any, namespace: str,
 ) -> None:
