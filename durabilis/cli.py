@@ -917,7 +917,8 @@ def _dlq_abandon(s: _Session) -> int:
         _print_json({"dlq_id": s.args.id, "abandoned": done})
     else:
         print(f"{printable(s.args.id)}: abandoned" if done else
-              f"{printable(s.args.id)}: not abandoned (unknown, expired, or already final)")
+              f"{printable(s.args.id)}: not abandoned (unknown, expired, already final, "
+              "or held by a running replay: try again when it ends)")
     return EXIT_OK if done else EXIT_NOT_FOUND
 
 
@@ -1038,7 +1039,8 @@ def _dlq_bulk(s: _Session, verb: str) -> int:
     by = s.args.by or _operator()
     if verb == "abandon":
         done = dlq.abandon_many(ids, by=by)
-        outcome = {i: "abandoned" if ok else "not abandoned (already final, or gone)"
+        outcome = {i: "abandoned" if ok
+                   else "not abandoned (already final, gone, or held by a running replay)"
                    for i, ok in done.items()}
         count = sum(done.values())
     else:

@@ -630,6 +630,7 @@ class _Claimed:
     record: DlqRecord
     taken_over: bool
     until: float = 0.0  # (monotonic) the claim's expiry at the latest (set by the replay)
+    via: bytes = b""  # (a requeue pass) the requeue-index entry it was claimed through
 
 
 # --- the steps a plan asks its driver to do ---------------------------------------
@@ -653,6 +654,12 @@ class _TypeChanged(Exception):
         super().__init__(f"listed as {wanted!r}, now {found!r}: left for its own pass")
 
 
+class ReplayDeclined(Exception):
+    """A replay handler's answer before anything ran: the record is not this
+    replayer's to replay (e.g. an HTTP request another middleware parked).
+    Deferred: the claim released, no attempt counted, a requeue mark kept."""
+
+
 FINISHED = object()
 """A handler's answer: it succeeded and finished the record itself, fenced by
 the claim token, in the same atomic step as its outcome (the layer's replays)."""
@@ -662,6 +669,13 @@ ANSWERED = object()
 so nothing ran; a record another finished meanwhile (a later delivery of the
 operation settles it) is replayed, not a lost claim."""
 
+
+CONFIG_ERROR_QUIET_SECONDS = 600.0
+"""After a config error on a requeued record, this replica's requeue passes
+leave the record alone this long, and the same replica's same error is not
+logged again (``replay_config_error``) within it."""
+
+_BACKOFF_MAX = 10_000  # records one replica remembers backing off, at most
 
 _POLL = Sleep(0.0)
 """An unshielded step that does nothing: where an interruption held back during
@@ -731,7 +745,9 @@ class _Tally:
             self.expired_ids.append(result.dlq_id)
             return False
         if outcome is ReplayOutcome.CONFIG_ERROR:
+            # Counted toward the pass's limit (it claimed and wrote), not an attempt.
             self.config_ids.append(result.dlq_id)
+            self.ran += 1
             return False
         if outcome is ReplayOutcome.REPLAYED:
             self.replayed += 1
@@ -769,12 +785,15 @@ class _Tally:
 class _DlqOps:
     """Builds each script call and decodes its reply; shared by both twins."""
 
-    __slots__ = ("config", "keys", "owner")
+    __slots__ = ("_backoff", "config", "keys", "owner")
 
     def __init__(self, keys: KeySpace, config: DlqConfig, owner: str) -> None:
         self.keys = keys
         self.config = config
         self.owner = owner
+        # Requeued records this replica met a config error on: dlq_id -> when
+        # (monotonic) its requeue passes may claim it again.
+        self._backoff: dict[str, float] = {}
 
     # keys ------------------------------------------------------------------
 
@@ -969,6 +988,7 @@ class _DlqOps:
                 self.bykey_key,
                 self.record_key(cand),
                 self.log_key,
+                self.requeue_key,
             ],
             [
                 dlq_id,
@@ -1270,17 +1290,23 @@ class _DlqOps:
 
     # replay ----------------------------------------------------------------
 
-    def claim(self, dlq_id: str, nonce: str = "", stream_id: str = "") -> ScriptCall:
+    def claim(
+        self, dlq_id: str, nonce: str = "", stream_id: str = "", *, requeued: bool = False
+    ) -> ScriptCall:
         """The claim of a record; with ``nonce`` (hex), the same call sent again
         after a lost reply gets back the claim its earlier try made; with
         ``stream_id`` (a pass's, from the pending index), a record that expired
-        awaiting cleanup is told apart (``"expired"``) from an unknown one."""
+        awaiting cleanup is told apart (``"expired"``) from an unknown one. With
+        ``requeued`` (a requeue pass, ``stream_id`` its index entry's), only a
+        record that carries the requeue mark for that stream id is claimed (else
+        ``"unmarked"``: the entry is left over)."""
         args: list[Any] = [
             self.owner, max(1, int(self.config.claim_ttl_seconds * 1000)), nonce, stream_id,
-            dlq_id,
+            dlq_id, *(("rq",) if requeued else ()),
         ]
         return ScriptCall(
-            "dlq_claim", [self.stream_key, self.record_key(dlq_id), self.expiry_key], args
+            "dlq_claim",
+            [self.stream_key, self.record_key(dlq_id), self.expiry_key, self.requeue_key], args,
         )
 
     def decode_claim(self, dlq_id: str, reply: Any) -> _Claimed | ReplayResult:
@@ -1296,6 +1322,9 @@ class _DlqOps:
             return ReplayResult(dlq_id, ReplayOutcome.NOT_FOUND)
         if tag == "expired":
             return ReplayResult(dlq_id, ReplayOutcome.EXPIRED)
+        if tag == "unmarked":  # a requeue-index entry the record does not carry the mark of
+            return ReplayResult(dlq_id, ReplayOutcome.NOT_FOUND,
+                                error="not marked for redelivery (a stale requeue entry)")
         if tag == "final":
             return ReplayResult(
                 dlq_id, ReplayOutcome.NOT_PENDING, status=self._status(reply[1], key)
@@ -1363,6 +1392,10 @@ class _DlqOps:
             return True
         if tag in ("none", "final", "lost", "miss"):
             return False
+        if tag == "busy":  # (abandon) a running replay holds it: its outcome lands first
+            _log.info("durability_dlq_abandon_refused_busy", dlq_id=dlq_id,
+                      held_by=_text(reply[1], key, "owner"))
+            return False
         raise _corrupt(reply, key)
 
     def defer(self, dlq_id: str, token: str, error: BaseException) -> ScriptCall:
@@ -1372,25 +1405,34 @@ class _DlqOps:
                           [token, text, dlq_id, "defer"])
 
     def fail(
-        self, dlq_id: str, token: str, error: BaseException, *, payloadless: str = ""
+        self, dlq_id: str, token: str, error: BaseException, *, payloadless: str = "",
+        via: bytes = b"",
     ) -> ScriptCall:
         """Note a failed replay. ``payloadless``: the stream id of the record the
         replay claimed without its payload; if a parking filled it in since, the
-        failure is stale and only the claim is released (reply ``filled``)."""
+        failure is stale and only the claim is released (reply ``filled``).
+        ``via``: the requeue-index entry a requeue pass claimed it through (it
+        goes with the record's mark, whatever stream id it names)."""
         text = _truncate(error_text(error), self.config.max_error_bytes)
+        args: list[Any] = [token, text, dlq_id]
+        if payloadless or via:
+            args += ["np" if payloadless else "", payloadless]
+        if via:
+            args += ["", "", via]  # (ARGV[6], ARGV[7]: "config" mode's)
         return ScriptCall("dlq_fail", [self.record_key(dlq_id), self.log_key, self.requeue_key],
-                          [token, text, dlq_id, *(("np", payloadless) if payloadless else ())])
+                          args)
 
     def config_failed(self, dlq_id: str, token: str, error: BaseException) -> ScriptCall:
         """Note a replay that could not run for want of config here: the claim
         released, nothing counted, the text kept apart (``last_replay_error``)."""
         text = _truncate(error_text(error), self.config.max_error_bytes)
         return ScriptCall("dlq_fail", [self.record_key(dlq_id), self.log_key],
-                          [token, text, dlq_id, "config", "", self.owner])
+                          [token, text, dlq_id, "config", "", self.owner,
+                           int(CONFIG_ERROR_QUIET_SECONDS * 1000)])
 
     def replay_steps(
         self, dlq_id: str, handle: Handle, open_breakers: dict[str, None] | None = None,
-        operation_type: str | None = None, stream_id: str = "",
+        operation_type: str | None = None, stream_id: str = "", *, via: bytes = b"",
     ) -> _Plan[ReplayResult]:
         """Claim, run the handler, then finish (fenced) or report the failure.
 
@@ -1404,18 +1446,18 @@ class _DlqOps:
         if not self.known_id(dlq_id):
             return ReplayResult(dlq_id, ReplayOutcome.NOT_FOUND)
         yield _POLL  # an interruption held back (a pass's last record) stops here
-        claim = self.claim(dlq_id, secrets.token_hex(8), stream_id)
+        claim = self.claim(dlq_id, secrets.token_hex(8), stream_id, requeued=bool(via))
         until = time.monotonic() + self.config.claim_ttl_seconds
         claimed = self.decode_claim(dlq_id, (yield from self._sent(claim, dlq_id, until))[0])
         if isinstance(claimed, ReplayResult):
             return claimed
-        claimed = dataclasses.replace(claimed, until=until)
+        claimed = dataclasses.replace(claimed, until=until, via=via)
         record = claimed.record
         key = self.record_key(dlq_id)
         error = yield from self._handled(claimed, handle, open_breakers, operation_type)
         if error is FINISHED:
             return self._replayed(record, claimed)
-        if isinstance(error, (OperationInProgress, CircuitOpen, _TypeChanged)):
+        if isinstance(error, (OperationInProgress, CircuitOpen, _TypeChanged, ReplayDeclined)):
             if isinstance(error, CircuitOpen) and open_breakers is not None:
                 open_breakers[error.dependency] = None
             reply, _ = yield from self._noted(self.defer(dlq_id, claimed.token, error), claimed)
@@ -1475,7 +1517,8 @@ class _DlqOps:
         """The handler raised: the record stays pending, one more attempt noted."""
         dlq_id, key = record.dlq_id, self.record_key(record.dlq_id)
         payloadless = (record.metadata or {}).get("payload_error") and record.stream_id
-        call = self.fail(dlq_id, claimed.token, error, payloadless=payloadless or "")
+        call = self.fail(dlq_id, claimed.token, error, payloadless=payloadless or "",
+                         via=claimed.via)
         reply, unsure = yield from self._noted(call, claimed)
         tag = _tag(reply, key)
         if tag == "filled":  # its payload was parked meanwhile: replayable now
@@ -1691,7 +1734,9 @@ class _DlqOps:
                     operation_type, (yield self.pending_range(operation_type, after))
                 )
             stale: list[_Member] = []
-            for member in page:
+            # (a requeued record met with a config error here lately: left to the others)
+            todo = [m for m in page if not self._backed_off(m.dlq_id)] if requeued else page
+            for member in todo:
                 if limit is not None and tally.ran >= limit:
                     break
                 wait = pacer.wait(time.monotonic())
@@ -1700,14 +1745,13 @@ class _DlqOps:
                 started = time.monotonic()
                 result = yield from self.replay_steps(member.dlq_id, handle, tally.open,
                                                       operation_type,
-                                                      stream_id_of(member.sort_key))
+                                                      stream_id_of(member.sort_key),
+                                                      via=member.raw if requeued else b"")
                 if result.outcome is ReplayOutcome.EXPIRED:
                     _log.warning("durability_dlq_replay_expired", dlq_id=member.dlq_id,
                                  outcome=result.outcome.value)
-                if requeued and result.outcome in (
-                    ReplayOutcome.NOT_FOUND, ReplayOutcome.EXPIRED, ReplayOutcome.NOT_PENDING
-                ):
-                    stale.append(member)
+                if requeued:
+                    self._requeued_result(member, result, stale)
                 if tally.add(result):
                     pacer.started(started)
                 if on_result is not None:
@@ -1717,6 +1761,36 @@ class _DlqOps:
             if len(page) < _PAGE:
                 break
             after = page[-1].raw
+
+    def _requeued_result(
+        self, member: _Member, result: ReplayResult, stale: list[_Member]
+    ) -> None:
+        """A requeue pass's bookkeeping: a mark of a record gone or finished is
+        pruned; a record met with a config error is backed off here."""
+        if result.outcome in (
+            ReplayOutcome.NOT_FOUND, ReplayOutcome.EXPIRED, ReplayOutcome.NOT_PENDING
+        ):
+            stale.append(member)
+        elif result.outcome is ReplayOutcome.CONFIG_ERROR:
+            self._back_off(member.dlq_id)
+
+    def _backed_off(self, dlq_id: str) -> bool:
+        until = self._backoff.get(dlq_id)
+        if until is None:
+            return False
+        if until > time.monotonic():
+            return True
+        del self._backoff[dlq_id]
+        return False
+
+    def _back_off(self, dlq_id: str) -> None:
+        """Skip ``dlq_id`` in this replica's requeue passes for a while (bounded)."""
+        now = time.monotonic()
+        if len(self._backoff) >= _BACKOFF_MAX:
+            self._backoff = {k: v for k, v in self._backoff.items() if v > now}
+            while len(self._backoff) >= _BACKOFF_MAX:  # the soonest-ending go first
+                del self._backoff[min(self._backoff, key=self._backoff.__getitem__)]
+        self._backoff[dlq_id] = now + CONFIG_ERROR_QUIET_SECONDS
 
     # requeue (redelivery by the fleet) -----------------------------------------
 
@@ -2057,6 +2131,7 @@ class _DlqOps:
             self.counts_key,
             self.bykey_key,
             self.log_key,
+            self.requeue_key,
         ]
         for member in members:
             parts = member.split(b"|", 2)
@@ -2266,7 +2341,9 @@ class DeadLetterQueue:
         return self._ops.decode_finish(dlq_id, DlqStatus.REPLAYED, self.store.run(call))
 
     def abandon(self, dlq_id: str, *, by: str | None = None) -> bool:
-        """Give up on a pending record (final). Same returns as :meth:`mark_replayed`."""
+        """Give up on a pending record (final). Same returns as :meth:`mark_replayed`;
+        a record a running replay holds (live claim) is not abandoned (``False``,
+        as :meth:`purge` answers ``"busy"``): try again once that replay ends."""
         if not self._ops.known_id(dlq_id):
             return False
         call = self._ops.finish(dlq_id, DlqStatus.ABANDONED, by=by)

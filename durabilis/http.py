@@ -32,13 +32,14 @@ import os
 import socket
 import sys
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 from durabilis._log import get_logger
 from durabilis._retry_core import NotRetried
 from durabilis._scripts import ScriptCall
-from durabilis.dlq import ReplaySummary
+from durabilis.dlq import DlqRecord, ReplaySummary
 from durabilis.errors import (
     ConfigError,
     DurabilisError,
@@ -90,6 +91,11 @@ _NO_BODY_STATUSES = frozenset({204, 304})
 _HIDDEN_EXTENSIONS = ("http.response.pathsend", "http.response.zerocopysend",
                       "http.response.trailers")
 _log = get_logger()
+
+_SERVING: weakref.WeakKeyDictionary[
+    AsyncDurabilityLayer, weakref.WeakValueDictionary[tuple[str, str], DurableIdempotencyMiddleware]
+] = weakref.WeakKeyDictionary()
+"""Per layer, the middleware serving each (name, operation type)'s requeued requests."""
 
 
 class _AppFailed(NotRetried):
@@ -150,9 +156,15 @@ class DurableIdempotencyMiddleware:
             application's lifespan (started at startup or on the first
             request, stopped at shutdown); ``None``: do not.
         serve_requeued: With ``recover_every_seconds``, that recovery also
-            replays (with :meth:`replay_stored`) the parked requests of this
+            replays (with :attr:`requeue_handler`) the parked requests of this
             middleware's ``operation_type`` an operator marked for redelivery
-            (``durabilis dlq requeue``).
+            (``durabilis dlq requeue``); only those it parked itself (its
+            ``name``): another middleware's are left to it.
+        name: This middleware's identity among those on one namespace: kept
+            with each request it parks, and a replay of a parked request by
+            another identity is declined. ``None``: the ``tenant`` when it is
+            a fixed name, otherwise the ``operation_type``. Two middlewares
+            serving requeued requests on one layer need different names.
 
     Raises:
         ConfigError: A setting out of range (field named).
@@ -181,6 +193,7 @@ class DurableIdempotencyMiddleware:
         replayed_header: str = "Idempotent-Replayed",
         recover_every_seconds: float | None = None,
         serve_requeued: bool = True,
+        name: str | None = None,
     ) -> None:
         if not isinstance(layer, AsyncDurabilityLayer):
             raise ConfigError("layer", "DurableIdempotencyMiddleware needs an AsyncDurabilityLayer")
@@ -199,6 +212,11 @@ class DurableIdempotencyMiddleware:
             raise ConfigError("tenant", "a non-empty name or a function of the scope")
         self.tenant = tenant
         self.operation_type = _token("operation_type", operation_type)
+        if name is None:
+            name = tenant if isinstance(tenant, str) else self.operation_type
+        if not (isinstance(name, str) and name and len(name.encode()) <= 256):
+            raise ConfigError("name", f"expected a non-empty name (up to 256 bytes), got {name!r}")
+        self.name = name
         self.wait_seconds = _number("wait_seconds", wait_seconds, 0.0, 3600.0)
         idem = layer.config.idempotency
         # The layer's max_key_length counts the key as the client sent it (keys
@@ -241,13 +259,25 @@ class DurableIdempotencyMiddleware:
         )
         self.record_server_errors = bool(record_server_errors)
         self._replayed = _token("replayed_header", replayed_header).lower().encode("latin-1")
-        self.recovery: OrphanRecovery | None = None
-        if recover_every_seconds is not None:
-            self.recovery = OrphanRecovery(
-                layer, every_seconds=recover_every_seconds,
-                requeue_handlers={self.operation_type: self.replay_stored}
-                if serve_requeued else None,
-            )
+        self.recovery = (None if recover_every_seconds is None
+                         else self._recovery(recover_every_seconds, serve_requeued))
+
+    def _recovery(self, every_seconds: float, serve_requeued: bool) -> OrphanRecovery:
+        """The recovery run in the lifespan; serving requeued requests, it is
+        the only one on this layer for its (name, operation type)."""
+        serving = _SERVING.setdefault(self.layer, weakref.WeakValueDictionary())
+        if serve_requeued and serving.get((self.name, self.operation_type)) is not None:
+            raise ConfigError("name", f"another middleware on this layer serves the requeued "
+                              f"{self.operation_type!r} requests of name {self.name!r}: give "
+                              "each its own name (or tenant)")
+        recovery = OrphanRecovery(
+            self.layer, every_seconds=every_seconds,
+            requeue_handlers={self.operation_type: self.requeue_handler}
+            if serve_requeued else None,
+        )
+        if serve_requeued:
+            serving[(self.name, self.operation_type)] = self
+        return recovery
 
     # -- ASGI --
 
@@ -403,6 +433,29 @@ class DurableIdempotencyMiddleware:
 
     # -- recovery of parked requests --
 
+    def owns(self, record: DlqRecord) -> bool:
+        """Whether ``record`` is a request this middleware parked (its ``name``).
+
+        A record parked before requests carried the name is this middleware's
+        when its agent is this middleware's fixed tenant (any, for a tenant
+        function)."""
+        p = record.original_operation
+        if isinstance(p, dict) and "i" in p:
+            return bool(p["i"] == self.name)
+        return not isinstance(self.tenant, str) or record.agent_id == self.tenant
+
+    @property
+    def requeue_handler(self) -> Callable[[OperationContext], Awaitable[dict[str, Any]]]:
+        """:meth:`replay_stored`, declining the records of another middleware:
+        the ``fn`` for ``layer.replay_requeued({mw.operation_type: mw.requeue_handler})``
+        (a declined record is deferred: nothing counted, its mark kept)."""
+
+        async def replay(ctx: OperationContext) -> dict[str, Any]:
+            return await self.replay_stored(ctx)
+
+        replay.accepts_record = self.owns  # type: ignore[attr-defined]
+        return replay
+
     async def replay_stored(self, ctx: OperationContext) -> dict[str, Any]:
         """Run a parked request again, without a client, from what its claim kept.
 
@@ -420,7 +473,9 @@ class DurableIdempotencyMiddleware:
             InvalidPayload: The parked operation is not a request of this middleware.
         """
         p = ctx.payload
-        if not (isinstance(p, dict) and {"m", "p", "q", "h", "b", "k"} <= p.keys()):
+        if not (isinstance(p, dict) and {"m", "p", "q", "h", "b", "k"} <= p.keys()) or (
+            p.get("i", self.name) != self.name
+        ):
             raise InvalidPayload("the parked operation is not an HTTP request of this middleware")
         headers = [(bytes(k), bytes(v)) for k, v in p["h"]]
         headers.append((self._header, str(p["k"]).encode("latin-1")))
@@ -476,6 +531,7 @@ class DurableIdempotencyMiddleware:
                   if k.lower() in self._fingerprinted],
             "b": body,
             "k": raw,
+            "i": self.name,  # who parked it: replayed by this middleware only
         }
 
     def _lifespan_receive(self, receive: Receive) -> Receive:

@@ -15,6 +15,9 @@ outlive the latest record by a day, and a claim lasts at most a day.)
 KEYS[1]  stream                     (<ns>:dlq:{dlq}:stream)
 KEYS[2]  the record hash            (<ns>:dlq:{dlq}:rec:<dlq_id>)
 KEYS[3]  expiry index, zset         (see dlq_enqueue.lua for members)
+KEYS[4]  requeue index, lex zset    (optional) when the claim pushes a marked record's
+                                    expiry (any claim, a requeue pass's or not), the
+                                    index's TTL is pushed to at least that plus a day
 ARGV[1]  owner                      who replays (readable: host:pid:...)
 ARGV[2]  claim_ms                   how long the claim is held, in milliseconds
 ARGV[3]  nonce                      (optional) this claim's own random id, kept as the
@@ -27,6 +30,13 @@ ARGV[4]  stream id                  (optional) the record's stream entry, as its
                                     expired unreplayed, awaiting cleanup ("expired")
 ARGV[5]  dlq_id                     the record's id (with ARGV[4], the id that entry
                                     must name)
+ARGV[6]  pass                       (optional) "rq": a requeue pass claiming through the
+                                    requeue-index entry naming stream id ARGV[4]; the
+                                    mark lives on the record (field "rq"), the index
+                                    only finds it: a record without the mark, or whose
+                                    stream id is not ARGV[4] (another incarnation
+                                    of the id, or an entry left behind), is refused
+                                    ("unmarked"; the caller prunes that entry)
 
 Returns one of
   {"ok", token, taken_over (0|1), record hash as a flat field/value list,
@@ -36,6 +46,8 @@ Returns one of
                                     its cleanup has not run yet (it reports it)
   {"final", status}                 already replayed or abandoned
   {"busy", owner, claim_expires_ms} another replayer holds a live claim
+  {"unmarked"}                      (ARGV[6] "rq") the pending record carries no
+                                    requeue mark for that entry: not claimed
   {"corrupt", key, detail}
 
 Record hash fields: st status, op operation type, sid stream entry id, ts failed
@@ -86,6 +98,8 @@ if exp <= now then
   return {"none"}
 end
 if st ~= "pending" then return {"final", st} end
+local marked = redis.call("HEXISTS", H, "rq") == 1
+if ARGV[6] == "rq" and (not marked or sid ~= ARGV[4]) then return {"unmarked"} end
 local mine = co and ce and ce > now and nonce ~= "" and ct
   and string.sub(ct, -(#nonce + 1)) == "-" .. nonce
 if co and ce and ce > now and not mine then return {"busy", co, ce} end
@@ -106,5 +120,12 @@ if exp < ce then  -- (a kept record's "never" is later than any claim)
   redis.call("PEXPIREAT", H, ce)
   local op = redis.call("HGET", H, "op") or ""
   redis.call("ZADD", KEYS[3], "XX", ce, sid .. "|" .. ARGV[5] .. "|p|" .. op)
+  -- The index that finds a marked record lives at least as long as the record.
+  if marked and KEYS[4] then
+    local pttl = redis.call("PTTL", KEYS[4])
+    if pttl >= 0 and now + pttl < ce + 86400000 then
+      redis.call("PEXPIREAT", KEYS[4], ce + 86400000)
+    end
+  end
 end
 return {"ok", token, taken_over, redis.call("HGETALL", H), entry[1][2]}

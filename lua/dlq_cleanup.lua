@@ -7,7 +7,8 @@ no longer in the index (another cleaner got there first) is skipped. A
 record hash is deleted only if it still belongs to that member (same stream
 id): a caller-chosen dlq_id may have been enqueued again since.
 
-NOTHING LEAVES SILENTLY. A removed record that was still PENDING expired
+A removed pending record's requeue-index entry goes with it (a record made
+again under its id carries no mark). NOTHING LEAVES SILENTLY. A removed record that was still PENDING expired
 unreplayed: it is reported, exactly once (the member's ZREM decides who
 reports it, whatever the number of cleaners): an "expired" entry in the log
 stream (dlq_id, operation_type, idempotency_key and agent_id, read from its
@@ -25,7 +26,10 @@ KEYS[5]  counts hash                field "<status>|<op>" -> live records, "expi
                                     -> pending records reported expired
 KEYS[6]  by-key hash                merge key -> dlq_id of its current record
 KEYS[7]  log stream                 (<ns>:dlq:{dlq}:log), capped
-KEYS[7+i] the record hash of ARGV[1+i]
+KEYS[8]  requeue index, lex zset    member "<op>\0<sortkey(sid)>|<dlq_id>": a removed
+                                    pending record's entry goes (a record made again
+                                    under its id is not marked)
+KEYS[8+i] the record hash of ARGV[1+i]
 ARGV[1]  keep_ms                    the counts hash and log stream live at least this
                                     long after a report, in milliseconds (the DLQ's TTL)
 ARGV[1+i] expiry-index member (from dlq_expired)
@@ -34,14 +38,15 @@ Returns {"ok", removed, expired} or {"corrupt", key, detail}; expired is a flat
 list dlq_id, operation type, idempotency key ("" = none), agent_id per pending
 record reported.
 ]]
-local S, E, P, PO, C, BK, LOG = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local S, E, P, PO, C, BK, LOG, RQ = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6],
+  KEYS[7], KEYS[8]
 local keep_ms = tonumber(ARGV[1]) or 86400000
 local LOG_MAX = 10000
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 local checks = {S, "stream", E, "zset", P, "zset", PO, "zset", C, "hash", BK, "hash",
-                LOG, "stream"}
+                LOG, "stream", RQ, "zset"}
 for i = 1, #checks, 2 do
   local kind = redis.call("TYPE", checks[i])["ok"]
   if kind ~= "none" and kind ~= checks[i + 1] then
@@ -90,13 +95,14 @@ for i = 2, #ARGV do
     removed = removed + 1
     local sid, rid, code, rop = string.match(member, "^(%d+%-%d+)|([^|]+)|([pra])|(.*)$")
     if sid then
-      local H = KEYS[6 + i]
+      local H = KEYS[7 + i]
       if code == "p" then report_expired(sid, rid, rop, H) end
       redis.call("XDEL", S, sid)
       if code == "p" then
         local pm = sortkey(sid) .. "|" .. rid
         redis.call("ZREM", P, pm)
         redis.call("ZREM", PO, rop .. "\0" .. pm)
+        redis.call("ZREM", RQ, rop .. "\0" .. pm)
       end
       bump(STATUS[code] .. "|" .. rop, -1)
       if redis.call("TYPE", H)["ok"] == "hash" and redis.call("HGET", H, "sid") == sid then

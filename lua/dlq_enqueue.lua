@@ -60,6 +60,11 @@ KEYS[6]  the record hash            (<ns>:dlq:{dlq}:rec:<dlq_id>)
 KEYS[7]  by-key hash                merge key -> dlq_id of its current record
 KEYS[8]  candidate record hash      (<ns>:dlq:{dlq}:rec:<candidate>); KEYS[6] without merging
 KEYS[9]  log stream                 (<ns>:dlq:{dlq}:log), capped
+KEYS[10] requeue index, lex zset    member "<op>\0<sortkey(sid)>|<dlq_id>": a purged
+                                    pending record's entry goes; a fill-in of a record
+                                    marked for redelivery moves its entry to the new
+                                    stream id and operation type, and pushes the index's
+                                    TTL to at least the record's new expiry plus a day
 ARGV[1]  dlq_id                     this parking's id (the record's, when one is created
                                     without a candidate)
 ARGV[2]  ttl_ms                     record lifetime in milliseconds (>= 1)
@@ -91,7 +96,7 @@ Returns one of
   {"corrupt", key, detail}          a key holds something durabilis did not write
 ]]
 local S, E, P, PO, C, H = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local BK, HC, LOG = KEYS[7], KEYS[8], KEYS[9]
+local BK, HC, LOG, RQ = KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local id, ttl, purge_limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local mkey, cand = ARGV[10], ARGV[11]
 local keep_cap = tonumber(ARGV[12]) or 0
@@ -106,7 +111,7 @@ local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 local checks = {S, "stream", E, "zset", P, "zset", PO, "zset", C, "hash", H, "hash",
-                BK, "hash", HC, "hash", LOG, "stream"}
+                BK, "hash", HC, "hash", LOG, "stream", RQ, "zset"}
 for i = 1, #checks, 2 do
   local kind = redis.call("TYPE", checks[i])["ok"]
   if kind ~= "none" and kind ~= checks[i + 1] then
@@ -161,6 +166,7 @@ local function purge(member)
     local pm = sortkey(sid) .. "|" .. rid
     redis.call("ZREM", P, pm)
     redis.call("ZREM", PO, rop .. "\0" .. pm)
+    redis.call("ZREM", RQ, rop .. "\0" .. pm)
   end
   bump(STATUS[code] .. "|" .. rop, -1)
 end
@@ -264,6 +270,16 @@ if merge_into then
     redis.call("ZREM", P, sortkey(osid) .. "|" .. cand)
     redis.call("ZADD", PO, 0, op .. "\0" .. sortkey(sid) .. "|" .. cand)
     redis.call("ZREM", PO, oop .. "\0" .. sortkey(osid) .. "|" .. cand)
+    -- Its requeue mark (on the record) stays; the index entry that finds it follows.
+    if redis.call("HEXISTS", HC, "rq") == 1 then
+      redis.call("ZADD", RQ, 0, op .. "\0" .. sortkey(sid) .. "|" .. cand)
+      local horizon = math.min(KEEP, hexp + GRACE)
+      local pttl = redis.call("PTTL", RQ)
+      if pttl == -1 or (pttl >= 0 and now + pttl < horizon) then
+        redis.call("PEXPIREAT", RQ, horizon)
+      end
+    end
+    redis.call("ZREM", RQ, oop .. "\0" .. sortkey(osid) .. "|" .. cand)
     bump("pending|" .. op, 1)
     bump("pending|" .. oop, -1)
     redis.call("XDEL", S, osid)

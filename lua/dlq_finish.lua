@@ -4,7 +4,10 @@ The state machine is pending -> replayed | abandoned, both final: a record
 that is already final is left untouched. With a token (a replay that claimed
 the record), only the current claim holder may finish it (fencing): a
 replayer whose claim was taken over after it expired is refused. Without a
-token (an operator's mark_replayed / abandon) any live claim is cleared.
+token, an operator's mark_replayed clears any live claim; an operator's
+abandon of a record a running replay holds (live claim) is refused ("busy"),
+as dlq_purge refuses it: the replay's outcome lands first, then the operator
+decides (the hold lasts at most the claim's TTL).
 A record kept while pending (field "kt", DlqConfig.keep_pending: its expiry
 is the "never" sentinel) gets its lifetime ("kt" ms) from now on: its
 expiry, the hash's TTL and its expiry-index score.
@@ -29,6 +32,8 @@ Returns one of
   {"ok", finished_ms}
   {"none"}                          no live record (unknown id or expired)
   {"final", status}                 already final: nothing changed
+  {"busy", owner, claim_expires_ms} (abandon without a token) a replay holds a live
+                                    claim on it: nothing changed
   {"lost"}                          the token does not hold the claim
   {"miss", dlq_id}                  with a merge key: the key's record is another
   {"corrupt", key, detail}
@@ -53,8 +58,9 @@ if mk ~= "" then
 end
 if redis.call("EXISTS", H) == 0 then return {"none"} end
 
-local f = redis.call("HMGET", H, "st", "op", "sid", "exp", "ct")
+local f = redis.call("HMGET", H, "st", "op", "sid", "exp", "ct", "co", "ce")
 local st, op, sid, exp, ct = f[1], f[2], f[3], tonumber(f[4]), f[5]
+local co, ce = f[6], tonumber(f[7])
 if (st ~= "pending" and st ~= "replayed" and st ~= "abandoned") or not op or not exp
     or not sid or not string.match(sid, "^%d+%-%d+$") then
   return {"corrupt", H, "record hash without a valid status, operation type, expiry or stream id"}
@@ -62,6 +68,9 @@ end
 if exp <= now then return {"none"} end
 if st ~= "pending" then return {"final", st} end
 if token ~= "" and ct ~= token then return {"lost"} end
+if token == "" and target == "abandoned" and co and ce and ce > now then
+  return {"busy", co, ce}
+end
 
 local function sortkey(s)
   local ms, seq = string.match(s, "^(%d+)%-(%d+)$")

@@ -10,6 +10,12 @@ in the requeue index (a lex zset: by operation type, then enqueue order) and a
 "requeued" entry in the log stream. Marking a record marked already changes
 nothing ("already"); a replayed or abandoned record is refused ("final").
 
+The mark lives on the record (field "rq"); the index only finds it: a pass
+claims through an entry only a record carrying the mark with that entry's
+stream id (dlq_claim.lua, pass "rq"), and every script that removes or moves a
+record (finish, fail, cleanup, purge, enqueue's purge and fill-in) removes or
+moves its entry.
+
 Mode "prune": each given index member is removed unless it names a live,
 pending, marked record with the same stream entry (a record that expired,
 was finished or was parked again under the same id since).

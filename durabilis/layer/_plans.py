@@ -50,7 +50,15 @@ from durabilis.breaker import (
     Permit,
 )
 from durabilis.checkpoint import _part
-from durabilis.dlq import ANSWERED, FINISHED, DlqRecord, DlqStatus, Prepared, record_id_for
+from durabilis.dlq import (
+    ANSWERED,
+    FINISHED,
+    DlqRecord,
+    DlqStatus,
+    Prepared,
+    ReplayDeclined,
+    record_id_for,
+)
 from durabilis.errors import (
     CircuitOpen,
     ConfigError,
@@ -1860,8 +1868,15 @@ class _LayerCore:
     ) -> Callable[[DlqRecord, str], Plan[BaseException | object | None]]:
         """The DLQ replay handler (a plan): the record's operation through the layer."""
         seconds = self._replay_wait(wait)
+        # A fn may say which records are its own (``fn.accepts_record(record)``):
+        # another's is deferred before its key is claimed (nothing counted).
+        accepts = getattr(fn, "accepts_record", None)
 
         def handle(record: DlqRecord, token: str) -> Plan[BaseException | object | None]:
+            if callable(accepts) and not accepts(record):
+                return ReplayDeclined(
+                    f"not this replayer's record ({getattr(fn, '__qualname__', fn)!r} "
+                    "declined it): left for its own")
             missing = (record.metadata or {}).get("payload_error")
             if missing:  # parked by recovery without its payload: nothing to replay
                 return (yield from self._payloadless_replay(record, missing))

@@ -302,3 +302,149 @@ def test_the_async_twin_requeues_and_replays_with_a_coroutine_handler(
         return seen
 
     assert len(asyncio.run(main())) == 1
+
+
+def _failing(record: durabilis.DlqRecord) -> None:
+    raise RuntimeError("downstream still rejects")
+
+
+@pytest.mark.topologies("cluster")
+def test_a_record_parked_again_under_an_expired_requeued_records_id_is_not_replayed(
+    store: durabilis.Store, raw: Any,
+) -> None:
+    dlq = durabilis.DeadLetterQueue(store)
+    rid = "order-1-rec"
+    dlq.enqueue("agent-1", "charge", {"order": 1}, 3, "TIMEOUT", ttl_seconds=0.3, dlq_id=rid)
+    assert [r.outcome for r in dlq.requeue([rid], by="ops")] == ["requeued"]
+    wait_until(lambda: dlq.get(rid) is None, timeout=30, what="the requeued record expired")
+    dlq.cleanup_expired()
+    assert raw.zcard(dlq._ops.requeue_key) == 0  # its cleanup drops its index entry too
+    # The operation is parked again under the same id: nobody requeued this one.
+    dlq.enqueue("agent-1", "charge", {"order": 1}, 3, "DECLINED", ttl_seconds=600, dlq_id=rid)
+    ran: list[str] = []
+    for _ in range(3):
+        dlq.replay_requeued({"charge": lambda r: (ran.append(r.dlq_id), _failing(r))})
+    record = dlq.get(rid)
+    assert ran == [] and record is not None and record.replay_attempts == 0
+
+
+@pytest.mark.topologies("cluster")
+def test_an_index_entry_of_an_unmarked_record_is_never_replayed_and_is_pruned(
+    store: durabilis.Store, raw: Any,
+) -> None:
+    dlq = durabilis.DeadLetterQueue(store)
+    rid = dlq.enqueue("agent-1", "charge", {"order": 1}, 3, "TIMEOUT")
+    assert [r.outcome for r in dlq.requeue([rid], by="ops")] == ["requeued"]
+    # An entry left behind by an older incarnation: the record no longer carries the mark.
+    raw.hdel(dlq._ops.record_key(rid), "rq")
+    ran: list[str] = []
+    summary = dlq.replay_requeued({"charge": lambda r: ran.append(r.dlq_id)})
+    assert ran == [] and summary.replayed == summary.failed == 0
+    assert raw.zcard(dlq._ops.requeue_key) == 0  # the finder without its mark is pruned
+    # And an entry naming another stream id than the marked record's is not followed.
+    assert [r.outcome for r in dlq.requeue([rid], by="ops")] == ["requeued"]
+    raw.zadd(dlq._ops.requeue_key, {b"charge\x00000000000000001-a0|" + rid.encode(): 0})
+    assert raw.zcard(dlq._ops.requeue_key) == 2
+    summary = dlq.replay_requeued({"charge": _failing})
+    assert summary.failed == 1 and raw.zcard(dlq._ops.requeue_key) == 0
+    record = dlq.get(rid)
+    assert record is not None and record.replay_attempts == 1 and record.requeued_at is None
+
+
+@pytest.mark.topologies("cluster")
+def test_a_filled_in_requeued_record_moves_its_index_entry_and_a_failure_ends_the_mark(
+    store: durabilis.Store, raw: Any,
+) -> None:
+    dlq = durabilis.DeadLetterQueue(store)
+    ops = dlq._ops
+    key = "agent-1:charge:" + "a" * 32
+
+    def park(payload: Any, meta: dict[str, str]) -> str:
+        prep = ops.prepare("agent-1", "charge", payload, meta)
+        call = ops.enqueue_prepared(prep, 1, "WORKER_LOST", dlq_id=os.urandom(8).hex(),
+                                    merge_key=key)
+        return str(ops.decode_enqueue(call, store.run(call)).dlq_id)
+
+    rid = park(None, {"idempotency_key": key, "payload_error": "CorruptData"})
+    assert [r.outcome for r in dlq.requeue([rid], by="ops")] == ["requeued"]
+    raw.pexpire(ops.requeue_key, 60_000)  # (as if marked when the record had a minute left)
+    assert park({"order": 1}, {"idempotency_key": key}) == rid  # filled in: a new stream id
+    record = dlq.get(rid)
+    assert record is not None and record.requeued_at is not None
+    assert [r.dlq_id for r in dlq.list_requeued()] == [rid]
+    # The index outlives the record it lists (its new lifetime).
+    assert raw.pttl(ops.requeue_key) >= raw.pttl(ops.record_key(rid))
+    ran: list[str] = []
+    for _ in range(3):
+        dlq.replay_requeued({"charge": lambda r: (ran.append(r.dlq_id), _failing(r))})
+    record = dlq.get(rid)
+    assert ran == [rid] and record is not None and record.replay_attempts == 1
+    assert record.requeued_at is None and raw.zcard(ops.requeue_key) == 0
+
+
+@pytest.mark.topologies("cluster")
+def test_a_claim_that_extends_a_marked_records_life_extends_the_requeue_index(
+    store: durabilis.Store, raw: Any,
+) -> None:
+    dlq = durabilis.DeadLetterQueue(store)
+    ops = dlq._ops
+    rid = dlq.enqueue("agent-1", "charge", {"order": 1}, 3, "TIMEOUT", ttl_seconds=5)
+    assert [r.outcome for r in dlq.requeue([rid], by="ops")] == ["requeued"]
+    raw.pexpire(ops.requeue_key, 10_000)
+    assert store.run(ops.claim(rid))[0] in (b"ok", "ok")  # pushes the record's expiry on
+    assert raw.pttl(ops.record_key(rid)) > 10_000
+    assert raw.pttl(ops.requeue_key) >= raw.pttl(ops.record_key(rid))
+
+
+def test_abandon_refuses_a_record_a_running_replay_holds_as_purge_does(
+    store: durabilis.Store, raw: Any,
+) -> None:
+    dlq = durabilis.DeadLetterQueue(store)
+    held, free = (dlq.enqueue("agent-1", "job", {"n": i}, 1, "NETWORK_TIMEOUT: x")
+                  for i in (1, 2))
+    claim = store.run(dlq._ops.claim(held))
+    assert claim[0] in (b"ok", "ok")
+    assert dlq.abandon_many([held, free], by="ann") == {held: False, free: True}
+    assert dlq.abandon(held, by="ann") is False
+    record = dlq.get(held)
+    assert record is not None and record.status is DlqStatus.PENDING
+    assert record.claimed_by is not None  # the replay's hold stands
+
+
+@pytest.mark.topologies("cluster")
+def test_a_replica_lacking_config_logs_each_requeued_record_once_and_backs_it_off(
+    store: durabilis.Store, raw: Any,
+) -> None:
+    from durabilis import ConfigError
+    from durabilis.dlq import DeadLetterQueue
+
+    def unconfigured(record: Any) -> Any:
+        raise ConfigError("retry_policies", "no policy for charge on this replica")
+
+    first = DeadLetterQueue(store, replayer_id="replica-x")
+    ids = [first.enqueue("agent-1", "charge", {"o": i}, 3, "TIMEOUT") for i in range(3)]
+    first.requeue(ids, by="ops")
+    # Config errors count toward the pass's limit: two records met, not three.
+    assert first.replay_requeued({"charge": unconfigured}, limit=2).config_error_ids == tuple(
+        ids[:2])
+    # This replica backs the records it met off: the next pass meets only the third.
+    assert first.replay_requeued({"charge": unconfigured}).config_error_ids == (ids[2],)
+    assert first.replay_requeued({"charge": unconfigured}).config_errors == 0
+    # The same replica again (restarted: no memory) meets the same error: no new entry.
+    again = DeadLetterQueue(store, replayer_id="replica-x")
+    assert again.replay_requeued({"charge": unconfigured}).config_errors == 3
+    # Another replica's first meeting is logged (who met what stays in the trail).
+    other = DeadLetterQueue(store, replayer_id="replica-y")
+    assert other.replay_requeued({"charge": unconfigured}).config_errors == 3
+    for dlq_id in ids:
+        changes = [(f[b"change"].decode(), f.get(b"by", b"").decode())
+                   for _, f in raw.xrange(first._ops.log_key)
+                   if f[b"dlq_id"].decode() == dlq_id and f[b"change"] == b"replay_config_error"]
+        assert changes == [("replay_config_error", "replica-x"),
+                           ("replay_config_error", "replica-y")]
+        record = first.get(dlq_id)
+        assert record is not None and record.replay_attempts == 0
+        assert record.last_error == "TIMEOUT"  # a config error is no attempt's error
+        assert record.requeued_at is not None and record.claimed_by is None
+        assert record.last_replay_error is not None and "no policy" in record.last_replay_error
+    assert DeadLetterQueue(store).replay_requeued({"charge": lambda record: None}).replayed == 3

@@ -978,3 +978,64 @@ def test_a_cancelled_replay_whose_app_reads_its_request_again_is_disconnected(
         assert ended == ["http.disconnect"]
 
     _served(redis_url, namespace, app, body)
+
+
+@pytest.mark.topologies("cluster")
+def test_a_requeued_request_is_replayed_only_by_the_middleware_that_parked_it(
+    redis_url: str, namespace: str,
+) -> None:
+    """Two guarded apps on one layer, both serving requeued requests: the
+    admin app's pass leaves the orders app's request alone (deferred, nothing
+    counted, still marked) and the orders app's pass replays it. Two that would
+    serve each other's requests (one identity) are refused at construction."""
+    hits: list[tuple[str, str]] = []
+
+    def make_app(name: str) -> Any:
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            if scope["type"] != "http":
+                return
+            hits.append((name, scope["path"]))
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": name.encode()})
+        return app
+
+    async def main() -> None:
+        store = durabilis.connect_async(redis_url, namespace=namespace)
+        layer = AsyncDurabilityLayer(store)
+        try:
+            orders = DurableIdempotencyMiddleware(make_app("orders"), layer, tenant="orders",
+                                                  recover_every_seconds=60)
+            admin = DurableIdempotencyMiddleware(make_app("admin"), layer, tenant="admin",
+                                                 recover_every_seconds=60)
+            assert orders.recovery is not None and admin.recovery is not None
+            with pytest.raises(ConfigError) as info:
+                DurableIdempotencyMiddleware(make_app("twin"), layer, tenant="orders",
+                                             recover_every_seconds=60)
+            assert info.value.field == "name"
+            # (not serving requeued requests, or named apart: no clash)
+            DurableIdempotencyMiddleware(make_app("twin"), layer, tenant="orders",
+                                         recover_every_seconds=60, serve_requeued=False)
+            DurableIdempotencyMiddleware(make_app("twin"), layer, tenant="orders",
+                                         recover_every_seconds=60, name="orders-v2")
+            # A request of the orders app, parked (as its orphan recovery parks it).
+            scope = {"type": "http", "method": "POST", "path": "/refunds",
+                     "raw_path": b"/refunds", "query_string": b"", "headers": []}
+            payload = orders._payload(scope, "k-1", b'{"order": 7}')
+            dlq_id = await layer.dlq.enqueue("orders", "http_request", payload, 1,
+                                             "WORKER_LOST",
+                                             metadata={"idempotency_key": "%raw:orders:k-1"})
+            assert [r.outcome for r in await layer.dlq.requeue([dlq_id])] == ["requeued"]
+            summary = await admin.recovery.requeue_once()
+            assert summary is not None and summary.replayed == summary.failed == 0
+            assert summary.deferred_ids == (dlq_id,) and hits == []
+            record = await layer.dlq.get(dlq_id)
+            assert record is not None and record.replay_attempts == 0
+            assert record.requeued_at is not None and record.claimed_by is None
+            summary = await orders.recovery.requeue_once()
+            assert summary is not None and summary.replayed == 1
+            assert hits == [("orders", "/refunds")]
+        finally:
+            await layer.close()
+            await store.close()
+
+    asyncio.run(main())
