@@ -155,16 +155,20 @@ class DurableIdempotencyMiddleware:
         recover_every_seconds: Run an :class:`OrphanRecovery` in the
             application's lifespan (started at startup or on the first
             request, stopped at shutdown); ``None``: do not.
-        serve_requeued: With ``recover_every_seconds``, that recovery also
-            replays (with :attr:`requeue_handler`) the parked requests of this
-            middleware's ``operation_type`` an operator marked for redelivery
-            (``durabilis dlq requeue``); only those it parked itself (its
-            ``name``): another middleware's are left to it.
+        serve_requeued: With ``recover_every_seconds`` and an explicit
+            ``name``, that recovery also replays (with :attr:`requeue_handler`)
+            the parked requests of this middleware's ``operation_type`` an
+            operator marked for redelivery (``durabilis dlq requeue``); only
+            those it parked itself (its ``name``): another middleware's are
+            left to it. Without an explicit ``name`` nothing is served: two
+            services on one namespace would share the default name and replay
+            each other's requests (an app's answer recorded for another's key).
         name: This middleware's identity among those on one namespace: kept
-            with each request it parks, and a replay of a parked request by
-            another identity is declined. ``None``: the ``tenant`` when it is
-            a fixed name, otherwise the ``operation_type``. Two middlewares
-            serving requeued requests on one layer need different names.
+            with each request it parks, and the requeue pass of another
+            identity declines it. ``None``: the ``tenant`` when it is a fixed
+            name, otherwise the ``operation_type`` (and no requeue serving).
+            Give each service its own, and keep it across deploys: requests
+            parked under a name are served only by a middleware of that name.
 
     Raises:
         ConfigError: A setting out of range (field named).
@@ -212,6 +216,7 @@ class DurableIdempotencyMiddleware:
             raise ConfigError("tenant", "a non-empty name or a function of the scope")
         self.tenant = tenant
         self.operation_type = _token("operation_type", operation_type)
+        serve_requeued = serve_requeued and name is not None
         if name is None:
             name = tenant if isinstance(tenant, str) else self.operation_type
         if not (isinstance(name, str) and name and len(name.encode()) <= 256):
@@ -469,14 +474,16 @@ class DurableIdempotencyMiddleware:
         refusal fails the replay (the record stays pending) instead of becoming
         the key's answer.
 
+        A request parked under another ``name`` is replayed all the same when
+        asked by hand (a deploy that renamed the middleware); only the fleet's
+        requeue pass (:attr:`requeue_handler`) declines it.
+
         Raises:
-            InvalidPayload: The parked operation is not a request of this middleware.
+            InvalidPayload: The parked operation is not an HTTP request.
         """
         p = ctx.payload
-        if not (isinstance(p, dict) and {"m", "p", "q", "h", "b", "k"} <= p.keys()) or (
-            p.get("i", self.name) != self.name
-        ):
-            raise InvalidPayload("the parked operation is not an HTTP request of this middleware")
+        if not (isinstance(p, dict) and {"m", "p", "q", "h", "b", "k"} <= p.keys()):
+            raise InvalidPayload("the parked operation is not an HTTP request")
         headers = [(bytes(k), bytes(v)) for k, v in p["h"]]
         headers.append((self._header, str(p["k"]).encode("latin-1")))
         scope: Scope = {

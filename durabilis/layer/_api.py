@@ -12,6 +12,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
+from durabilis import _codec
 from durabilis._fork import reset_in_child
 from durabilis._log import get_logger
 from durabilis._steps import LeaseBook, adrive, drive
@@ -107,12 +108,13 @@ def _payload_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 def _is_default(value: Any, default: Any) -> bool:
-    """``value`` is the parameter's default (the same object, or equal and of its type)."""
+    """``value`` is the parameter's default: the same object, or the same JSON
+    (what the content key hashes: ``-0.0`` is not ``0.0``, nor ``1.0`` ``1``)."""
     if value is default:
         return True
     try:
-        return type(value) is type(default) and bool(value == default)
-    except Exception:  # an == that raises or gives no bool: not the default
+        return _codec.canonical_json([value]) == _codec.canonical_json([default])
+    except DurabilisError:  # not JSON: only the default object itself is the default
         return False
 
 
@@ -375,7 +377,8 @@ class DurabilityLayer:
         """Decorator: each call of the function becomes a durable operation.
 
         The payload is the call's arguments bound to the function's signature,
-        defaults applied: ``{"args": [...], "kwargs": {...}}`` (so it must be
+        those equal to their default (the same JSON) left out:
+        ``{"args": [...], "kwargs": {...}}`` (so it must be
         JSON-compatible for content keys). The key is the call's, not its
         spelling's: ``f("x")`` and ``f(fact="x")`` (and, with a default
         ``n=1``, ``f("x", 1)``) are one operation. Arguments that do not fit

@@ -200,3 +200,24 @@ def test_durable_keys_a_call_alike_across_a_deploy_that_adds_a_parameter_or_chan
     assert after("x") == "x"
     assert after(fact="x", tag=unset) == "x"
     assert ran == ["before"]
+
+
+def test_durable_never_merges_calls_whose_arguments_differ_from_the_default_in_json(
+    layer: DurabilityLayer,
+) -> None:
+    # An argument is left out only when it is the default object or the same
+    # JSON: -0.0 is not 0.0, 1.0 not 1, True not 1 (the key tells them apart).
+    ran: list[Any] = []
+
+    @layer.durable("job", agent_id="bot")
+    def g(x: str, when: float = -0.0, opts: Any = None) -> Any:
+        ran.append((when, opts))
+        return when
+
+    g("x")
+    g("x", 0.0)
+    g("x", -0.0, {"scale": 1})
+    g("x", -0.0, {"scale": 1.0})
+    g("x", -0.0, {"scale": True})
+    g("x", -0.0, None)  # the default: the first call again
+    assert len(ran) == 5

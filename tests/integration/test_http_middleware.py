@@ -984,10 +984,12 @@ def test_a_cancelled_replay_whose_app_reads_its_request_again_is_disconnected(
 def test_a_requeued_request_is_replayed_only_by_the_middleware_that_parked_it(
     redis_url: str, namespace: str,
 ) -> None:
-    """Two guarded apps on one layer, both serving requeued requests: the
-    admin app's pass leaves the orders app's request alone (deferred, nothing
-    counted, still marked) and the orders app's pass replays it. Two that would
-    serve each other's requests (one identity) are refused at construction."""
+    """Two guarded apps on one layer, both serving requeued requests (each
+    named: without an explicit name nothing is served, as two services would
+    share the default): the admin app's pass leaves the orders app's request
+    alone (deferred, nothing counted, still marked) and the orders app's pass
+    replays it. Two that would serve each other's requests (one name) are
+    refused at construction."""
     hits: list[tuple[str, str]] = []
 
     def make_app(name: str) -> Any:
@@ -1004,17 +1006,20 @@ def test_a_requeued_request_is_replayed_only_by_the_middleware_that_parked_it(
         layer = AsyncDurabilityLayer(store)
         try:
             orders = DurableIdempotencyMiddleware(make_app("orders"), layer, tenant="orders",
-                                                  recover_every_seconds=60)
+                                                  recover_every_seconds=60, name="orders")
             admin = DurableIdempotencyMiddleware(make_app("admin"), layer, tenant="admin",
-                                                 recover_every_seconds=60)
+                                                 recover_every_seconds=60, name="admin")
             assert orders.recovery is not None and admin.recovery is not None
             with pytest.raises(ConfigError) as info:
                 DurableIdempotencyMiddleware(make_app("twin"), layer, tenant="orders",
-                                             recover_every_seconds=60)
+                                             recover_every_seconds=60, name="orders")
             assert info.value.field == "name"
-            # (not serving requeued requests, or named apart: no clash)
+            # (not serving requeued requests, unnamed, or named apart: no clash)
             DurableIdempotencyMiddleware(make_app("twin"), layer, tenant="orders",
                                          recover_every_seconds=60, serve_requeued=False)
+            unnamed = DurableIdempotencyMiddleware(make_app("twin"), layer, tenant="orders",
+                                                   recover_every_seconds=60)
+            assert unnamed.recovery is not None and not unnamed.recovery.requeue_handlers
             DurableIdempotencyMiddleware(make_app("twin"), layer, tenant="orders",
                                          recover_every_seconds=60, name="orders-v2")
             # A request of the orders app, parked (as its orphan recovery parks it).
