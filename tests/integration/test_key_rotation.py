@@ -51,6 +51,18 @@ def new_config() -> Any:
     return rotation_config(NEW)
 
 
+def assert_the_delivery_under_the_new_secret_runs_once_flagged(store: durabilis.Store) -> None:
+    """A delivery of PAYLOAD on a replica already rotated (NEW, previous OLD)
+    runs ``fn`` once, told an earlier run may have had its effect."""
+    after = DurabilityLayer(store, rotation_config(NEW, OLD))
+    op = Counter(result="sent")
+    try:
+        assert after.execute("a1", "job", PAYLOAD, op) == "sent"
+        assert len(op.calls) == 1 and op.calls[0].recovered
+    finally:
+        after.close()
+
+
 def test_the_previous_secrets_are_never_shown_and_load_from_toml_and_the_environment(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -202,13 +214,7 @@ def test_an_alias_whose_worker_died_does_not_block_and_the_run_is_told_it_may_ha
     assert guard.check_and_record(old_key).is_new
     wait_until(lambda: (seen := guard.check(old_key)) is not None and seen.lease_expired,
                what="the dead claim's lease has run out")
-    after = DurabilityLayer(store, rotation_config(NEW, OLD))
-    op = Counter(result="sent")
-    try:
-        assert after.execute("a1", "job", PAYLOAD, op) == "sent"
-        assert len(op.calls) == 1 and op.calls[0].recovered
-    finally:
-        after.close()
+    assert_the_delivery_under_the_new_secret_runs_once_flagged(store)
 
 
 def test_a_run_interrupted_after_its_effect_under_the_old_secret_flags_the_delivery_under_the_new(
@@ -229,13 +235,7 @@ def test_a_run_interrupted_after_its_effect_under_the_old_secret_flags_the_deliv
     finally:
         before.close()
     assert len(effects) == 1
-    after = DurabilityLayer(store, rotation_config(NEW, OLD))
-    op = Counter(result="sent")
-    try:
-        assert after.execute("a1", "job", PAYLOAD, op) == "sent"
-        assert len(op.calls) == 1 and op.calls[0].recovered
-    finally:
-        after.close()
+    assert_the_delivery_under_the_new_secret_runs_once_flagged(store)
 
 
 def test_a_flagged_run_parked_under_the_other_secret_passes_the_mark_on_past_the_alias_s_expiry(
