@@ -1,0 +1,173 @@
+"""The asyncio shell: :class:`AsyncDeadLetterQueue` (the same methods, awaited)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from durabilis._steps import adrive
+from durabilis._store import AsyncStore
+from durabilis.dlq._plan import handler_plan
+from durabilis.dlq._shell import DlqShell
+from durabilis.dlq._types import (
+    CleanupReport,
+    DlqListing,
+    DlqRecord,
+    DlqStats,
+    DlqStatus,
+    ReplayResult,
+    ReplaySummary,
+    RequeueResult,
+)
+
+
+class AsyncDeadLetterQueue(DlqShell[AsyncStore]):
+    """The asyncio twin of :class:`DeadLetterQueue` (same methods, awaited).
+
+    Replay handlers may be plain functions or coroutine functions.
+    """
+
+    async def enqueue(  # noqa: PLR0917  (the seed's signature)
+        self,
+        agent_id: str,
+        operation_type: str,
+        original_operation: Any,
+        retry_count: int,
+        last_error: str | None,
+        ttl_seconds: float | None = None,
+        *,
+        metadata: Mapping[str, str] | None = None,
+        dlq_id: str | None = None,
+    ) -> str:
+        """See :meth:`DeadLetterQueue.enqueue`."""
+        call = self._ops.enqueue(
+            agent_id,
+            operation_type,
+            original_operation,
+            retry_count,
+            last_error,
+            ttl_seconds,
+            metadata=metadata,
+            dlq_id=dlq_id,
+        )
+        return self._ops.decode_enqueue(call, await self.store.run(call)).dlq_id
+
+    async def get(self, dlq_id: str) -> DlqRecord | None:
+        """See :meth:`DeadLetterQueue.get`."""
+        if not self._ops.known_id(dlq_id):
+            return None
+        return self._ops.decode_get([dlq_id], await self.store.run(self._ops.get([dlq_id])))[0]
+
+    async def list_pending(
+        self,
+        operation_type: str | None = None,
+        *,
+        limit: int | None = None,
+        after: str | DlqRecord | None = None,
+    ) -> list[DlqRecord]:
+        """See :meth:`DeadLetterQueue.list_pending`."""
+        plan = self._ops.list_pending_steps(operation_type, limit, after)
+        return await adrive(plan, self.store)
+
+    async def list_all(
+        self,
+        operation_type: str | None = None,
+        *,
+        limit: int | None = None,
+        after: str | DlqRecord | None = None,
+    ) -> DlqListing:
+        """See :meth:`DeadLetterQueue.list_all`."""
+        plan = self._ops.list_all_steps(operation_type, limit, after)
+        return await adrive(plan, self.store)
+
+    async def pending_count(self, operation_type: str | None = None) -> int:
+        """See :meth:`DeadLetterQueue.pending_count`."""
+        if operation_type is not None:
+            self._ops.name("operation_type", operation_type)
+        return (await self.stats()).pending_for(operation_type)
+
+    async def stats(self) -> DlqStats:
+        """See :meth:`DeadLetterQueue.stats`."""
+        return self._ops.decode_stats(await self.store.run(self._ops.stats()))
+
+    async def mark_replayed(self, dlq_id: str, *, replayed_by: str | None = None) -> bool:
+        """See :meth:`DeadLetterQueue.mark_replayed`."""
+        if not self._ops.known_id(dlq_id):
+            return False
+        call = self._ops.finish(dlq_id, DlqStatus.REPLAYED, by=replayed_by)
+        return self._ops.decode_finish(dlq_id, DlqStatus.REPLAYED, await self.store.run(call))
+
+    async def abandon(self, dlq_id: str, *, by: str | None = None) -> bool:
+        """See :meth:`DeadLetterQueue.abandon`."""
+        if not self._ops.known_id(dlq_id):
+            return False
+        call = self._ops.finish(dlq_id, DlqStatus.ABANDONED, by=by)
+        return self._ops.decode_finish(dlq_id, DlqStatus.ABANDONED, await self.store.run(call))
+
+    async def replay(
+        self, dlq_id: str, handler: Callable[[DlqRecord], Awaitable[object] | object]
+    ) -> ReplayResult:
+        """See :meth:`DeadLetterQueue.replay`."""
+        return await adrive(self._ops.replay_steps(dlq_id, handler_plan(handler)), self.store)
+
+    async def replay_pending(
+        self,
+        handler: Callable[[DlqRecord], Awaitable[object] | object],
+        operation_type: str | None = None,
+        limit: int | None = None,
+        max_per_second: float | None = None,
+        *,
+        requeued_only: bool = False,
+    ) -> ReplaySummary:
+        """See :meth:`DeadLetterQueue.replay_pending`."""
+        plan = self._ops.replay_pending_steps(
+            operation_type, limit, max_per_second, handler_plan(handler),
+            requeued_only=requeued_only,
+        )
+        return await adrive(plan, self.store)
+
+    async def cleanup_expired(self) -> int:
+        """See :meth:`DeadLetterQueue.cleanup_expired`."""
+        return await adrive(self._ops.cleanup_steps(), self.store)
+
+    async def cleanup_due(
+        self, every_seconds: float, *, holder: str | None = None
+    ) -> CleanupReport | None:
+        """See :meth:`DeadLetterQueue.cleanup_due`."""
+        return await adrive(self._ops.cleanup_due_steps(every_seconds, holder), self.store)
+
+    async def requeue(
+        self, dlq_ids: Sequence[str], *, by: str | None = None
+    ) -> list[RequeueResult]:
+        """See :meth:`DeadLetterQueue.requeue`."""
+        return await adrive(self._ops.requeue_steps(dlq_ids, by), self.store)
+
+    async def list_requeued(
+        self, operation_type: str | None = None, *, limit: int | None = None
+    ) -> list[DlqRecord]:
+        """See :meth:`DeadLetterQueue.list_requeued`."""
+        return await adrive(self._ops.list_requeued_steps(operation_type, limit), self.store)
+
+    async def replay_requeued(
+        self,
+        handlers: Mapping[str, Callable[[DlqRecord], Awaitable[object] | object]],
+        limit: int | None = None,
+        max_per_second: float | None = None,
+    ) -> ReplaySummary:
+        """See :meth:`DeadLetterQueue.replay_requeued`."""
+        plan = self._ops.replay_requeued_steps(
+            {op: handler_plan(h) for op, h in handlers.items()}, limit, max_per_second
+        )
+        return await adrive(plan, self.store)
+
+    async def abandon_many(
+        self, dlq_ids: Sequence[str], *, by: str | None = None
+    ) -> dict[str, bool]:
+        """See :meth:`DeadLetterQueue.abandon_many`."""
+        return await adrive(self._ops.abandon_steps(dlq_ids, by), self.store)
+
+    async def purge(
+        self, dlq_ids: Sequence[str], *, by: str | None = None, status: str | None = None
+    ) -> dict[str, str]:
+        """See :meth:`DeadLetterQueue.purge`."""
+        return await adrive(self._ops.purge_steps(dlq_ids, by, status), self.store)

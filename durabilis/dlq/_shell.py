@@ -1,0 +1,36 @@
+"""What the two shells share: the store, the settings, who replays, and the ops."""
+
+from __future__ import annotations
+
+from typing import Generic, TypeVar
+
+from durabilis._store import AsyncStore, Store
+from durabilis.dlq._records import default_owner
+from durabilis.dlq._replay import DlqOps
+from durabilis.dlq._types import DlqConfig
+
+S = TypeVar("S", Store, AsyncStore)
+
+
+class DlqShell(Generic[S]):
+    """The state of :class:`~durabilis.dlq.DeadLetterQueue` and of its asyncio
+    twin; their methods only build (``_ops``), do the I/O, and decode.
+
+    Args:
+        store: From :func:`durabilis.connect` (or ``connect_async``).
+        config: Settings; the seed's defaults when omitted.
+        replayer_id: Who this instance is when it replays (claims and
+            ``replayed_by``); ``host:pid:random`` when omitted.
+    """
+
+    def __init__(
+        self,
+        store: S,
+        config: DlqConfig | None = None,
+        *,
+        replayer_id: str | None = None,
+    ) -> None:
+        self.store: S = store
+        self.config = config or DlqConfig()
+        self.replayer_id = replayer_id or default_owner()
+        self._ops = DlqOps(store.keys, self.config, self.replayer_id)
