@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 import durabilis
 from benchmarks.bench_layer import DurableAsync, DurableSync
-from durabilis import IdempotencyGuard
+from durabilis.idempotency import IdempotencyGuard
 from durabilis.testing import start_redis_server
 from tests.support.cluster import LocalCluster
 

@@ -97,7 +97,7 @@ async def _rate(call: Callable[[], Awaitable[Any]], seconds: float) -> float:
 async def _measure(url: str, rounds: int, seconds: float) -> dict[str, Any]:
     from durabilis.http import DurableIdempotencyMiddleware  # noqa: PLC0415
 
-    store = durabilis.connect_async(url, namespace="bench-http")
+    store = durabilis.aio.connect(url, namespace="bench-http")
     layer = AsyncDurabilityLayer(store)
     bare = _app()
     guarded = DurableIdempotencyMiddleware(_app(), layer)

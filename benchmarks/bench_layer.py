@@ -37,8 +37,9 @@ from typing import Any
 
 import durabilis
 from benchmarks._harness import Workload
-from durabilis import AsyncDurabilityLayer, DurabilityLayer, OperationInProgress
+from durabilis import DurabilityLayer, OperationInProgress
 from durabilis._scripts import ScriptCall
+from durabilis.layer import AsyncDurabilityLayer
 
 NAMESPACE = "bench"
 TEXT = "x" * 100
@@ -90,7 +91,7 @@ class DurableAsync(Workload):
     is_async = True
 
     def __init__(self, url: str, index: int, *, concurrency: int = 1) -> None:
-        self.store = durabilis.connect_async(url, namespace=NAMESPACE)
+        self.store = durabilis.aio.connect(url, namespace=NAMESPACE)
         self.layer = AsyncDurabilityLayer(self.store)
         self.index = index
         self.concurrency = concurrency

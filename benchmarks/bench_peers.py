@@ -116,7 +116,7 @@ class DurabilisBreaker(Workload):
         import durabilis  # noqa: PLC0415
 
         self.store = durabilis.connect(url, namespace=NAMESPACE)
-        self.registry = durabilis.CircuitBreakerRegistry(self.store)
+        self.registry = durabilis.breaker.CircuitBreakerRegistry(self.store)
 
     def call(self) -> object:
         self.registry.call("memory_service", _noop)

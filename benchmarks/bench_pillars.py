@@ -36,13 +36,11 @@ import durabilis
 from benchmarks import bench_checkpoint_memory, bench_dlq
 from benchmarks._harness import CLIENT_OPTIONS, Workload, load, skipped
 from benchmarks.bench_layer import payload
-from durabilis import (
-    CheckpointManager,
-    CircuitBreakerRegistry,
-    DeadLetterQueue,
-    IdempotencyGuard,
-    IdempotencyKey,
-)
+from durabilis import IdempotencyKey
+from durabilis.breaker import CircuitBreakerRegistry
+from durabilis.checkpoint import CheckpointManager
+from durabilis.dlq import DeadLetterQueue
+from durabilis.idempotency import IdempotencyGuard
 
 NAMESPACE = "bench-pillars"
 RESULT = {"ok": True, "rev": 7}
@@ -192,7 +190,7 @@ class DlqReplay(DlqEnqueue):
         return None
 
 
-def _handled(record: durabilis.DlqRecord) -> None:
+def _handled(record: durabilis.dlq.DlqRecord) -> None:
     return None
 
 

@@ -33,6 +33,7 @@ import structlog
 import durabilis
 from durabilis import CircuitBreakerConfig, IdempotencyConfig, OperationError, RetryPolicy
 from durabilis._mask import mask_url
+from durabilis.dlq import DlqStatus
 from durabilis.errors import CheckpointNotFound
 from durabilis.layer import DurabilityConfig, DurabilityLayer, OperationContext
 
@@ -358,7 +359,7 @@ def read_report(store: durabilis.Store, tasks: list[str]) -> dict[str, Any]:
         "parked_in_dlq": dlq.total,  # the DLQ's records: one per parked operation
         "orphans_recovered": stats.recovered,
         "in_flight": stats.in_flight,
-        "dlq_replayed": dlq.by_status[durabilis.DlqStatus.REPLAYED],
+        "dlq_replayed": dlq.by_status[DlqStatus.REPLAYED],
         "dlq_pending": dlq.pending,
         "breaker_transitions": [
             {

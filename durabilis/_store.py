@@ -791,7 +791,7 @@ class Store(_StoreBase):
 
         ``"replicas:N"``: each script is followed, on its connection and in the
         same round trip, by ``WAIT N timeout_ms``; fewer confirmations within
-        ``timeout`` seconds raise :class:`~durabilis.NotReplicated` (the step
+        ``timeout`` seconds raise :class:`~durabilis.errors.NotReplicated` (the step
         counts as failed, its outcome unknown). ``"primary"``: no ``WAIT``.
 
         Raises:
@@ -1139,7 +1139,7 @@ class _Home:
 
 
 class AsyncStore(_StoreBase):
-    """The asyncio twin of :class:`Store` (built by :func:`durabilis.connect_async`)."""
+    """The asyncio twin of :class:`Store` (built by :func:`durabilis.aio.connect`)."""
 
     def __init__(self, client: Any, *, url: str, namespace: str, is_cluster: bool) -> None:
         super().__init__(client, url=url, namespace=namespace, is_cluster=is_cluster)

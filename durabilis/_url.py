@@ -4,7 +4,7 @@ redis-py raises a bare ``ValueError`` for some malformed URLs (a port out of
 range, an unclosed ``[``, ``?db=x``) and silently ignores others (``/x`` as the
 database, an unknown ``?option=`` handed to the connection as a string, query
 options of the cluster and Sentinel forms). :func:`check_url` refuses all of
-them with :class:`~durabilis.UnsupportedUrl` naming the problem, before any I/O.
+them with :class:`~durabilis.errors.UnsupportedUrl` naming the problem, before any I/O.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ carrying an ``Idempotency-Key`` runs ONCE across the whole fleet, following the
 IETF httpapi draft "The Idempotency-Key HTTP Header Field":
 
 - the first request runs the application; its complete response (status, the
-  headers you allow, body) is recorded by :class:`~durabilis.AsyncDurabilityLayer`
+  headers you allow, body) is recorded by :class:`~durabilis.aio.DurabilityLayer`
   before it is sent;
 - a duplicate with the same key and the same request (method, path, query, the
   fingerprinted headers, body) gets the stored response again, marked

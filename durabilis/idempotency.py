@@ -124,7 +124,7 @@ class IdempotencyKey:
         value: The key text.
         fingerprint: The payload's fingerprint for caller-supplied keys, checked
             on every claim (reuse with another payload raises
-            :class:`~durabilis.KeyReuseMismatch`); ``None`` for content keys.
+            :class:`~durabilis.errors.KeyReuseMismatch`); ``None`` for content keys.
     """
 
     value: str
@@ -182,7 +182,7 @@ class IdempotencyKey:
         its own: a content key never starts with ``%raw:`` (``%`` is escaped in
         its parts), so a caller cannot name another's content key. Bound to the
         payload's fingerprint (the key's own, else ``payload``'s): reusing it with
-        another payload raises :class:`~durabilis.KeyReuseMismatch`.
+        another payload raises :class:`~durabilis.errors.KeyReuseMismatch`.
 
         Raises:
             InvalidKey: An empty key or agent, or one that is not valid text.

@@ -20,7 +20,10 @@ import asyncio
 import functools
 import inspect
 import random
+import sys
 import time
+import types
+import warnings
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -383,7 +386,7 @@ class RetryEngine(_EngineBase):
 
     Raises:
         ConfigError: An invalid policy, or a budget without a store.
-        TypeError: An :class:`~durabilis.AsyncStore` (use :class:`AsyncRetryEngine`).
+        TypeError: An :class:`~durabilis.aio.Store` (use :class:`AsyncRetryEngine`).
     """
 
     def __init__(
@@ -503,7 +506,7 @@ class AsyncRetryEngine(_EngineBase):
     """The asyncio twin of :class:`RetryEngine` (``execute`` is a coroutine).
 
     Args:
-        store: An :class:`~durabilis.AsyncStore`, needed only by budgeted policies.
+        store: An :class:`~durabilis.aio.Store`, needed only by budgeted policies.
         policies: As :class:`RetryEngine`.
         sleep: An async sleep (``asyncio.sleep``).
         clock: As :class:`RetryEngine`.
@@ -679,3 +682,32 @@ def retry(
         return cast(F, run)
 
     return decorate
+
+
+class _CallableModule(types.ModuleType):
+    """This module, callable as the decorator it shadowed in durabilis 0.1.
+
+    0.1 exported :func:`retry` from the front door, where it hid this module
+    (``durabilis.retry`` was the function). Now ``durabilis.retry`` is the
+    module; ``from durabilis import retry`` then ``@retry("mcp_call")`` keeps
+    working for one release, with a ``DeprecationWarning``. Remove with the
+    other moved names (``durabilis._MOVED``).
+    """
+
+    def __call__(
+        self,
+        operation_type: str,
+        *,
+        engine: RetryEngine | AsyncRetryEngine | None = None,
+        deadline_seconds: float | None = None,
+    ) -> Callable[[F], F]:
+        warnings.warn(
+            "durabilis.retry is deprecated as the decorator (it is the module): use "
+            "`from durabilis.retry import retry`",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return retry(operation_type, engine=engine, deadline_seconds=deadline_seconds)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -24,15 +24,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-import durabilis
+from durabilis import aio
 from durabilis.http import DurableIdempotencyMiddleware
-from durabilis.layer import AsyncDurabilityLayer
 
 
 def create_app() -> Any:
     """uvicorn's factory (``--factory``): one layer per worker process."""
-    store = durabilis.connect_async(namespace=os.environ.get("DURABILIS_NAMESPACE", "gateway"))
-    layer = AsyncDurabilityLayer(store)  # gateway defaults: one "*" retry policy
+    store = aio.connect(namespace=os.environ.get("DURABILIS_NAMESPACE", "gateway"))
+    layer = aio.DurabilityLayer(store)  # gateway defaults: one "*" retry policy
     ledger = f"{store.namespace}:example:ledger"
 
     async def pay(request: Request) -> Response:

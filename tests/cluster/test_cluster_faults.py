@@ -14,7 +14,7 @@ import time
 import pytest
 
 import durabilis
-from durabilis import IdempotencyGuard
+from durabilis.idempotency import IdempotencyGuard
 from tests.support import figures
 from tests.support.cluster import LocalCluster
 from tests.support.slots import crowded_slot, slot_of

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import durabilis
-from durabilis import IdempotencyGuard, New
+from durabilis.idempotency import IdempotencyGuard, New
 from durabilis.testing import RedisServer
 from tests.support import figures
 from tests.support.workload import LoadResult, run_load, stored_records_disagreeing

@@ -9,7 +9,8 @@ import pytest
 import redis
 
 import durabilis
-from durabilis import IdempotencyGuard, StorageUnavailable
+from durabilis import StorageUnavailable
+from durabilis.idempotency import IdempotencyGuard
 from durabilis.testing import free_port
 
 
@@ -27,7 +28,7 @@ def test_with_redis_down_a_claim_raises_storage_unavailable_and_nothing_runs(sch
         store = durabilis.connect(f"{scheme}://{nobody_listens()}", namespace="down",
                                   socket_connect_timeout=0.5, socket_timeout=0.5)
         try:
-            if isinstance(IdempotencyGuard(store).check_and_record("k"), durabilis.New):
+            if isinstance(IdempotencyGuard(store).check_and_record("k"), durabilis.idempotency.New):
                 ran.append("the operation")
         finally:
             store.close()
@@ -39,10 +40,10 @@ def test_with_redis_down_a_claim_raises_storage_unavailable_and_nothing_runs(sch
 @pytest.mark.parametrize("scheme", ["redis", "redis+cluster"])
 def test_with_redis_down_the_async_guard_raises_storage_unavailable(scheme: str) -> None:
     async def claim() -> None:
-        store = durabilis.connect_async(f"{scheme}://{nobody_listens()}", namespace="down",
-                                        socket_connect_timeout=0.5, socket_timeout=0.5)
+        store = durabilis.aio.connect(f"{scheme}://{nobody_listens()}", namespace="down",
+                                      socket_connect_timeout=0.5, socket_timeout=0.5)
         try:
-            await durabilis.AsyncIdempotencyGuard(store).check_and_record("k")
+            await durabilis.aio.IdempotencyGuard(store).check_and_record("k")
         finally:
             await store.close()
 

@@ -16,8 +16,9 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 import durabilis
-from durabilis import CircuitOpen, ConfigError, DependencyNotFound, DurabilisError
+from durabilis import CircuitOpen, ConfigError, DurabilisError
 from durabilis.breaker import BreakerState, CircuitBreakerConfig, CircuitBreakerRegistry
+from durabilis.errors import DependencyNotFound
 from tests.support.garbage import (
     KINDS,
     as_the_pillar_wrote_it,

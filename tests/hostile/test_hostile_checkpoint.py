@@ -17,15 +17,9 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 import durabilis
-from durabilis import (
-    CheckpointConfig,
-    CheckpointManager,
-    CheckpointNotFound,
-    ConfigError,
-    DurabilisError,
-    InvalidKey,
-    InvalidPayload,
-)
+from durabilis import CheckpointConfig, ConfigError, DurabilisError
+from durabilis.checkpoint import CheckpointManager
+from durabilis.errors import CheckpointNotFound, InvalidKey, InvalidPayload
 from tests.support.garbage import (
     KINDS,
     as_the_pillar_wrote_it,
@@ -104,7 +98,9 @@ def test_any_checkpoint_id_is_found_or_not_found_or_an_invalid_key(
         lambda: manager.rewind(f"task-{next(_fresh)}", checkpoint_id),
         lambda: manager.save("t", "a", "p", 1, expected_checkpoint_id=checkpoint_id),
     ):
-        with contextlib.suppress(CheckpointNotFound, InvalidKey, durabilis.CheckpointConflict):
+        with contextlib.suppress(
+            CheckpointNotFound, InvalidKey, durabilis.errors.CheckpointConflict
+        ):
             call()
 
 
@@ -147,7 +143,7 @@ def test_any_ttl_and_config_are_refused_as_typed_errors_or_saved_with_a_ttl(
     task = f"ttl-{next(_fresh)}"
     try:
         saved = manager.save(task, "agent", "phase", "s", ttl)
-    except (ConfigError, durabilis.PayloadTooLarge):
+    except (ConfigError, durabilis.errors.PayloadTooLarge):
         return
     assert saved.expires_at >= saved.created_at
     keys = [k for k in keys_of_namespace(raw, namespace) if task in k or "rec" in k]

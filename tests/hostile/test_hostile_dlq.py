@@ -83,7 +83,8 @@ def test_any_enqueue_arguments_are_parked_and_read_back_or_refused_before_any_wr
         dlq_id = dlq.enqueue(agent, op_type, {"n": 1}, retry_count, error, ttl,
                              metadata=metadata)
     except DurabilisError as exc:
-        assert not isinstance(exc, (durabilis.StorageUnavailable, durabilis.CorruptData)), exc
+        refusals = (durabilis.StorageUnavailable, durabilis.errors.CorruptData)
+        assert not isinstance(exc, refusals), exc
         assert keys_now(raw, namespace) == before  # refused before any write
         return
     record = dlq.get(dlq_id)
@@ -106,7 +107,7 @@ def test_any_operation_round_trips_or_is_invalid_payload_before_any_write(
     before = keys_now(raw, namespace)
     try:
         dlq_id = dlq.enqueue("agent", "memory_write", operation, 3, "e")
-    except (durabilis.InvalidPayload, durabilis.PayloadTooLarge):
+    except (durabilis.errors.InvalidPayload, durabilis.errors.PayloadTooLarge):
         assert keys_now(raw, namespace) == before
         return
     record = dlq.get(dlq_id)
@@ -136,7 +137,7 @@ def test_any_dlq_id_is_found_or_not_or_refused_as_a_typed_error(
     assert seen[0] is None and seen[1] is False and seen[2] is False
     try:  # an id chosen by the caller: enqueue is idempotent on it, or refuses it
         first = dlq.enqueue("a", "t", 1, 1, "e", dlq_id=dlq_id)
-    except durabilis.InvalidKey:
+    except durabilis.errors.InvalidKey:
         return
     assert dlq.enqueue("a", "t", 2, 1, "e", dlq_id=dlq_id) == first == dlq_id
     assert dlq.get(dlq_id).original_operation == 1  # type: ignore[union-attr]
@@ -157,7 +158,8 @@ def test_any_dlq_config_is_refused_naming_a_field_or_works_end_to_end(
         return
     try:
         dlq_id = dlq.enqueue(f"a-{next(_fresh)}", "t", {"n": 1}, 1, "e")
-    except (durabilis.PayloadTooLarge, durabilis.InvalidKey):  # over the configured limits
+    # over the configured limits
+    except (durabilis.errors.PayloadTooLarge, durabilis.errors.InvalidKey):
         return
     # (a record living a few ms may be gone already: not found, never an error)
     assert dlq.replay(dlq_id, lambda r: None).replayed or dlq.config.default_ttl_seconds < 1

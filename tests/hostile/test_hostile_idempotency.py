@@ -19,23 +19,17 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 import durabilis
-from durabilis import (
-    ConfigError,
-    CorruptData,
-    Duplicate,
-    DurabilisError,
-    IdempotencyConfig,
-    IdempotencyGuard,
-    IdempotencyKey,
-    InvalidKey,
-    InvalidPayload,
-    LeaseLost,
-    New,
-    PayloadTooLarge,
-)
+from durabilis import ConfigError, DurabilisError, IdempotencyConfig, IdempotencyKey
 from durabilis._keys import KeySpace
 from durabilis._limits import MAX_KEY_LENGTH, MAX_LEASE_SECONDS
-from durabilis.idempotency import MAX_VALUE_BYTES, MAX_WINDOW_SECONDS
+from durabilis.errors import CorruptData, InvalidKey, InvalidPayload, LeaseLost, PayloadTooLarge
+from durabilis.idempotency import (
+    MAX_VALUE_BYTES,
+    MAX_WINDOW_SECONDS,
+    Duplicate,
+    IdempotencyGuard,
+    New,
+)
 from tests.support.garbage import (
     KINDS,
     keys_of_namespace,

@@ -234,7 +234,7 @@ def test_foreign_members_in_the_in_flight_index_never_block_the_recovery_of_real
             durabilis.IdempotencyKey("orphan"),
             store.run(ops.claim(durabilis.IdempotencyKey("orphan"), "a dead worker's", b"", "n1")),
         )
-        assert isinstance(claim, durabilis.New)
+        assert isinstance(claim, durabilis.idempotency.New)
         store.run(layer._core._note("add", [layer._core.member("orphan", "n1")]))
         raw.zadd(index, {b"\xff\xfe not text": 0, b"": 1, "gone-key": 2})
         time.sleep(0.3)  # the dead worker's lease ends

@@ -15,8 +15,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 import durabilis
-from durabilis import ConfigError, DurabilisError, OperationError, RetryBudget, RetryPolicy
-from durabilis.retry import RetryEngine
+from durabilis import ConfigError, DurabilisError, OperationError, RetryPolicy
+from durabilis.retry import RetryBudget, RetryEngine
 from durabilis.testing import instant_retries
 from tests.support.garbage import (
     KINDS,
@@ -144,7 +144,7 @@ def test_every_redis_type_at_the_budget_key_is_corrupt_data_and_left_untouched(
     plant(raw, keys[0], kind)
     before = snapshot(raw, keys)
     seen = every_call(engine, op_type)
-    assert all(isinstance(o, durabilis.CorruptData) and o.key == keys[0] for o in seen)
+    assert all(isinstance(o, durabilis.errors.CorruptData) and o.key == keys[0] for o in seen)
     assert untouched_or_valid(raw, before, as_the_pillar_wrote_it(shape)) == []
 
 

@@ -31,7 +31,7 @@ def build(
 ) -> tuple[DurableIdempotencyMiddleware, Any]:
     """The middleware-wrapped app and the Redis client its handlers count with
     (the layer's store's client: closed with ``mw.layer.store``)."""
-    store = durabilis.connect_async(url, namespace=namespace)
+    store = durabilis.aio.connect(url, namespace=namespace)
     layer = AsyncDurabilityLayer(store, DurabilityConfig(
         idempotency=IdempotencyConfig(in_progress_ttl_seconds=lease)))
     raw = store.client  # redis-py's own client (plain or Cluster): the effects' counter

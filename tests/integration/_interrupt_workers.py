@@ -83,7 +83,7 @@ def flush_in_child(layer: DurabilityLayer) -> None:
 
 
 def async_store_in_child(
-    store: durabilis.AsyncStore, fresh_url: str, namespace: str, marks: str
+    store: durabilis.aio.Store, fresh_url: str, namespace: str, marks: str
 ) -> None:
     """A forked child: the parent's asyncio store is refused; one of its own works."""
     import asyncio
@@ -93,9 +93,9 @@ def async_store_in_child(
     async def main() -> None:
         try:
             await store.ping()
-        except durabilis.WrongEventLoop as exc:
+        except durabilis.errors.WrongEventLoop as exc:
             raw.rpush(marks, f"refused|{exc}")
-        mine = durabilis.connect_async(fresh_url, namespace=namespace)
+        mine = durabilis.aio.connect(fresh_url, namespace=namespace)
         raw.rpush(marks, f"own|{await mine.ping()}")
         await mine.close()
 

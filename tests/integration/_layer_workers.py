@@ -38,7 +38,8 @@ class Ledger:
         self.r = raw_client(url)
         self.prefix = f"{namespace}:ledger:{run}"
         self.who = who
-        self.guard = durabilis.IdempotencyGuard(durabilis.connect(url, namespace=namespace))
+        store = durabilis.connect(url, namespace=namespace)
+        self.guard = durabilis.idempotency.IdempotencyGuard(store)
         self.rng = random.Random()
 
     def __call__(self, ctx: OperationContext) -> Any:

@@ -57,7 +57,7 @@ def effect_handler(url: str, namespace: str, pause: float = 0.0) -> Any:
 
 
 async def serve(url: str, namespace: str, name: str) -> None:
-    store = durabilis.connect_async(url, namespace=namespace)
+    store = durabilis.aio.connect(url, namespace=namespace)
     layer = AsyncDurabilityLayer(store, fleet_config(), replica_id=name)
     recovery = OrphanRecovery(
         layer, every_seconds=60, dlq_cleanup_every_seconds=None,

@@ -13,7 +13,8 @@ import pytest
 import redis
 
 import durabilis
-from durabilis import Duplicate, DurabilisError, IdempotencyGuard, New, StorageUnavailable
+from durabilis import DurabilisError, StorageUnavailable
+from durabilis.idempotency import Duplicate, IdempotencyGuard, New
 from durabilis.testing import RedisServer, free_port, isolated_namespace
 from tests.support.acl import rules_for
 
@@ -128,9 +129,9 @@ def test_everything_works_under_the_documented_acl_user_limited_to_the_namespace
         layer_flow(store)
 
     async def async_flow() -> None:
-        store = durabilis.connect_async(url, namespace=namespace)
+        store = durabilis.aio.connect(url, namespace=namespace)
         try:
-            guard = durabilis.AsyncIdempotencyGuard(store)
+            guard = durabilis.aio.IdempotencyGuard(store)
             claim = await guard.check_and_record("async-order")
             assert isinstance(claim, New)
             await guard.record("async-order", "ok", token=claim.token)

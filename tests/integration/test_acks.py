@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 
 import durabilis
-from durabilis import AsyncDurabilityLayer, DurabilityLayer, NotReplicated
+from durabilis import DurabilityLayer
+from durabilis.errors import NotReplicated
+from durabilis.layer import AsyncDurabilityLayer
 from tests.integration._layer_support import Counter, fast_config
 from tests.support.backends import keys_matching
 
@@ -111,16 +113,18 @@ def test_dlq_records_and_checkpoints_wait_for_the_replicas_too(
                               acks=f"replicas:{have + 1}", acks_timeout=0.05)
     try:
         with pytest.raises(NotReplicated):
-            durabilis.DeadLetterQueue(store).enqueue("a1", "job", {"x": 1}, 3, "boom")
+            durabilis.dlq.DeadLetterQueue(store).enqueue("a1", "job", {"x": 1}, 3, "boom")
         with pytest.raises(NotReplicated):
-            durabilis.CheckpointManager(store).save("task-1", "a1", "phase-1", {"k": 1})
+            durabilis.checkpoint.CheckpointManager(store).save("task-1", "a1", "phase-1", {"k": 1})
         if have:
             confirmed = store.with_acks(f"replicas:{have}")
             before = _waits(raw, backend)
-            dlq_id = durabilis.DeadLetterQueue(confirmed).enqueue("a1", "job", {"x": 1}, 3, "boom")
-            record = durabilis.DeadLetterQueue(store).get(dlq_id)
+            dlq_id = durabilis.dlq.DeadLetterQueue(confirmed).enqueue(
+                "a1", "job", {"x": 1}, 3, "boom")
+            record = durabilis.dlq.DeadLetterQueue(store).get(dlq_id)
             assert record is not None and record.last_error == "boom"
-            saved = durabilis.CheckpointManager(confirmed).save("task-1", "a1", "phase-1", {"k": 1})
+            saved = durabilis.checkpoint.CheckpointManager(confirmed).save(
+                "task-1", "a1", "phase-1", {"k": 1})
             assert saved.phase == "phase-1"
             assert _waits(raw, backend) - before >= 2
     finally:
@@ -135,7 +139,7 @@ def test_the_async_twin_fails_closed_and_confirms_alike(
     refused_waits: list[int] = []
 
     async def main() -> list[str]:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
+        store = durabilis.aio.connect(redis_url, namespace=namespace)
         strict = AsyncDurabilityLayer(store, fast_config(acks=f"replicas:{have + 1}",
                                                          acks_timeout_seconds=0.05))
         ran: list[str] = []
@@ -192,8 +196,8 @@ def test_fsync_acks_on_a_redis_without_waitaof_is_refused_before_any_write(
         assert keys_matching(raw, f"{namespace}:*") == []  # nothing written
 
         async def twin() -> None:
-            astore = durabilis.connect_async(redis_url, namespace=namespace,
-                                             acks="replicas:1+fsync")
+            astore = durabilis.aio.connect(redis_url, namespace=namespace,
+                                           acks="replicas:1+fsync")
             try:
                 with pytest.raises(durabilis.ConfigError, match="WAITAOF"):
                     await AsyncDurabilityLayer(astore, fast_config()).execute(

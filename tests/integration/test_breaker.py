@@ -376,7 +376,7 @@ def test_unknown_dependency_raises_dependency_not_found(store: durabilis.Store) 
         lambda: registry.force_open("nope"),
         lambda: registry.guard("nope"),
     ):
-        with pytest.raises(durabilis.DependencyNotFound) as raised:
+        with pytest.raises(durabilis.errors.DependencyNotFound) as raised:
             call()
         assert raised.value.dependency == "nope"
 
@@ -607,7 +607,7 @@ def test_foreign_state_is_a_typed_error_naming_the_key(
         lambda: registry.state_info("dep"),
         lambda: registry.force_close("dep"),
     ):
-        with pytest.raises(durabilis.CorruptData) as raised:
+        with pytest.raises(durabilis.errors.CorruptData) as raised:
             call()
         assert raised.value.key == key
 
@@ -617,13 +617,13 @@ def test_a_foreign_window_or_events_key_is_named_in_the_error(
 ) -> None:
     registry = make(store)
     raw.set(store.keys.breaker_window("dep"), "not a zset")
-    with pytest.raises(durabilis.CorruptData) as raised:
+    with pytest.raises(durabilis.errors.CorruptData) as raised:
         report(registry, "F")
     assert raised.value.key == store.keys.breaker_window("dep")
     raw.delete(store.keys.breaker_window("dep"))
     raw.set(store.keys.breaker_events("dep"), "not a stream")
     report(registry, "FFF")
-    with pytest.raises(durabilis.CorruptData) as raised:
+    with pytest.raises(durabilis.errors.CorruptData) as raised:
         report(registry, "F")  # this one would trip: the transition needs the stream
     assert raised.value.key == store.keys.breaker_events("dep")
     assert registry.state("dep") is CLOSED
@@ -641,7 +641,7 @@ def test_default_registry_has_the_seed_breakers(store: durabilis.Store) -> None:
 
 def test_async_twin_trips_probes_and_recovers(redis_url: str, namespace: str) -> None:
     async def scenario() -> None:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
+        store = durabilis.aio.connect(redis_url, namespace=namespace)
         try:
             registry = AsyncCircuitBreakerRegistry(
                 store, [cfg(probe_success_required=1)], replica_id="async"
@@ -688,7 +688,7 @@ def test_async_twin_trips_probes_and_recovers(redis_url: str, namespace: str) ->
 
 def test_async_cancelled_probe_frees_its_slot(redis_url: str, namespace: str) -> None:
     async def scenario() -> None:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
+        store = durabilis.aio.connect(redis_url, namespace=namespace)
         try:
             registry = AsyncCircuitBreakerRegistry(store, [cfg(probe_success_required=1)])
             await registry.force_open("dep")
@@ -747,7 +747,7 @@ def test_async_a_probe_admission_cancelled_in_flight_frees_the_slot_it_took(
     redis_url: str, namespace: str
 ) -> None:
     async def scenario() -> None:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
+        store = durabilis.aio.connect(redis_url, namespace=namespace)
         try:
             registry = AsyncCircuitBreakerRegistry(
                 store, [cfg(probe_success_required=1, probe_timeout_seconds=30)])

@@ -107,10 +107,10 @@ def test_async_registry_caches_the_same_way(redis_url: str, namespace: str) -> N
     import asyncio
 
     async def main() -> tuple[int, Any]:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
+        store = durabilis.aio.connect(redis_url, namespace=namespace)
         sync = durabilis.connect(redis_url, namespace=namespace)
         try:
-            mine = durabilis.AsyncCircuitBreakerRegistry(store, (CONFIG,))
+            mine = durabilis.aio.CircuitBreakerRegistry(store, (CONFIG,))
             other = CircuitBreakerRegistry(sync, (CONFIG,))
 
             async def noop() -> None:

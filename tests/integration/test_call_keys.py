@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 import durabilis
-from durabilis import IdempotencyKey, InvalidKey, OperationError, RetryExhausted
+from durabilis import IdempotencyKey, OperationError, RetryExhausted
 from durabilis.dlq import DlqConfig
+from durabilis.errors import InvalidKey
 from durabilis.layer import (
     AsyncDurabilityLayer,
     DurabilityLayer,
@@ -138,7 +139,7 @@ def test_durable_keys_the_call_not_its_spelling(layer: DurabilityLayer) -> None:
 
 def test_async_durable_keys_the_call_not_its_spelling(redis_url: str, namespace: str) -> None:
     async def main() -> None:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
+        store = durabilis.aio.connect(redis_url, namespace=namespace)
         layer = AsyncDurabilityLayer(store, fast_config())
         ran: list[OperationContext | None] = []
 

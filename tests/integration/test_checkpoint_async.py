@@ -17,7 +17,7 @@ pytestmark = pytest.mark.topologies("cluster")
 
 def run(redis_url: str, namespace: str, body: Any, config: CheckpointConfig | None = None) -> Any:
     async def main() -> Any:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
+        store = durabilis.aio.connect(redis_url, namespace=namespace)
         try:
             return await body(AsyncCheckpointManager(store, config))
         finally:

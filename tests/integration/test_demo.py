@@ -43,11 +43,11 @@ def test_demo_exits_0_on_the_embedded_default_and_its_report_matches_redis(
         # The layer's count of parked operations is the DLQ's count of records.
         assert again["parked"] == again["parked_in_dlq"]
         # One record per operation: its parkings (deliveries) add up to the layer's count.
-        records, _ = durabilis.DeadLetterQueue(store).list_all()
+        records, _ = durabilis.dlq.DeadLetterQueue(store).list_all()
         assert sum(r.parkings for r in records) == again["parkings"] >= again["parked_in_dlq"]
         assert {t["to"] for t in again["breaker_transitions"]} >= {"open", "closed"}
         assert again["tasks_resumed_from_checkpoint"] > 0
-        checkpoint = durabilis.CheckpointManager(store).restore("page-000", AGENT)
+        checkpoint = durabilis.checkpoint.CheckpointManager(store).restore("page-000", AGENT)
         assert checkpoint.phase == "publish"
     finally:
         store.close()

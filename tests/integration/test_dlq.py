@@ -575,7 +575,7 @@ def test_enqueue_calls_pipeline_with_other_scripts_in_one_round_trip(
     store: durabilis.Store,
 ) -> None:
     o = _DlqOps(store.keys, DlqConfig(), "layer")
-    guard = durabilis.IdempotencyGuard(store)
+    guard = durabilis.idempotency.IdempotencyGuard(store)
     call = o.enqueue("a", "wiki_write", {"x": 1}, 3, "e", metadata={"idempotency_key": "k"})
     idem_key = durabilis.IdempotencyKey.from_raw("k")
     replies = store.run_many([call, guard._ops.check(idem_key)])
@@ -615,7 +615,7 @@ def test_the_async_twin_enqueues_lists_replays_and_cleans_up(
     redis_url: str, namespace: str
 ) -> None:
     async def scenario() -> None:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
+        store = durabilis.aio.connect(redis_url, namespace=namespace)
         try:
             dlq = AsyncDeadLetterQueue(store, replayer_id="async-replayer")
             ids = [await dlq.enqueue("a", "wiki_write", {"i": i}, 1, "e") for i in range(3)]
@@ -658,7 +658,7 @@ def run_async_dlq(
 ) -> None:
     """``await body(dlq, store)`` with an AsyncDeadLetterQueue on its own store."""
     async def main() -> None:
-        store = durabilis.connect_async(redis_url, namespace=namespace, **store_options)
+        store = durabilis.aio.connect(redis_url, namespace=namespace, **store_options)
         try:
             await body(AsyncDeadLetterQueue(store, config, replayer_id="async-replayer"), store)
         finally:
@@ -828,7 +828,7 @@ def test_a_note_that_cannot_be_sent_is_given_up_after_the_resend_limit_not_the_c
 ) -> None:
     # While Redis cannot take the note, a signal or a cancellation waits: for
     # at most _RESEND_SECONDS (30 s), not the claim's 300 s.
-    monkeypatch.setattr(durabilis.dlq, "_RESEND_SECONDS", 0.5)
+    monkeypatch.setattr(durabilis.dlq._replay, "_RESEND_SECONDS", 0.5)
     (dlq_id,) = park(dlq, 1)
     lose_replies(store, "dlq_finish", landed=False, times=1000)
     began = time.monotonic()

@@ -76,7 +76,7 @@ def test_expired_pending_records_are_reported_by_the_scheduled_cleanup_once_acro
     metrics = DurabilisMetrics(registry)
 
     async def main() -> list[Any]:
-        layers = [AsyncDurabilityLayer(durabilis.connect_async(redis_url, namespace=namespace))
+        layers = [AsyncDurabilityLayer(durabilis.aio.connect(redis_url, namespace=namespace))
                   for _ in range(2)]
         runs = [OrphanRecovery(x, every_seconds=0.05, dlq_cleanup_every_seconds=0.05,
                                holder=f"r{i}") for i, x in enumerate(layers)]

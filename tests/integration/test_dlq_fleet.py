@@ -173,7 +173,7 @@ reset_timeout_seconds = 60
         assert not log.exists()  # no handler ran
         for dlq_id in ids:
             record = layer.dlq.get(dlq_id)
-            assert record is not None and record.status is durabilis.DlqStatus.PENDING
+            assert record is not None and record.status is durabilis.dlq.DlqStatus.PENDING
             assert record.replay_attempts == 0 and record.claimed_by is None
             assert record.last_error == "NETWORK_TIMEOUT: ledger down"  # not "CircuitOpen"
         layer.breakers.force_close("svc")

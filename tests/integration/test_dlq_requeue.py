@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 import durabilis
-from durabilis import DlqStatus, OperationError
+from durabilis import OperationError
 from durabilis.cli import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE
-from durabilis.dlq import ReplayOutcome
+from durabilis.dlq import DlqStatus, ReplayOutcome
 from durabilis.layer import DurabilityConfig, DurabilityLayer, OperationContext
 from durabilis.testing import instant_retries
 from tests.integration._dlq_fleet_workers import fleet_config
@@ -253,7 +253,7 @@ def test_bulk_abandon_and_purge_act_on_their_filter_only_and_refuse_without_conf
 def test_requeue_prune_purge_and_bulk_abandon_scripts_keep_every_index_straight(
     store: durabilis.Store, raw: Any,
 ) -> None:
-    dlq = durabilis.DeadLetterQueue(store)
+    dlq = durabilis.dlq.DeadLetterQueue(store)
     short = dlq.enqueue("agent-1", "job", {"n": 0}, 1, "NETWORK_TIMEOUT: x", ttl_seconds=0.3)
     held, kept, done = (dlq.enqueue("agent-1", "job", {"n": i}, 1, "NETWORK_TIMEOUT: x")
                         for i in (1, 2, 3))
@@ -285,14 +285,14 @@ def test_the_async_twin_requeues_and_replays_with_a_coroutine_handler(
     redis_url: str, namespace: str,
 ) -> None:
     async def main() -> list[str]:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
-        dlq = durabilis.AsyncDeadLetterQueue(store)
+        store = durabilis.aio.connect(redis_url, namespace=namespace)
+        dlq = durabilis.aio.DeadLetterQueue(store)
         dlq_id = await dlq.enqueue("agent-1", "job", {"n": 1}, 1, "NETWORK_TIMEOUT: x")
         assert [r.outcome for r in await dlq.requeue([dlq_id])] == ["requeued"]
         assert [r.dlq_id for r in await dlq.list_requeued("job")] == [dlq_id]
         seen: list[str] = []
 
-        async def handler(record: durabilis.DlqRecord) -> None:
+        async def handler(record: durabilis.dlq.DlqRecord) -> None:
             seen.append(record.dlq_id)
 
         summary = await dlq.replay_requeued({"job": handler})
@@ -304,7 +304,7 @@ def test_the_async_twin_requeues_and_replays_with_a_coroutine_handler(
     assert len(asyncio.run(main())) == 1
 
 
-def _failing(record: durabilis.DlqRecord) -> None:
+def _failing(record: durabilis.dlq.DlqRecord) -> None:
     raise RuntimeError("downstream still rejects")
 
 
@@ -312,7 +312,7 @@ def _failing(record: durabilis.DlqRecord) -> None:
 def test_a_record_parked_again_under_an_expired_requeued_records_id_is_not_replayed(
     store: durabilis.Store, raw: Any,
 ) -> None:
-    dlq = durabilis.DeadLetterQueue(store)
+    dlq = durabilis.dlq.DeadLetterQueue(store)
     rid = "order-1-rec"
     dlq.enqueue("agent-1", "charge", {"order": 1}, 3, "TIMEOUT", ttl_seconds=0.3, dlq_id=rid)
     assert [r.outcome for r in dlq.requeue([rid], by="ops")] == ["requeued"]
@@ -332,7 +332,7 @@ def test_a_record_parked_again_under_an_expired_requeued_records_id_is_not_repla
 def test_an_index_entry_of_an_unmarked_record_is_never_replayed_and_is_pruned(
     store: durabilis.Store, raw: Any,
 ) -> None:
-    dlq = durabilis.DeadLetterQueue(store)
+    dlq = durabilis.dlq.DeadLetterQueue(store)
     rid = dlq.enqueue("agent-1", "charge", {"order": 1}, 3, "TIMEOUT")
     assert [r.outcome for r in dlq.requeue([rid], by="ops")] == ["requeued"]
     # An entry left behind by an older incarnation: the record no longer carries the mark.
@@ -355,7 +355,7 @@ def test_an_index_entry_of_an_unmarked_record_is_never_replayed_and_is_pruned(
 def test_a_filled_in_requeued_record_moves_its_index_entry_and_a_failure_ends_the_mark(
     store: durabilis.Store, raw: Any,
 ) -> None:
-    dlq = durabilis.DeadLetterQueue(store)
+    dlq = durabilis.dlq.DeadLetterQueue(store)
     ops = dlq._ops
     key = "agent-1:charge:" + "a" * 32
 
@@ -386,7 +386,7 @@ def test_a_filled_in_requeued_record_moves_its_index_entry_and_a_failure_ends_th
 def test_a_claim_that_extends_a_marked_records_life_extends_the_requeue_index(
     store: durabilis.Store, raw: Any,
 ) -> None:
-    dlq = durabilis.DeadLetterQueue(store)
+    dlq = durabilis.dlq.DeadLetterQueue(store)
     ops = dlq._ops
     rid = dlq.enqueue("agent-1", "charge", {"order": 1}, 3, "TIMEOUT", ttl_seconds=5)
     assert [r.outcome for r in dlq.requeue([rid], by="ops")] == ["requeued"]
@@ -399,7 +399,7 @@ def test_a_claim_that_extends_a_marked_records_life_extends_the_requeue_index(
 def test_abandon_refuses_a_record_a_running_replay_holds_as_purge_does(
     store: durabilis.Store, raw: Any,
 ) -> None:
-    dlq = durabilis.DeadLetterQueue(store)
+    dlq = durabilis.dlq.DeadLetterQueue(store)
     held, free = (dlq.enqueue("agent-1", "job", {"n": i}, 1, "NETWORK_TIMEOUT: x")
                   for i in (1, 2))
     claim = store.run(dlq._ops.claim(held))

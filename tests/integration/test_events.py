@@ -15,15 +15,9 @@ import structlog
 from structlog.testing import capture_logs
 
 import durabilis
-from durabilis import (
-    CheckpointManager,
-    CircuitBreakerConfig,
-    CircuitBreakerRegistry,
-    IdempotencyConfig,
-    OperationError,
-    RetryEngine,
-    RetryPolicy,
-)
+from durabilis import CircuitBreakerConfig, IdempotencyConfig, OperationError, RetryPolicy
+from durabilis.breaker import CircuitBreakerRegistry
+from durabilis.checkpoint import CheckpointManager
 from durabilis.config import ConfigSync
 from durabilis.events import (
     AUDIT_EVENTS,
@@ -34,6 +28,7 @@ from durabilis.events import (
     redaction_enabled,
 )
 from durabilis.layer import DurabilityConfig, DurabilityLayer, OperationContext
+from durabilis.retry import RetryEngine
 from durabilis.testing import instant_retries
 
 POLICY = RetryPolicy(

@@ -94,11 +94,11 @@ def test_install_counts_every_event_even_those_the_logger_level_keeps_out(
     gate = logging.getLogger("durabilis")
     level = gate.level
     try:
-        durabilis.CheckpointManager(store).save("t", "a", "p", 1)
+        durabilis.checkpoint.CheckpointManager(store).save("t", "a", "p", 1)
         assert registry.get_sample_value("durabilis_checkpoint_saves_total") == 1
         assert "durability_checkpoint_saved" in sink.getvalue()  # the chain still logs
         gate.setLevel(logging.WARNING)  # a library user's default: INFO not logged
-        durabilis.CheckpointManager(store).save("t", "a", "p", 2)
+        durabilis.checkpoint.CheckpointManager(store).save("t", "a", "p", 2)
         assert registry.get_sample_value("durabilis_checkpoint_saves_total") == 2
         assert sink.getvalue().count("durability_checkpoint_saved") == 1
     finally:

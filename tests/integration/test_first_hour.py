@@ -113,7 +113,7 @@ def test_an_async_layer_and_store_are_async_context_managers(
     redis_url: str, namespace: str
 ) -> None:
     async def main() -> tuple[int, int]:
-        async with durabilis.connect_async(redis_url, namespace=namespace) as store:
+        async with durabilis.aio.connect(redis_url, namespace=namespace) as store:
             async with AsyncDurabilityLayer(store, fast_config()) as layer:
                 layer._core.waits_clock = lambda: 0.0
                 assert await layer.execute("a1", "job", {"n": 1}, Counter()) == "done"

@@ -338,7 +338,7 @@ def test_the_async_twin_rides_out_hostile_entries(
     redis_url: str, namespace: str, raw: Any
 ) -> None:
     async def main_() -> None:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
+        store = durabilis.aio.connect(redis_url, namespace=namespace)
         layer = AsyncDurabilityLayer(store)
         operator = AsyncConfigSync(store)
         await operator.publish_breaker(MEM)
@@ -419,7 +419,7 @@ def _over_the_limit_entries() -> dict[bytes, bytes]:
         over = int(over) if float(limit.maximum).is_integer() else over
         name = f"over_{limit.owner}_{limit.field}"
         if limit.owner in ("RetryPolicy", "RetryBudget"):
-            data = policy_to_dict(RetryPolicy(name, 3, 1, 10, budget=durabilis.RetryBudget()))
+            data = policy_to_dict(RetryPolicy(name, 3, 1, 10, budget=durabilis.retry.RetryBudget()))
             target = data if limit.owner == "RetryPolicy" else data["budget"]
             target[limit.field] = over
             if limit.field == "initial_delay_ms":

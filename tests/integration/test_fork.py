@@ -117,7 +117,7 @@ def test_an_async_store_used_before_fork_is_refused_in_the_child(
     (their sockets) are never used by the child, which makes its own store."""
     import asyncio
 
-    store = durabilis.connect_async(redis_url, namespace=namespace)
+    store = durabilis.aio.connect(redis_url, namespace=namespace)
     assert asyncio.run(store.ping())
     marks = f"{namespace}:test:marks"
     child = multiprocessing.get_context("fork").Process(

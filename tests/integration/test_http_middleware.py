@@ -200,7 +200,7 @@ def test_streamed_request_body_reaches_the_app_unchanged(redis_url: str, namespa
         await send({"type": "http.response.body", "body": b"ok:%d" % len(got)})
 
     async def main() -> None:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
+        store = durabilis.aio.connect(redis_url, namespace=namespace)
         layer = AsyncDurabilityLayer(store, DurabilityConfig())
         mw = DurableIdempotencyMiddleware(app, layer)
         parts = [b"alpha-", b"", b"beta-" * 1000, b"gamma"]
@@ -301,7 +301,7 @@ def test_a_store_of_another_event_loop_is_500_and_the_app_does_not_run(
     async def app(scope: Any, receive: Any, send: Any) -> None:  # pragma: no cover
         ran.append(1)
 
-    store = durabilis.connect_async(redis_url, namespace=namespace)
+    store = durabilis.aio.connect(redis_url, namespace=namespace)
     mw = DurableIdempotencyMiddleware(app, AsyncDurabilityLayer(store, DurabilityConfig()))
 
     async def request() -> httpx.Response:
@@ -322,8 +322,8 @@ def test_redis_down_is_503_and_the_app_does_not_run(namespace: str) -> None:
         async def app(scope: Any, receive: Any, send: Any) -> None:  # pragma: no cover
             ran.append(1)
 
-        store = durabilis.connect_async("redis://127.0.0.1:1/0", namespace=namespace,
-                                        socket_timeout=0.5)
+        store = durabilis.aio.connect("redis://127.0.0.1:1/0", namespace=namespace,
+                                      socket_timeout=0.5)
         layer = AsyncDurabilityLayer(store, DurabilityConfig())
         mw = DurableIdempotencyMiddleware(app, layer)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=mw),
@@ -338,7 +338,7 @@ def test_redis_down_is_503_and_the_app_does_not_run(namespace: str) -> None:
 
 def test_bad_settings_are_config_errors(redis_url: str, namespace: str) -> None:
     async def main() -> None:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
+        store = durabilis.aio.connect(redis_url, namespace=namespace)
         layer = AsyncDurabilityLayer(store)
 
         async def app(scope: Any, receive: Any, send: Any) -> None:  # pragma: no cover
@@ -368,7 +368,7 @@ def test_orphan_recovery_one_replica_per_period_and_health(
     redis_url: str, namespace: str
 ) -> None:
     async def main() -> None:
-        layers = [AsyncDurabilityLayer(durabilis.connect_async(redis_url, namespace=namespace))
+        layers = [AsyncDurabilityLayer(durabilis.aio.connect(redis_url, namespace=namespace))
                   for _ in range(3)]
         recoveries = [OrphanRecovery(x, every_seconds=0.5, holder=f"r{i}")
                       for i, x in enumerate(layers)]
@@ -489,7 +489,7 @@ def run_raw(redis_url: str, namespace: str, app: Any, body: Any, **options: Any)
     """``body(client, mw)`` against a raw ASGI ``app`` behind the middleware."""
 
     async def main() -> None:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
+        store = durabilis.aio.connect(redis_url, namespace=namespace)
         await serve(DurableIdempotencyMiddleware(app, AsyncDurabilityLayer(store), **options),
                     body)
 
@@ -656,7 +656,7 @@ def test_request_details_that_matter_are_told_apart(redis_url: str, namespace: s
 
 def test_framing_headers_cannot_be_stored(redis_url: str, namespace: str) -> None:
     async def main() -> None:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
+        store = durabilis.aio.connect(redis_url, namespace=namespace)
         layer = AsyncDurabilityLayer(store)
         for bad in (["content-length"], ["Transfer-Encoding"], ["connection"]):
             with pytest.raises(ConfigError, match="response_headers"):
@@ -702,7 +702,7 @@ def _served(
 ) -> None:
     """``body(mw, layer)`` with ``app`` behind the middleware; closes the layer."""
     async def main() -> None:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
+        store = durabilis.aio.connect(redis_url, namespace=namespace)
         layer = AsyncDurabilityLayer(store, config or DurabilityConfig())
         try:
             await body(DurableIdempotencyMiddleware(app, layer), layer)
@@ -1002,7 +1002,7 @@ def test_a_requeued_request_is_replayed_only_by_the_middleware_that_parked_it(
         return app
 
     async def main() -> None:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
+        store = durabilis.aio.connect(redis_url, namespace=namespace)
         layer = AsyncDurabilityLayer(store)
         try:
             orders = DurableIdempotencyMiddleware(make_app("orders"), layer, tenant="orders",

@@ -11,17 +11,9 @@ import pytest
 import redis
 
 import durabilis
-from durabilis import (
-    CorruptData,
-    Duplicate,
-    IdempotencyConfig,
-    IdempotencyGuard,
-    IdempotencyKey,
-    KeyReuseMismatch,
-    LeaseLost,
-    New,
-    PayloadTooLarge,
-)
+from durabilis import IdempotencyConfig, IdempotencyKey
+from durabilis.errors import CorruptData, KeyReuseMismatch, LeaseLost, PayloadTooLarge
+from durabilis.idempotency import Duplicate, IdempotencyGuard, New
 from durabilis.testing import isolated_namespace
 
 pytestmark = pytest.mark.topologies("cluster")
@@ -270,9 +262,9 @@ def test_key_names_are_readable_and_namespaced(store: durabilis.Store, raw: redi
 
 def test_async_guard_runs_the_same_flow(redis_url: str, namespace: str) -> None:
     async def flow() -> None:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
+        store = durabilis.aio.connect(redis_url, namespace=namespace)
         try:
-            guard = durabilis.AsyncIdempotencyGuard(store)
+            guard = durabilis.aio.IdempotencyGuard(store)
             claim = await guard.check_and_record(key(), placeholder="p")
             assert isinstance(claim, New) and claim.token
             dup = await guard.check_and_record(key())
@@ -298,9 +290,9 @@ def test_async_gather_race_has_exactly_one_winner_per_round(
     redis_url: str, namespace: str
 ) -> None:
     async def race() -> list[int]:
-        store = durabilis.connect_async(redis_url, namespace=namespace, max_connections=64)
+        store = durabilis.aio.connect(redis_url, namespace=namespace, max_connections=64)
         try:
-            guard = durabilis.AsyncIdempotencyGuard(store)
+            guard = durabilis.aio.IdempotencyGuard(store)
             winners = []
             for round_no in range(50):
                 k = key(f"round-{round_no}")

@@ -36,6 +36,6 @@ def test_sixteen_processes_claiming_the_same_key_get_exactly_one_new_per_round(
     # Every loser saw the winner's claim, and the store holds one record per round.
     store = durabilis.connect(redis_url, namespace=namespace)
     try:
-        assert durabilis.IdempotencyGuard(store).record_count() == ROUNDS
+        assert durabilis.idempotency.IdempotencyGuard(store).record_count() == ROUNDS
     finally:
         store.close()

@@ -209,7 +209,8 @@ def test_an_alias_whose_worker_died_does_not_block_and_the_run_is_told_it_may_ha
     store: durabilis.Store,
 ) -> None:
     # A claim under the old secret whose owner died: its lease runs out.
-    guard = durabilis.IdempotencyGuard(store, IdempotencyConfig(in_progress_ttl_seconds=0.05))
+    guard = durabilis.idempotency.IdempotencyGuard(
+        store, IdempotencyConfig(in_progress_ttl_seconds=0.05))
     old_key = IdempotencyKey.new("a1", "job", PAYLOAD, secret=OLD)
     assert guard.check_and_record(old_key).is_new
     wait_until(lambda: (seen := guard.check(old_key)) is not None and seen.lease_expired,
@@ -301,7 +302,7 @@ def test_a_dead_claim_under_the_old_secret_run_under_the_new_is_never_replayed_a
         dedup_window_seconds=1,
     )
     layer = DurabilityLayer(store, fast_config(idempotency=idem, dependencies={}))
-    guard = durabilis.IdempotencyGuard(store, idem)
+    guard = durabilis.idempotency.IdempotencyGuard(store, idem)
     old_key = IdempotencyKey.new("a1", "job", {"x": 1}, secret=OLD)
     new_key = IdempotencyKey.new("a1", "job", {"x": 1}, secret=NEW)
     wait_until(lambda: (seen := guard.check(old_key)) is not None and seen.lease_expired,
@@ -413,7 +414,7 @@ def test_two_replica_processes_with_swapped_secrets_run_each_operation_exactly_o
 
 def arun(redis_url: str, namespace: str, body: Any) -> None:
     async def main() -> None:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
+        store = durabilis.aio.connect(redis_url, namespace=namespace)
         layers = {
             "old": AsyncDurabilityLayer(store, old_config()),
             "new": AsyncDurabilityLayer(store, new_config()),

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 import durabilis
-from durabilis import IdempotencyKey, KeyReuseMismatch, OperationError
+from durabilis import IdempotencyKey, OperationError
+from durabilis.errors import KeyReuseMismatch
 from durabilis.idempotency import IdempotencyGuard, New
 from durabilis.layer import DurabilityLayer, OperationContext
 from durabilis.testing import instant_retries

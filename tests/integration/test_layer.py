@@ -12,13 +12,12 @@ import durabilis
 from durabilis import (
     CircuitBreakerConfig,
     CircuitOpen,
-    DependencyNotFound,
     OperationError,
     OperationInProgress,
-    PayloadTooLarge,
     RetryExhausted,
 )
 from durabilis.dlq import DlqStatus, ReplayOutcome
+from durabilis.errors import DependencyNotFound, PayloadTooLarge
 from durabilis.layer import DurabilityLayer, OperationContext, current_operation
 from tests.integration._layer_support import Counter, fast_config
 
@@ -224,7 +223,7 @@ def test_waiter_takes_over_when_the_winner_dies(store: durabilis.Store, raw: red
     dead = layer.idempotency.check_and_record(
         durabilis.IdempotencyKey.new("a1", "job", "p")
     )
-    assert isinstance(dead, durabilis.New)
+    assert isinstance(dead, durabilis.idempotency.New)
     op = Counter(result="ran by the waiter")
     assert layer.execute("a1", "job", "p", op, wait=5) == "ran by the waiter"
     assert len(op.calls) == 1
@@ -289,7 +288,7 @@ def test_bad_input_is_refused_before_any_redis_call() -> None:
         layer.execute("a1", "job", "p", Counter(), dependency="nope")
     with pytest.raises(PayloadTooLarge):
         layer.execute("a1", "job", "x" * (2 * 1024 * 1024), Counter())
-    with pytest.raises(durabilis.InvalidKey):
+    with pytest.raises(durabilis.errors.InvalidKey):
         layer.execute("a1", "job", "p", Counter(), idempotency_key="k" * 300)
     with pytest.raises(durabilis.StorageUnavailable):
         layer.execute("a1", "job", "p", Counter())

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.topologies("cluster", "sentinel")
 
 def run(redis_url: str, namespace: str, body: Any) -> None:
     async def main() -> None:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
+        store = durabilis.aio.connect(redis_url, namespace=namespace)
         layer = AsyncDurabilityLayer(store, fast_config(lease=1))
         try:
             await body(layer)
@@ -177,7 +177,7 @@ def test_closing_an_idle_layer_stops_its_keep_alive_at_once(
     reported "Task was destroyed but it is pending!" at interpreter exit)."""
 
     async def main() -> tuple[bool, bool]:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
+        store = durabilis.aio.connect(redis_url, namespace=namespace)
         layer = AsyncDurabilityLayer(store, fast_config())
         await layer.execute("a1", "job", "p", Counter())
         task = layer._renewer
@@ -197,7 +197,7 @@ def test_closing_while_redis_is_down_leaves_no_keep_alive_pending(
     again for the index removals it leaves waiting; close() stops that one too."""
 
     async def main() -> bool:
-        store = durabilis.connect_async(private_redis.url, namespace="closing-down")
+        store = durabilis.aio.connect(private_redis.url, namespace="closing-down")
         store._fuse = False  # index removals wait in the process, as on Cluster
         layer = AsyncDurabilityLayer(store, fast_config())
         await layer.execute("a1", "job", "p", Counter())
@@ -216,7 +216,7 @@ def test_a_layer_used_on_another_event_loop_refuses_before_claiming(
     """A module-level layer driven by asyncio.run per job: the second job's loop
     is not the store's. It is told so (WrongEventLoop) before anything is sent:
     fn does not run, no claim is left to wait out, nothing is parked."""
-    store = durabilis.connect_async(redis_url, namespace=namespace)
+    store = durabilis.aio.connect(redis_url, namespace=namespace)
     layer = AsyncDurabilityLayer(store, fast_config())
     first, second = Counter(result="one"), Counter(result="two")
 
@@ -228,7 +228,7 @@ def test_a_layer_used_on_another_event_loop_refuses_before_claiming(
             lambda: job(second, "p-2"), layer.stats, layer.close,
             layer.recover_orphans, lambda: layer.replay_pending(second),
         ):
-            with pytest.raises(durabilis.WrongEventLoop):
+            with pytest.raises(durabilis.errors.WrongEventLoop):
                 await refused()
         renewer = layer._renewer
         return renewer is not None and renewer.get_loop() is asyncio.get_running_loop()
@@ -245,4 +245,4 @@ def test_a_layer_used_on_another_event_loop_refuses_before_claiming(
         assert (stats.started, stats.succeeded) == (1, 1)
         idem = [k for k in keys_of(sync_store.client, namespace) if ":idem:" in k]
         assert len(idem) == 1  # the first job's record only
-        assert durabilis.DeadLetterQueue(sync_store).stats().total == 0
+        assert durabilis.dlq.DeadLetterQueue(sync_store).stats().total == 0

@@ -92,7 +92,7 @@ def test_a_wait_for_timeout_after_fn_s_effect_flags_the_next_delivery(
     redis_url: str, namespace: str
 ) -> None:
     async def main() -> None:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
+        store = durabilis.aio.connect(redis_url, namespace=namespace)
         layer = AsyncDurabilityLayer(store, fast_config(lease=5, dependencies={}))
         seen: list[OperationContext] = []
 
@@ -121,7 +121,7 @@ def test_a_cancellation_before_fn_started_gives_the_claim_back_clean(
     redis_url: str, namespace: str, raw: Any
 ) -> None:
     async def main() -> None:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
+        store = durabilis.aio.connect(redis_url, namespace=namespace)
         layer = AsyncDurabilityLayer(store, fast_config(lease=5, dependencies={}))
         try:
             for n in range(200):  # until a cancellation lands after the claim, before fn

@@ -34,25 +34,22 @@ from durabilis import (
     DlqConfig,
     IdempotencyConfig,
     IdempotencyKey,
-    InvalidKey,
-    InvalidPayload,
-    KeyReuseMismatch,
-    LayerClosed,
     OperationError,
     OperationInProgress,
     OutcomeUnrecorded,
     ResultNotStored,
-    RetryBudget,
     RetryExhausted,
     RetryPolicy,
 )
 from durabilis._steps import IO, Hold, Run, Stepper
 from durabilis.dlq import DlqRecord, ReplayOutcome
+from durabilis.errors import InvalidKey, InvalidPayload, KeyReuseMismatch, LayerClosed
 from durabilis.layer import (
     AsyncDurabilityLayer,
     DurabilityLayer,
     OperationContext,
 )
+from durabilis.retry import RetryBudget
 from durabilis.testing import RedisServer, offset_server_clock
 from tests.integration._layer_support import Counter, fast_config
 
@@ -187,7 +184,7 @@ def test_a_payload_no_pillar_can_keep_is_refused_before_anything_runs(
 ) -> None:
     layer = DurabilityLayer(store, fast_config(dlq=DlqConfig(max_payload_bytes=1000)))
     op = Counter()
-    with pytest.raises(durabilis.PayloadTooLarge):
+    with pytest.raises(durabilis.errors.PayloadTooLarge):
         layer.execute("a1", "job", {"blob": "y" * 2000}, op)
     with pytest.raises(InvalidPayload):
         layer.execute("a1", "job", {"obj": object()}, op, idempotency_key="k")
@@ -412,7 +409,7 @@ def step_plan_continue(run: Stepper, store: durabilis.Store) -> None:
                 run.send((True, "late"))
             else:
                 run.send(None)
-    except durabilis.LeaseLost:
+    except durabilis.errors.LeaseLost:
         return
 
 
@@ -423,7 +420,7 @@ def test_a_failed_breaker_call_after_the_claim_leaves_no_claim_behind(
     layer = layer_on(store)
     raw.set(store.keys.breaker("svc"), "garbage")  # the breaker's call fails
     op = Counter()
-    with pytest.raises(durabilis.CorruptData):
+    with pytest.raises(durabilis.errors.CorruptData):
         layer.execute("a1", "job", "p", op)
     assert op.calls == []
     assert layer.idempotency.check(IdempotencyKey.new("a1", "job", "p")) is None
@@ -458,7 +455,7 @@ def test_a_takeover_refused_before_it_runs_parks_the_dead_owners_operation(
 
 def run_async(redis_url: str, namespace: str, body: Any, **kw: Any) -> None:
     async def main() -> None:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
+        store = durabilis.aio.connect(redis_url, namespace=namespace)
         layer = AsyncDurabilityLayer(store, fast_config(**kw))
         try:
             await body(layer, store)
@@ -472,7 +469,7 @@ def run_async(redis_url: str, namespace: str, body: Any, **kw: Any) -> None:
 def test_a_cancelled_operation_gives_back_its_claim_and_probe_slot(
     redis_url: str, namespace: str, raw: Any
 ) -> None:
-    async def body(layer: AsyncDurabilityLayer, store: durabilis.AsyncStore) -> None:
+    async def body(layer: AsyncDurabilityLayer, store: durabilis.aio.Store) -> None:
         await layer.breakers.force_open("svc")
         await asyncio.sleep(1.05)  # half-open: the next call is the probe
 
@@ -493,7 +490,7 @@ def test_a_cancelled_operation_gives_back_its_claim_and_probe_slot(
 def test_a_cancel_after_fn_succeeded_still_records_its_result(
     redis_url: str, namespace: str
 ) -> None:
-    async def body(layer: AsyncDurabilityLayer, store: durabilis.AsyncStore) -> None:
+    async def body(layer: AsyncDurabilityLayer, store: durabilis.aio.Store) -> None:
         calls: list[int] = []
         started = threading.Event()
 
@@ -522,7 +519,7 @@ def test_a_cancel_while_a_failure_is_parked_ends_the_task_cancelled_after_the_pa
     """The cancellation lands as the failed operation is parked (a shielded
     step): the park lands, then the task ends cancelled, as a timeout or a
     TaskGroup expects, not with the operation's error (its cause)."""
-    async def body(layer: AsyncDurabilityLayer, store: durabilis.AsyncStore) -> None:
+    async def body(layer: AsyncDurabilityLayer, store: durabilis.aio.Store) -> None:
         loop = asyncio.get_running_loop()
         tasks: list[asyncio.Task[Any]] = []
 
@@ -573,7 +570,7 @@ def test_a_sweep_that_cancels_every_task_waits_for_a_plain_fn_and_keeps_its_clai
     # the loop turn the claim is held, before the keep-alive's first step, with
     # the operation's own task spared). The claim must stay held (renewed) while
     # fn runs, and fn's outcome recorded.
-    async def body(layer: AsyncDurabilityLayer, store: durabilis.AsyncStore) -> None:
+    async def body(layer: AsyncDurabilityLayer, store: durabilis.aio.Store) -> None:
         calls: list[int] = []
         started, release = threading.Event(), threading.Event()
 
@@ -625,7 +622,7 @@ def test_asyncio_run_ending_with_a_plain_fn_running_records_it_once(
         return "charged"
 
     async def shut_down_while_fn_runs() -> None:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
+        store = durabilis.aio.connect(redis_url, namespace=namespace)
         layer = AsyncDurabilityLayer(store, fast_config(lease=0.4, renew_every_seconds=0.1))
         running = asyncio.ensure_future(layer.execute("a1", "job", "p", plain))
         await asyncio.sleep(0.3)
@@ -634,7 +631,7 @@ def test_asyncio_run_ending_with_a_plain_fn_running_records_it_once(
     asyncio.run(shut_down_while_fn_runs())
     assert calls == ["first"]
 
-    async def body(layer: AsyncDurabilityLayer, store: durabilis.AsyncStore) -> None:
+    async def body(layer: AsyncDurabilityLayer, store: durabilis.aio.Store) -> None:
         assert await layer.execute("a1", "job", "p", Counter(result="again")) == "charged"
 
     run_async(redis_url, namespace, body, lease=0.4, renew_every_seconds=0.1)
@@ -644,7 +641,7 @@ def test_asyncio_run_ending_with_a_plain_fn_running_records_it_once(
 def test_a_plain_function_returning_a_coroutine_has_it_awaited(
     redis_url: str, namespace: str
 ) -> None:
-    async def body(layer: AsyncDurabilityLayer, store: durabilis.AsyncStore) -> None:
+    async def body(layer: AsyncDurabilityLayer, store: durabilis.aio.Store) -> None:
         seen: list[object] = []
 
         async def work() -> str:
@@ -663,7 +660,7 @@ def test_a_plain_function_returning_a_coroutine_has_it_awaited(
 def test_a_plain_function_never_blocks_the_loop_that_renews_its_lease(
     redis_url: str, namespace: str
 ) -> None:
-    async def body(layer: AsyncDurabilityLayer, store: durabilis.AsyncStore) -> None:
+    async def body(layer: AsyncDurabilityLayer, store: durabilis.aio.Store) -> None:
         def blocking(ctx: OperationContext) -> str:
             time.sleep(1.2)  # three leases long
             return "done"
@@ -686,7 +683,7 @@ def test_a_closed_layer_refuses_new_operations(
     with pytest.raises(LayerClosed):
         layer.execute("a1", "job", "p", Counter())
 
-    async def body(alayer: AsyncDurabilityLayer, astore: durabilis.AsyncStore) -> None:
+    async def body(alayer: AsyncDurabilityLayer, astore: durabilis.aio.Store) -> None:
         await alayer.close()
         with pytest.raises(LayerClosed):
             await alayer.execute("a1", "job", "p", Counter())
@@ -779,7 +776,7 @@ def test_foreign_data_at_the_budget_key_parks_the_operation_it_does_not_leave_it
 
     with pytest.raises(RetryExhausted) as info:
         layer.execute("a1", "job", "p", op)
-    assert isinstance(info.value.__cause__, durabilis.CorruptData)
+    assert isinstance(info.value.__cause__, durabilis.errors.CorruptData)
     parked = layer.dlq.get(info.value.dlq_id)
     assert parked is not None and parked.metadata["reason"] == "CORRUPT_DATA"
     state = layer.idempotency.check(IdempotencyKey.new("a1", "job", "p"))
@@ -851,7 +848,7 @@ def test_no_retry_starts_past_the_deadline_when_its_admission_was_slow(
 
 
 def test_thousands_of_metadata_fields_are_a_typed_error(store: durabilis.Store) -> None:
-    dlq = durabilis.DeadLetterQueue(store)
+    dlq = durabilis.dlq.DeadLetterQueue(store)
     with pytest.raises(InvalidPayload):
         dlq.enqueue("a1", "job", {}, 1, "e", metadata={f"k{i}": "v" for i in range(5000)})
     dlq_id = dlq.enqueue("a1", "job", {}, 1, "e", metadata={f"k{i}": "v" for i in range(1000)})
@@ -863,16 +860,17 @@ def test_fencing_tokens_increase_per_key_even_when_the_clock_steps_back(
     store: durabilis.Store, raw: Any
 ) -> None:
     offset_server_clock(store, f"{store.namespace}:clock")
-    guard = durabilis.IdempotencyGuard(store, IdempotencyConfig(in_progress_ttl_seconds=1))
+    guard = durabilis.idempotency.IdempotencyGuard(
+        store, IdempotencyConfig(in_progress_ttl_seconds=1))
     first = guard.check_and_record("k")
-    assert isinstance(first, durabilis.New) and first.token
+    assert isinstance(first, durabilis.idempotency.New) and first.token
     guard.release("k", first.token)
     raw.set(f"{store.namespace}:clock", -60_000_000)  # a failover to a replica 60 s behind
     second = guard.check_and_record("k")
-    assert isinstance(second, durabilis.New) and int(second.token) > int(first.token)
+    assert isinstance(second, durabilis.idempotency.New) and int(second.token) > int(first.token)
     raw.set(f"{store.namespace}:clock", 5_000_000)  # ... and its lease expires: taken over
     third = guard.check_and_record("k")
-    assert isinstance(third, durabilis.New) and third.taken_over
+    assert isinstance(third, durabilis.idempotency.New) and third.taken_over
     assert int(third.token) > int(second.token)
 
 
@@ -1108,7 +1106,7 @@ def test_a_payloadless_record_is_settled_once_its_key_has_completed(
     # ... until the operation completes (here recorded without settling the DLQ).
     key = IdempotencyKey.new("a1", "job", {"n": 1})
     claimed = layer.idempotency.check_and_record(key)
-    assert isinstance(claimed, durabilis.New)
+    assert isinstance(claimed, durabilis.idempotency.New)
     layer.idempotency.record(key, "done", claimed.token)
     assert layer.replay(lost, op).outcome is ReplayOutcome.REPLAYED and op.calls == []
     assert layer.dlq.pending_count() == 0

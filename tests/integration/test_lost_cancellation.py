@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 import durabilis
-from durabilis import AsyncStore
+from durabilis.aio import Store as AsyncStore
 from durabilis.config import AsyncConfigSync
 from durabilis.layer import AsyncDurabilityLayer, OperationContext
 from tests.integration._layer_support import fast_config
@@ -83,7 +83,7 @@ class Losing:
 
 def test_the_store_raises_a_cancellation_the_client_lost(redis_url: str, namespace: str) -> None:
     async def main() -> None:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
+        store = durabilis.aio.connect(redis_url, namespace=namespace)
         losing = Losing(store)
         try:
             assert await store.command("GET", f"{namespace}:plain") is None  # (connected)
@@ -104,7 +104,7 @@ def test_a_config_poller_stops_though_its_cancellation_is_lost(
     redis_url: str, namespace: str
 ) -> None:
     async def main() -> None:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
+        store = durabilis.aio.connect(redis_url, namespace=namespace)
         try:
             sync = await AsyncConfigSync(store, interval_seconds=0.01).start()
             losing = Losing(store)
@@ -124,7 +124,7 @@ def test_a_cancelled_call_does_not_run_fn_though_the_client_lost_the_cancellatio
     redis_url: str, namespace: str
 ) -> None:
     async def main() -> None:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
+        store = durabilis.aio.connect(redis_url, namespace=namespace)
         layer = AsyncDurabilityLayer(store, fast_config(lease=1))
         ran: list[str] = []
 
@@ -165,7 +165,7 @@ def test_a_stop_during_the_first_poll_of_start_is_final(redis_url: str, namespac
     once, and start() then left a poller running until the next stop()."""
 
     async def main() -> None:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
+        store = durabilis.aio.connect(redis_url, namespace=namespace)
         try:
             sync = AsyncConfigSync(store, interval_seconds=0.01)
             starting = asyncio.ensure_future(sync.start())

@@ -23,6 +23,10 @@ def test_installed_wheel_ships_and_loads_every_lua_script(tmp_path: Path) -> Non
     with zipfile.ZipFile(wheel) as zf:
         shipped = sorted(n.split("/")[-1] for n in zf.namelist() if n.startswith("durabilis/lua/"))
         assert "durabilis/py.typed" in zf.namelist()
+        web = ROOT / "durabilis" / "web"  # the console's templates and stylesheet
+        assets = sorted(str(p.relative_to(ROOT)) for p in web.rglob("*")
+                        if p.suffix in (".html", ".css"))
+        assert assets and set(assets) <= set(zf.namelist())
     assert shipped == expected
 
     target = tmp_path / "site"

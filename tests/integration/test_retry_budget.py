@@ -332,7 +332,7 @@ def test_a_success_after_a_retry_spends_one_retry(store: durabilis.Store, raw: r
 
 def test_the_async_engine_shares_the_same_budget(redis_url: str, namespace: str) -> None:
     async def main() -> list[int]:
-        astore = durabilis.connect_async(redis_url, namespace=namespace)
+        astore = durabilis.aio.connect(redis_url, namespace=namespace)
         try:
             eng = AsyncRetryEngine(
                 astore, policies=[policy(ratio=0, min_retries=3)], sleep=_no_sleep
@@ -476,7 +476,7 @@ def test_the_async_engine_counts_the_budget_round_trip_against_the_deadline(
     admin = redis.Redis.from_url(private_redis.url)
 
     async def main() -> tuple[RetryOutcome[Any], list[float]]:
-        astore = durabilis.connect_async(private_redis.url, namespace="late")
+        astore = durabilis.aio.connect(private_redis.url, namespace="late")
         try:
             eng = AsyncRetryEngine(astore, policies=[RetryPolicy(
                 "flaky_dep", 3, 500, 500, jitter=False, budget=RetryBudget(min_retries=10),

@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 import durabilis
-from durabilis import DurabilisError, IdempotencyGuard, New, StorageUnavailable
+from durabilis import DurabilisError, StorageUnavailable
 from durabilis._scripts import ScriptCall
+from durabilis.idempotency import IdempotencyGuard, New
 from tests.support.slots import slot_of
 
 pytestmark = pytest.mark.topologies("cluster", "sentinel")
@@ -44,9 +45,9 @@ def test_run_many_raises_the_first_failure_typed_and_still_runs_every_call(
 
 def test_the_async_run_many_matches_the_sync_one(redis_url: str, namespace: str) -> None:
     async def run() -> list[Any]:
-        store = durabilis.connect_async(redis_url, namespace=namespace)
+        store = durabilis.aio.connect(redis_url, namespace=namespace)
         try:
-            ops = durabilis.AsyncIdempotencyGuard(store)._ops
+            ops = durabilis.aio.IdempotencyGuard(store)._ops
             keys = [ops.validate_key(f"a-{i}") for i in range(4)]
             replies = await store.run_many([ops.claim(k, i) for i, k in enumerate(keys)])
             return [type(ops.decode_claim(k, r)).__name__
@@ -71,8 +72,8 @@ def test_an_async_store_refuses_another_event_loop_before_sending_anything(
     another loop a call failed as an untyped "unexpected error" (RuntimeError:
     Event loop is closed). The store now refuses it first, with a typed error
     that says what to do, whether its own loop has ended or still runs."""
-    astore = durabilis.connect_async(redis_url, namespace=namespace)
-    ops = durabilis.AsyncIdempotencyGuard(astore)._ops
+    astore = durabilis.aio.connect(redis_url, namespace=namespace)
+    ops = durabilis.aio.IdempotencyGuard(astore)._ops
     key = ops.validate_key("another-loop")
 
     async def first_loop() -> None:
@@ -89,7 +90,7 @@ def test_an_async_store_refuses_another_event_loop_before_sending_anything(
             astore.ping,
             astore.close,
         ):
-            with pytest.raises(durabilis.WrongEventLoop) as info:
+            with pytest.raises(durabilis.errors.WrongEventLoop) as info:
                 await attempt()
             refused.append(str(info.value))
         return refused
@@ -102,12 +103,12 @@ def test_an_async_store_refuses_another_event_loop_before_sending_anything(
 
     # Its own loop still runs: another thread's loop is refused too, and the
     # store goes on serving its own loop.
-    live = durabilis.connect_async(redis_url, namespace=namespace)
+    live = durabilis.aio.connect(redis_url, namespace=namespace)
 
     async def own_loop() -> Any:
         try:
             assert await live.ping()
-            with pytest.raises(durabilis.WrongEventLoop) as info:
+            with pytest.raises(durabilis.errors.WrongEventLoop) as info:
                 await asyncio.to_thread(asyncio.run, live.command("PING"))
             assert "(now closed)" not in str(info.value)
             return await live.run(ops.claim(key, "p"))

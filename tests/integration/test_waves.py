@@ -17,8 +17,10 @@ import pytest
 import redis
 
 import durabilis
-from durabilis import CorruptData, IdempotencyGuard, StorageUnavailable
+from durabilis import StorageUnavailable
 from durabilis._scripts import ScriptCall, unfuse
+from durabilis.errors import CorruptData
+from durabilis.idempotency import IdempotencyGuard
 from durabilis.layer import DurabilityLayer
 from tests.integration._layer_support import Counter, fast_config
 

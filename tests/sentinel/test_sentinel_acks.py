@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 import durabilis
-from durabilis import DeadLetterQueue, NotReplicated
+from durabilis.dlq import DeadLetterQueue
+from durabilis.errors import NotReplicated
 from tests.support.sentinel import LocalSentinel
 
 

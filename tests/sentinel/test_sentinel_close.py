@@ -49,8 +49,8 @@ def test_closing_an_async_sentinel_store_closes_its_connections_to_the_sentinels
     name = f"close-test-{uuid.uuid4().hex[:8]}"
 
     async def main() -> tuple[int, int]:
-        store = durabilis.connect_async(redis_url, namespace=namespace,
-                                        sentinel_kwargs={"client_name": name})
+        store = durabilis.aio.connect(redis_url, namespace=namespace,
+                                      sentinel_kwargs={"client_name": name})
         assert await store.ping()
         before = await asyncio.to_thread(_connections_named, redis_sentinel, name)
         await store.close()

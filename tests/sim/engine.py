@@ -87,7 +87,6 @@ from durabilis import (
     IdempotencyConfig,
     IdempotencyKey,
     OperationError,
-    RetryBudget,
     RetryPolicy,
     StorageUnavailable,
     _fork,
@@ -111,6 +110,7 @@ from durabilis._store import _waves as _store_waves
 from durabilis.checkpoint import _RunPlan
 from durabilis.dlq import DlqConfig
 from durabilis.layer import DurabilityConfig, DurabilityLayer, OperationContext, _plans
+from durabilis.retry import RetryBudget
 from durabilis.testing import offset_server_clock
 
 LEASE = 10.0  # virtual seconds
@@ -293,7 +293,7 @@ class Simulation:
         self.store._fuse = self.knobs.fused
         self.config = self._config()
         self.saved_before_run: set[str] = set()
-        self.observer = durabilis.CheckpointManager(self.store, self.config.checkpoint)
+        self.observer = durabilis.checkpoint.CheckpointManager(self.store, self.config.checkpoint)
         self.actors = self._actors()
 
     # -- setup ------------------------------------------------------------------
@@ -421,7 +421,7 @@ class Simulation:
     def _phase_saved(self, phase: str) -> bool:
         try:
             self.observer.restore("task-1", "agent", phase)
-        except durabilis.CheckpointNotFound:
+        except durabilis.errors.CheckpointNotFound:
             return False
         return True
 
@@ -811,7 +811,7 @@ class Simulation:
         or its lease was lost: then recovery settles them)."""
         if sub.faulted or not sub.key or not self.knobs.dedup:
             return
-        if isinstance(sub.error, (durabilis.LeaseLost, durabilis.OutcomeUnrecorded)):
+        if isinstance(sub.error, (durabilis.errors.LeaseLost, durabilis.OutcomeUnrecorded)):
             return
         rkey = self.store.keys.idem(sub.key)
         state, cn = self.raw.hmget(rkey, "s", "cn")
@@ -1201,7 +1201,8 @@ class Simulation:
         claims = {f.get(b"meta:claim", b"").decode() for fs in parked.values() for f in fs
                   if f.get(b"meta:reason") != b"WORKER_LOST"}
         refusals = (durabilis.CircuitOpen, durabilis.OperationInProgress,
-                    durabilis.KeyReuseMismatch, durabilis.InvalidPayload, durabilis.InvalidKey,
+                    durabilis.errors.KeyReuseMismatch, durabilis.errors.InvalidPayload,
+                    durabilis.errors.InvalidKey,
                     durabilis.ConfigError)
         for sub in self.submissions:
             if sub.faulted or sub.outcome != "error":

@@ -43,19 +43,19 @@ from redis.retry import Retry
 import durabilis
 from durabilis import (
     CircuitBreakerConfig,
-    Duplicate,
     IdempotencyConfig,
     IdempotencyKey,
     OperationError,
     OperationInProgress,
     OutcomeUnrecorded,
-    RetryBudget,
     RetryExhausted,
     RetryPolicy,
     StorageUnavailable,
 )
 from durabilis.errors import CheckpointNotFound, LeaseLost
+from durabilis.idempotency import Duplicate
 from durabilis.layer import AsyncDurabilityLayer, DurabilityConfig, DurabilityLayer
+from durabilis.retry import RetryBudget
 from tests.support.backends import is_cluster_url, raw_client
 from tests.support.effects import EffectLog
 
@@ -115,8 +115,8 @@ class AsyncGuardFacade:
 
     def __init__(self, url: str, namespace: str, config: IdempotencyConfig, **opts: Any) -> None:
         self.loop = asyncio.new_event_loop()
-        self.store = durabilis.connect_async(url, namespace=namespace, **opts)
-        self.guard = durabilis.AsyncIdempotencyGuard(self.store, config)
+        self.store = durabilis.aio.connect(url, namespace=namespace, **opts)
+        self.guard = durabilis.aio.IdempotencyGuard(self.store, config)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self.loop.run_until_complete(coro)
@@ -138,7 +138,7 @@ class AsyncGuardFacade:
 class _SyncGuard:
     def __init__(self, url: str, namespace: str, config: IdempotencyConfig, **opts: Any) -> None:
         self.store = durabilis.connect(url, namespace=namespace, **opts)
-        self.guard = durabilis.IdempotencyGuard(self.store, config)
+        self.guard = durabilis.idempotency.IdempotencyGuard(self.store, config)
         self.check_and_record = self.guard.check_and_record
         self.record = self.guard.record
         self.check = self.guard.check
@@ -318,7 +318,7 @@ class AsyncLayerFacade:
 
     def __init__(self, url: str, namespace: str, config: DurabilityConfig, **opts: Any) -> None:
         self.loop = asyncio.new_event_loop()
-        self.store = durabilis.connect_async(url, namespace=namespace, **opts)
+        self.store = durabilis.aio.connect(url, namespace=namespace, **opts)
         self.layer = AsyncDurabilityLayer(self.store, config)
 
     def execute(self, *args: Any, **kwargs: Any) -> Any:
@@ -585,7 +585,7 @@ def stored_records_disagreeing(url: str, namespace: str, result: LoadResult) -> 
     """Ops whose stored record is not done with the result its one executor recorded."""
     store = durabilis.connect(url, namespace=namespace)
     try:
-        guard = durabilis.IdempotencyGuard(store)
+        guard = durabilis.idempotency.IdempotencyGuard(store)
         bad = []
         completed = result.completed
         for op in result.ops:

@@ -185,7 +185,7 @@ def test_unknown_dependency_fails_before_any_io() -> None:
         lambda: reg.guard("nope"),
         lambda: reg.transitions("nope"),
     ):
-        with pytest.raises(durabilis.DependencyNotFound):
+        with pytest.raises(durabilis.errors.DependencyNotFound):
             call()
 
 
@@ -251,7 +251,7 @@ def test_release_probe_names_the_probe_without_a_permit_generation() -> None:
     call = ops.release_probe("dep", "layer-1")
     assert call.name == "cb_after" and call.keys == ops.after_call("dep", True).keys
     assert call.args[1] == "|layer-1|r|-1|0"  # no generation, that probe id, a release
-    with pytest.raises(durabilis.DependencyNotFound):
+    with pytest.raises(durabilis.errors.DependencyNotFound):
         ops.release_probe("nope", "layer-1")
 
 
@@ -331,7 +331,7 @@ def test_corrupt_replies_name_the_key_holding_foreign_data(
 ) -> None:
     ops = registry(CircuitBreakerConfig("dep")).ops
     decode = ops.decode_before if script == "before" else ops.decode_after
-    with pytest.raises(durabilis.CorruptData) as raised:
+    with pytest.raises(durabilis.errors.CorruptData) as raised:
         decode("dep", [b"corrupt", index, b"WRONGTYPE"])
     assert raised.value.key == getattr(ops.keys, key)("dep")
 
@@ -339,14 +339,14 @@ def test_corrupt_replies_name_the_key_holding_foreign_data(
 def test_unexpected_replies_are_corrupt_data_not_bare_errors() -> None:
     ops = registry(CircuitBreakerConfig("dep")).ops
     for reply in ([b"what"], [], None, [b"ok"], 3.5):
-        with pytest.raises(durabilis.CorruptData):
+        with pytest.raises(durabilis.errors.CorruptData):
             ops.decode_before("dep", reply)
     for reply in ([b"what"], [], None, 2):
-        with pytest.raises(durabilis.CorruptData):
+        with pytest.raises(durabilis.errors.CorruptData):
             ops.decode_after("dep", reply)
-    with pytest.raises(durabilis.CorruptData):
+    with pytest.raises(durabilis.errors.CorruptData):
         ops.decode_read("dep", [b"info", b"X", 0])
-    with pytest.raises(durabilis.CorruptData) as raised:
+    with pytest.raises(durabilis.errors.CorruptData) as raised:
         ops.decode_events("dep", [(b"1-0", {b"from": b"nowhere"})])
     assert raised.value.key == ops.keys.breaker_events("dep")
 

@@ -72,7 +72,7 @@ def test_connect_refuses_a_malformed_url_naming_the_problem(url: str, problem: s
     assert "\n" not in str(sync.value)  # one line, whatever the URL holds
 
     async def twin() -> None:
-        durabilis.connect_async(url)
+        durabilis.aio.connect(url)
 
     with pytest.raises(UnsupportedUrl) as aio:
         asyncio.run(twin())

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 import durabilis
-from durabilis import ConfigError, IdempotencyConfig, IdempotencyKey, InvalidKey, InvalidPayload
+from durabilis import ConfigError, IdempotencyConfig, IdempotencyKey
+from durabilis.errors import InvalidKey, InvalidPayload
 
 
 def test_seed_vector_for_bytes_content() -> None:
@@ -97,7 +98,7 @@ def test_invalid_config_names_the_field(field: str, value: object) -> None:
 def test_overlong_key_is_rejected_before_any_redis_call() -> None:
     # Port 1 on loopback has no server: any I/O would raise StorageUnavailable.
     store = durabilis.connect("redis://127.0.0.1:1/0", namespace="t", socket_connect_timeout=0.2)
-    guard = durabilis.IdempotencyGuard(store, IdempotencyConfig(max_key_length=16))
+    guard = durabilis.idempotency.IdempotencyGuard(store, IdempotencyConfig(max_key_length=16))
     with pytest.raises(InvalidKey):
         guard.check_and_record("k" * 17)
     with pytest.raises(durabilis.StorageUnavailable):
@@ -109,9 +110,9 @@ def test_unknown_url_scheme_and_bad_sentinel_urls_are_clear_errors() -> None:
                 "redis+sentinel://127.0.0.1:26379/mymaster/x",
                 "redis+sentinel://127.0.0.1:26379/mymaster/0/1",
                 "redis+sentinel://127.0.0.1/mymaster"):
-        with pytest.raises(durabilis.UnsupportedUrl, match="redis\\+sentinel://"):
+        with pytest.raises(durabilis.errors.UnsupportedUrl, match="redis\\+sentinel://"):
             durabilis.connect(bad)
-    with pytest.raises(durabilis.UnsupportedUrl, match="unknown scheme"):
+    with pytest.raises(durabilis.errors.UnsupportedUrl, match="unknown scheme"):
         durabilis.connect("postgres://x")
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import durabilis
-from durabilis import UnsupportedUrl
 from durabilis._mask import mask_url
+from durabilis.errors import UnsupportedUrl
 
 
 @pytest.mark.parametrize(

@@ -476,7 +476,7 @@ def test_instant_retries_refuses_a_cap_below_one() -> None:
 
 def test_an_engine_refuses_a_store_of_the_other_kind() -> None:
     sync_store = durabilis.connect("redis://127.0.0.1:1/0")  # no I/O until first use
-    async_store = durabilis.connect_async("redis://127.0.0.1:1/0")
+    async_store = durabilis.aio.connect("redis://127.0.0.1:1/0")
     try:
         with pytest.raises(TypeError, match="AsyncRetryEngine"):
             RetryEngine(async_store)  # type: ignore[arg-type]
