@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from durabilis import _codec
+from durabilis import _codec, otel
 from durabilis._fork import reset_in_child
 from durabilis._keys import CLUSTER_SLOTS, bucket_tag, hash_slot
 from durabilis._log import get_logger
@@ -227,11 +227,14 @@ class _Request:
 class _ReplayClaim:
     """The DLQ record a replay runs, and whether its success step finished it."""
 
-    __slots__ = ("dlq_id", "finished", "ran", "token")
+    __slots__ = ("dlq_id", "finished", "ran", "token", "trace")
 
-    def __init__(self, dlq_id: str, token: str) -> None:
+    def __init__(
+        self, dlq_id: str, token: str, trace: tuple[str, str | None] | None = None
+    ) -> None:
         self.dlq_id = dlq_id
         self.token = token
+        self.trace = trace  # the parked call's (traceparent, tracestate): its replay links to it
         self.ran = False  # fn ran and succeeded in this replay (else: answered by the record)
         self.finished = False
 
@@ -697,6 +700,13 @@ class _LayerCore:
     # -- the durable operation --
 
     def execute_plan(self, req: _Request, fn: Callable[[OperationContext], Any]) -> Plan[Any]:
+        # otel hook (start and end of a call): the plan, run inside the call's span
+        # when tracing is on (otel.begin is None when it is off: the plan as is).
+        traced = otel.begin(req)
+        plan = self._execute_plan(req, fn)
+        return plan if traced is None else traced.run(plan)
+
+    def _execute_plan(self, req: _Request, fn: Callable[[OperationContext], Any]) -> Plan[Any]:
         wait_until = None if req.wait is None else self.clock() + req.wait
         while True:
             outcome = yield from self._claim_and_run(req, fn, wait_until)
@@ -1061,6 +1071,7 @@ class _LayerCore:
                     yield Sleep(random.uniform(0.0, 0.05))
                 return _CLAIM_AGAIN  # released or its worker died: claim it ourselves
             dup = seen
+        otel.answered_duplicate()  # otel hook: the answer is the record's, nothing ran
         if dup.not_stored:
             raise ResultNotStored(req.key.value, dup.not_stored)
         return dup.original_result
@@ -1213,6 +1224,7 @@ class _LayerCore:
             if not decision.retry:
                 return (yield from self._park_failed(req, cl, failed, None))
             emit_retry_attempt(req.operation_type, decision, agent_id=req.agent_id)
+            otel.retried(decision.attempts, decision.delay, decision.error_code)  # otel hook
             try:
                 yield Sleep(decision.delay)
             except INTERRUPTS:
@@ -1528,7 +1540,8 @@ class _LayerCore:
             dlq_id = dlq_id_for(req.key.value, cl.nonce)
             calls["enqueue"] = self._dlq.enqueue_prepared(
                 req.park, attempts, error, dlq_id=dlq_id,
-                metadata={"reason": reason, "claim": cl.nonce},
+                # otel hook: the call's trace context kept with the record ({}: off)
+                metadata={"reason": reason, "claim": cl.nonce, **otel.parking_fields()},
                 merge_key=self._merge_key(req.key.value),
             )
         if cl.token or cl.member:
@@ -1880,7 +1893,7 @@ class _LayerCore:
             missing = (record.metadata or {}).get("payload_error")
             if missing:  # parked by recovery without its payload: nothing to replay
                 return (yield from self._payloadless_replay(record, missing))
-            claim = _ReplayClaim(record.dlq_id, token)
+            claim = _ReplayClaim(record.dlq_id, token, record.trace_context)  # (otel hook: link)
             try:
                 request = self.replay_request(record, seconds)
             except DurabilisError as exc:
