@@ -106,11 +106,12 @@ def redaction_enabled() -> bool:
     return _SWITCH.redact
 
 
-def redact(text: str | None) -> str | None:
-    """``text`` as it may appear in a log event: ``"[REDACTED]"`` unless redaction is off."""
+def redact(text: str | None, *, enabled: bool | None = None) -> str | None:
+    """``text`` as it may appear in a log event: ``"[REDACTED]"`` unless redaction is off
+    (``enabled``: this call's choice, whatever the switch says; the web console's)."""
     if text is None:
         return None
-    return REDACTED if _SWITCH.redact else text
+    return REDACTED if (_SWITCH.redact if enabled is None else enabled) else text
 
 
 _ERROR_PREFIX = re.compile(
@@ -121,22 +122,23 @@ _OWN_TEXTS = frozenset({"RetryExhausted", "CircuitOpen", "OperationInProgress"})
 (``job: gave up after 2 attempt(s), last error NETWORK_TIMEOUT``): never redacted."""
 
 
-def redact_error(text: str | None) -> str | None:
+def redact_error(text: str | None, *, enabled: bool | None = None) -> str | None:
     """An error text (``"NETWORK_TIMEOUT: ReadTimeout: timed out for https://…"``) as
     it may appear in a log event: the leading codes and exception types are kept,
     the rest redacted like :func:`redact` (``"NETWORK_TIMEOUT: ReadTimeout:
-    [REDACTED]"``); texts durabilis writes itself are kept whole."""
+    [REDACTED]"``); texts durabilis writes itself are kept whole. ``enabled``
+    as :func:`redact`."""
     if text is None:
         return None
     match = _ERROR_PREFIX.match(text.strip())
     if match is None:
-        return redact(text)
+        return redact(text, enabled=enabled)
     code, rest = match[1], (match[2] or "").strip()
     if not rest:
         return code
     if any(part.strip() in _OWN_TEXTS for part in code.split(":")):
         return f"{code}: {rest}"
-    return f"{code}: {redact(rest)}"
+    return f"{code}: {redact(rest, enabled=enabled)}"
 
 
 def exception_str(exc: BaseException) -> str:

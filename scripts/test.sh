@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Run the whole test suite on a fresh Debian/Ubuntu machine with Python >= 3.10:
 # makes .venv, installs durabilis with its test extras (`.[test,hiredis]`: what the
-# tests import, no benchmark peer), installs redis-server via apt when it is missing,
-# then runs ruff, mypy --strict and these passes (docs/testing.md: which test runs
-# where, and why):
+# tests import, no benchmark peer), installs redis-server and chromium via apt when
+# they are missing, then runs ruff, mypy --strict and these passes (docs/testing.md:
+# which test runs where, and why):
 #   1. standalone: every suite (unit, integration, faults, hostile, the fault
-#      simulator) against redis-server processes the tests start on free loopback
-#      ports;
+#      simulator, the web console's browser tests in a real Chromium) against
+#      redis-server processes the tests start on free loopback ports;
 #   2. Redis Cluster: the tests whose behaviour can differ on Cluster (marked
 #      `topologies("cluster", ...)`: the layer's unfused steps, waves and
 #      compensation, every pillar's scripts, hash tags, the hostile suites, the
@@ -37,6 +37,16 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server redis-tools >/dev/null
   # The Debian package starts a system service; the suite never uses it.
   ($SUDO service redis-server stop >/dev/null 2>&1 || true)
+fi
+
+# The console's browser tests (tests/browser/) drive Debian's chromium through
+# Playwright (`executable_path`, no `playwright install` download).
+if ! command -v chromium >/dev/null 2>&1; then
+  echo "chromium not found: installing it with apt" >&2
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
 fi
 
 declare -a TIMES=()

@@ -1,0 +1,65 @@
+"""The web console's pure parts: the DLQ filter as the query string gives it, the
+charts' numbers (rates from cumulative counters, a breaker's timeline)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from durabilis.breaker import BreakerInfo, BreakerState, StateTransition
+from durabilis.web._charts import TIMELINE_WIDTH, breaker_timeline, overview_charts
+from durabilis.web._data import BadInput, DlqFilter, Sample, error_code, parse_age
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def sample(at: float, started: int, backlog: int = 0) -> Sample:
+    return Sample(T0 + timedelta(seconds=at), started, 0, 0, 0, 1, 0, backlog)
+
+
+def test_the_filter_takes_what_dlq_requeue_takes_and_refuses_the_rest() -> None:
+    flt = DlqFilter.parse({"status": "all", "operation_type": " job ", "reason": "",
+                           "older_than": "15m"})
+    assert flt == DlqFilter("all", "job", None, None, "15m")
+    assert flt.query() == {"status": "all", "operation_type": "job", "older_than": "15m"}
+    assert DlqFilter.parse({}) == DlqFilter()  # pending, no filter
+    assert parse_age("90s") == 90 and parse_age("2h") == 7200 and parse_age("7d") == 604800
+    for bad in ({"status": "done"}, {"older_than": "soon"}, {"agent": "x" * 300},
+                {"reason": "a\x00b"}):
+        with pytest.raises(BadInput):
+            DlqFilter.parse(bad)
+    assert error_code("NETWORK_TIMEOUT: ReadTimeout: down") == "NETWORK_TIMEOUT"
+
+
+def test_rates_come_from_differences_between_samples_and_a_counter_reset_counts_zero() -> None:
+    charts = {c.key: c for c in overview_charts([
+        sample(0, 100), sample(2, 110), sample(4, 110), sample(5, 3, backlog=7)])}
+    started = charts["started"]
+    assert started.count == 3 and started.last == 0.0 and started.peak == 5.0  # 10 in 2 s
+    assert charts["dlq-backlog"].last == 7.0 and charts["in-flight"].count == 4
+    ys = [float(p.split(",")[1]) for p in started.points.split()]
+    assert ys[0] < ys[1] == ys[2]  # the peak drawn highest, zero at the bottom
+    assert overview_charts([])[0].points == ""
+    assert overview_charts([sample(0, 1)])[4].points.count(",") == 2  # one sample: a flat line
+
+
+def _transition(at: float, to: BreakerState) -> StateTransition:
+    return StateTransition("db", BreakerState.CLOSED, to, T0 + timedelta(seconds=at), None, 0,
+                           30, "r", "forced", 1)
+
+
+def _info(state: BreakerState, at: float) -> BreakerInfo:
+    return BreakerInfo("db", state, 1, True, False, 0, 0, 0, 0, 0, None, None, 0, None, 0,
+                       T0 + timedelta(seconds=at))
+
+
+def test_a_breaker_timeline_spans_its_transitions_up_to_now() -> None:
+    timeline = breaker_timeline(_info(BreakerState.CLOSED, 100), [
+        _transition(0, BreakerState.OPEN), _transition(50, BreakerState.HALF_OPEN),
+        _transition(75, BreakerState.CLOSED)])
+    assert [(s.x, s.width, s.state) for s in timeline.segments] == [
+        (0.0, 300.0, "open"), (300.0, 150.0, "half_open"), (450.0, 150.0, "closed")]
+    assert sum(s.width for s in timeline.segments) == TIMELINE_WIDTH
+    alone = breaker_timeline(_info(BreakerState.OPEN, 1), [])
+    assert [(s.width, s.state) for s in alone.segments] == [(TIMELINE_WIDTH, "open")]
