@@ -30,7 +30,7 @@ from durabilis._autopipe import AutoPipeline
 from durabilis._fork import on_fork_in_child, reset_in_child
 from durabilis._keys import KeySpace
 from durabilis._mask import mask_url
-from durabilis._scripts import FUSED_PREFIX, Replies, ScriptCall, ScriptRegistry, fuse
+from durabilis._scripts import Replies, ScriptCall, ScriptRegistry, fuse, waits
 from durabilis._url import check_url
 from durabilis.errors import (
     ConfigError,
@@ -86,22 +86,6 @@ _CLUSTER_MISUSE: tuple[type[Exception], ...] = (
 
 DEFAULT_ACKS_TIMEOUT = 1.0
 """How long (seconds) ``acks="replicas:N"`` waits for the replicas' confirmations."""
-
-
-UNCONFIRMED_SCRIPTS = frozenset({
-    # reads (a few drop stale index entries on the way): a replica down must not
-    # stop an operator from reading the DLQ, a breaker or the in-flight index
-    "cb_read", "ckpt_count", "ckpt_find", "ckpt_get", "dlq_expired", "dlq_get",
-    "dlq_stats", "idem_check", "layer_orphans", "layer_stats",
-    # a release: lost in a failover, the key is only taken over when its lease
-    # ends (as for a dead worker's), never run twice
-    "idem_release",
-})
-"""Scripts that ``acks="replicas:N"`` does not follow with ``WAIT`` (nor ``layer_note``
-when it removes in-flight entries or adds to counters: lost in a failover, recovery
-drops those entries with one look each, and a count is a count)."""
-
-_NOTE_UNCONFIRMED = frozenset({"rem", "leave", "none"})
 
 
 def parse_acks(acks: str, timeout: float) -> tuple[int, bool, int]:
@@ -598,18 +582,9 @@ class _StoreBase:
         return None
 
     def _waits(self, call: ScriptCall) -> bool:
-        """Whether ``call`` is followed by ``WAIT`` (see :data:`UNCONFIRMED_SCRIPTS`)."""
-        if not (self._replicas or self._fsync):
-            return False
-        name = call.name
-        if name.startswith(FUSED_PREFIX):  # (a fused in-flight "add" is always beside a claim)
-            parts = name[len(FUSED_PREFIX):].split("+")
-            return not all(n in UNCONFIRMED_SCRIPTS or n == "layer_note" for n in parts)
-        if name == "layer_note":  # an entry's removal, counts: no; its addition, renewal: yes
-            mode = call.args[0] if call.args else b""
-            text = mode.decode() if isinstance(mode, bytes) else str(mode)
-            return text not in _NOTE_UNCONFIRMED
-        return name not in UNCONFIRMED_SCRIPTS
+        """Whether ``call`` is followed by ``WAIT``: its script's ``@acks`` tag
+        (see :func:`durabilis._scripts.waits`)."""
+        return bool(self._replicas or self._fsync) and waits(call)
 
     def _wait(self) -> tuple[Any, ...]:
         if self._fsync:

@@ -12,8 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_installed_wheel_ships_and_loads_every_lua_script(tmp_path: Path) -> None:
-    expected = sorted(p.name for p in (ROOT / "lua").glob("*.lua"))
-    assert expected, "the source tree has no lua/*.lua"
+    expected = sorted(p.name for p in (ROOT / "durabilis" / "lua").glob("*.lua"))
+    assert expected, "the source tree has no durabilis/lua/*.lua"
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
          "-w", str(tmp_path / "dist"), str(ROOT)],
