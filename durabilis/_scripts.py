@@ -78,19 +78,23 @@ def expand(root: Traversable, name: str, text: str) -> str:
     """``text`` (the script ``name``) with every include line replaced by the
     included file's (expanded) text, read below ``root``.
 
-    An include is a whole line ``--@include lib/<name>.lua``; the file's text
-    stands in its place, so the expanded script runs exactly what a copy of
-    the routine in that place would.
+    An include is a whole line ``--@include lib/<name>.lua``, at the top level
+    of the script (not inside a block: what it defines are locals); the file's
+    text stands in its place, so the expanded script runs exactly what a copy
+    of the routine in that place would. A file is pasted once per script, at
+    its first include (a routine that needs another includes it itself).
 
     Raises:
         ScriptSourceError: An include names no file (or a path outside
             ``lib/``), includes form a cycle, or nest deeper than
             :data:`MAX_INCLUDE_DEPTH`.
     """
-    return _expand(root, name, text, (name,))
+    return _expand(root, name, text, (name,), set())
 
 
-def _expand(root: Traversable, name: str, text: str, chain: tuple[str, ...]) -> str:
+def _expand(
+    root: Traversable, name: str, text: str, chain: tuple[str, ...], pasted: set[str]
+) -> str:
     out: list[str] = []
     for number, line in enumerate(text.splitlines(keepends=True), start=1):
         match = _INCLUDE.match(line.rstrip("\r\n"))
@@ -116,7 +120,10 @@ def _expand(root: Traversable, name: str, text: str, chain: tuple[str, ...]) -> 
         included = _read(root, target)
         if included is None:
             raise ScriptSourceError(f"{where}: unknown include {target!r}")
-        body = _expand(root, target, included, (*chain, target))
+        if target in pasted:
+            continue
+        pasted.add(target)
+        body = _expand(root, target, included, (*chain, target), pasted)
         out.append(body if body.endswith("\n") else body + "\n")
     return "".join(out)
 

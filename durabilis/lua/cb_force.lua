@@ -37,20 +37,12 @@ local at = 1
 
 local NAMES = {C = "closed", O = "open", H = "half_open"}
 
-local function int(v, field)
-  if not v then return 0 end
-  local x = tonumber(v)
-  if not x then error({corrupt = "field " .. field .. " is not a number"}) end
-  return x
-end
+--@include lib/cb_fields.lua
 
 -- Every check, no write: the stored state, or an error naming the key (at).
 local function check()
   local h = redis.call("HMGET", sk, "st", "g", "n", "f", "sl")
-  local st = h[1] or "C"
-  if st ~= "C" and st ~= "O" and st ~= "H" then
-    error({corrupt = "unknown breaker state " .. st})
-  end
+  local st = state(h[1])
   local s = {st = st, g = int(h[2], "g"), n = int(h[3], "n"), fc = int(h[4], "f"),
              sc = int(h[5], "sl")}
   -- Type checks before any write, so foreign data never leaves a half-done step.

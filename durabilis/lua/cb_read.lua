@@ -25,19 +25,11 @@ Returns one of
 local sk, wk, pk, rk = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local at = 1
 
-local function int(v, field)
-  if not v then return 0 end
-  local x = tonumber(v)
-  if not x then error({corrupt = "field " .. field .. " is not a number"}) end
-  return x
-end
+--@include lib/cb_fields.lua
 
 local function main()
   local h = redis.call("HMGET", sk, "st", "g", "oa", "pn", "ps")
-  local st = h[1] or "C"
-  if st ~= "C" and st ~= "O" and st ~= "H" then
-    error({corrupt = "unknown breaker state " .. st})
-  end
+  local st = state(h[1])
   local g, oa, pn, ps = int(h[2], "g"), int(h[3], "oa"), int(h[4], "pn"), int(h[5], "ps")
   local t = redis.call("TIME")
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

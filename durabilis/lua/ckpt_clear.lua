@@ -25,13 +25,10 @@ Returns one of
 local cur, old, live, order, kids, kidsx = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local batch = tonumber(ARGV[#ARGV - 1])
 local task = ARGV[#ARGV]
-for _, spec in ipairs({{cur, "hash"}, {old, "zset"}, {live, "zset"}, {order, "zset"},
-                       {kids, "hash"}, {kidsx, "zset"}}) do
-  local ty = redis.call("TYPE", spec[1])["ok"]
-  if ty ~= "none" and ty ~= spec[2] then
-    return {"corrupt", spec[1], "a " .. ty .. " where a checkpoint " .. spec[2] .. " belongs"}
-  end
-end
+--@include lib/ckpt_types.lua
+local bad = wrong_type({{cur, "hash"}, {old, "zset"}, {live, "zset"}, {order, "zset"},
+                        {kids, "hash"}, {kidsx, "zset"}})
+if bad then return bad end
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 

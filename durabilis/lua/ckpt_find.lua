@@ -18,12 +18,9 @@ Returns one of
 ]]
 local cur, live, order = KEYS[1], KEYS[2], KEYS[3]
 local prefix, task = ARGV[1], ARGV[2]
-for _, spec in ipairs({{cur, "hash"}, {live, "zset"}, {order, "zset"}}) do
-  local ty = redis.call("TYPE", spec[1])["ok"]
-  if ty ~= "none" and ty ~= spec[2] then
-    return {"corrupt", spec[1], "a " .. ty .. " where a checkpoint " .. spec[2] .. " belongs"}
-  end
-end
+--@include lib/ckpt_types.lua
+local bad = wrong_type({{cur, "hash"}, {live, "zset"}, {order, "zset"}})
+if bad then return bad end
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 

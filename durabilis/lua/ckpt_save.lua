@@ -110,13 +110,10 @@ local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 local function kind(k) return redis.call("TYPE", k)["ok"] end
-for _, spec in ipairs({{cur, "hash"}, {old, "zset"}, {live, "zset"}, {order, "zset"}, {seqk, "string"},
-                       {kids, "hash"}, {kidsx, "zset"}}) do
-  local ty = kind(spec[1])
-  if ty ~= "none" and ty ~= spec[2] then
-    return {"corrupt", spec[1], "a " .. ty .. " where a checkpoint " .. spec[2] .. " belongs"}
-  end
-end
+--@include lib/ckpt_types.lua
+local bad = wrong_type({{cur, "hash"}, {old, "zset"}, {live, "zset"}, {order, "zset"},
+                        {seqk, "string"}, {kids, "hash"}, {kidsx, "zset"}})
+if bad then return bad end
 if kind(rec) ~= "none" then
   -- Already saved under this id: a step sent again after its reply was lost
   -- (ids are fresh UUIDv7s). Nothing to refuse, nothing to write.

@@ -47,70 +47,21 @@ local LOG_MAX = 10000
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
+--@include lib/dlq_types.lua
+--@include lib/dlq_expire.lua
+
 local checks = {S, "stream", E, "zset", P, "zset", PO, "zset", C, "hash", BK, "hash",
                 LOG, "stream", RQ, "zset"}
-for i = 1, #checks, 2 do
-  local kind = redis.call("TYPE", checks[i])["ok"]
-  if kind ~= "none" and kind ~= checks[i + 1] then
-    return {"corrupt", checks[i], "a " .. kind .. " where the DLQ keeps a " .. checks[i + 1]}
-  end
-end
-
-local function sortkey(sid)
-  local ms, seq = string.match(sid, "^(%d+)%-(%d+)$")
-  return string.rep("0", 15 - #ms) .. ms .. "-" .. string.char(96 + #seq) .. seq
-end
-local function bump(field, by)
-  if redis.call("HINCRBY", C, field, by) <= 0 then redis.call("HDEL", C, field) end
-end
-local STATUS = {p = "pending", r = "replayed", a = "abandoned"}
-
--- (the same report as dlq_enqueue.lua's purge)
-local expired = {}
-local function report_expired(sid, rid, rop, H)
-  local ik, agent = "", ""
-  local e = redis.call("XRANGE", S, sid, sid)[1]
-  if e then
-    for i = 1, #e[2], 2 do
-      if e[2][i] == "meta:idempotency_key" then ik = e[2][i + 1] end
-      if e[2][i] == "agent_id" then agent = e[2][i + 1] end
-    end
-  end
-  -- The entry goes only if it names this record: rid, and no live hash of rid
-  -- from another stream entry (a record of that id made since).
-  if ik ~= "" and redis.call("HGET", BK, ik) == rid
-      and (redis.call("TYPE", H)["ok"] ~= "hash" or redis.call("HGET", H, "sid") == sid) then
-    redis.call("HDEL", BK, ik)
-  end
-  redis.call("XADD", LOG, "MAXLEN", "~", LOG_MAX, "*", "dlq_id", rid, "change", "expired",
-    "operation_type", rop, "idempotency_key", ik, "agent_id", agent)
-  redis.call("HINCRBY", C, "expired|" .. rop, 1)
-  for _, v in ipairs({rid, rop, ik, agent}) do expired[#expired + 1] = v end
-end
+local bad = wrong_type(checks)
+if bad then return bad end
 
 local removed = 0
 for i = 2, #ARGV do
   local member = ARGV[i]
   local score = tonumber(redis.call("ZSCORE", E, member))
   if score and score <= now then
-    redis.call("ZREM", E, member)
     removed = removed + 1
-    local sid, rid, code, rop = string.match(member, "^(%d+%-%d+)|([^|]+)|([pra])|(.*)$")
-    if sid then
-      local H = KEYS[7 + i]
-      if code == "p" then report_expired(sid, rid, rop, H) end
-      redis.call("XDEL", S, sid)
-      if code == "p" then
-        local pm = sortkey(sid) .. "|" .. rid
-        redis.call("ZREM", P, pm)
-        redis.call("ZREM", PO, rop .. "\0" .. pm)
-        redis.call("ZREM", RQ, rop .. "\0" .. pm)
-      end
-      bump(STATUS[code] .. "|" .. rop, -1)
-      if redis.call("TYPE", H)["ok"] == "hash" and redis.call("HGET", H, "sid") == sid then
-        redis.call("DEL", H)
-      end
-    end
+    purge(member, KEYS[7 + i])  -- (lib/dlq_expire.lua)
   end
 end
 if #expired > 0 then

@@ -112,66 +112,15 @@ local op = ARGV[5]
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
+--@include lib/dlq_types.lua
+--@include lib/dlq_expire.lua
+
 local checks = {S, "stream", E, "zset", P, "zset", PO, "zset", C, "hash", H, "hash",
                 BK, "hash", HC, "hash", LOG, "stream", RQ, "zset"}
-for i = 1, #checks, 2 do
-  local kind = redis.call("TYPE", checks[i])["ok"]
-  if kind ~= "none" and kind ~= checks[i + 1] then
-    return {"corrupt", checks[i], "a " .. kind .. " where the DLQ keeps a " .. checks[i + 1]}
-  end
-end
+local bad = wrong_type(checks)
+if bad then return bad end
 
--- sortkey: "ms-seq" -> fixed-width ms, length-prefixed seq, so that byte order
--- (ZRANGEBYLEX) is enqueue order ("...-a9" < "...-b10").
-local function sortkey(sid)
-  local ms, seq = string.match(sid, "^(%d+)%-(%d+)$")
-  return string.rep("0", 15 - #ms) .. ms .. "-" .. string.char(96 + #seq) .. seq
-end
-
-local function bump(field, by)
-  if redis.call("HINCRBY", C, field, by) <= 0 then redis.call("HDEL", C, field) end
-end
-
-local STATUS = {p = "pending", r = "replayed", a = "abandoned"}
-
--- Report a pending record that expired unreplayed (as dlq_cleanup.lua does):
--- its log entry (with what its stream entry says), its count, its by-key entry.
-local expired = {}
-local function report_expired(sid, rid, rop)
-  local ik, agent = "", ""
-  local e = redis.call("XRANGE", S, sid, sid)[1]
-  if e then
-    for i = 1, #e[2], 2 do
-      if e[2][i] == "meta:idempotency_key" then ik = e[2][i + 1] end
-      if e[2][i] == "agent_id" then agent = e[2][i + 1] end
-    end
-  end
-  -- (exact: an id whose record expired pending is never given to a new record
-  -- while the key's entry names it, see below; so the entry naming rid names
-  -- this record, not a newer one)
-  if ik ~= "" and redis.call("HGET", BK, ik) == rid then redis.call("HDEL", BK, ik) end
-  redis.call("XADD", LOG, "MAXLEN", "~", LOG_MAX, "*", "dlq_id", rid, "change", "expired",
-    "operation_type", rop, "idempotency_key", ik, "agent_id", agent)
-  redis.call("HINCRBY", C, "expired|" .. rop, 1)
-  for _, v in ipairs({rid, rop, ik, agent}) do expired[#expired + 1] = v end
-end
-
--- Same purge as dlq_cleanup.lua, minus the record hash (not in KEYS here; its
--- own TTL, equal to the expiry, has already removed it).
-local function purge(member)
-  redis.call("ZREM", E, member)
-  local sid, rid, code, rop = string.match(member, "^(%d+%-%d+)|([^|]+)|([pra])|(.*)$")
-  if not sid then return end
-  if code == "p" then report_expired(sid, rid, rop) end
-  redis.call("XDEL", S, sid)
-  if code == "p" then
-    local pm = sortkey(sid) .. "|" .. rid
-    redis.call("ZREM", P, pm)
-    redis.call("ZREM", PO, rop .. "\0" .. pm)
-    redis.call("ZREM", RQ, rop .. "\0" .. pm)
-  end
-  bump(STATUS[code] .. "|" .. rop, -1)
-end
+-- (purge(member), report_expired and `expired`: lib/dlq_expire.lua, as dlq_cleanup.lua)
 
 -- iso_utc:begin  (tests evaluate this block on its own)
 local function iso_utc(ms)

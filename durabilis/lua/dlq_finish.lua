@@ -41,18 +41,17 @@ Returns one of
 @acks: replicas
 ]]
 local E, P, PO, C, H, BK, LOG = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local RQ = KEYS[8]
 local id, target, token, by, mk = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5] or ""
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
+--@include lib/dlq_types.lua
+
 local checks = {E, "zset", P, "zset", PO, "zset", C, "hash", H, "hash", BK, "hash",
                 LOG, "stream"}
-for i = 1, #checks, 2 do
-  local kind = redis.call("TYPE", checks[i])["ok"]
-  if kind ~= "none" and kind ~= checks[i + 1] then
-    return {"corrupt", checks[i], "a " .. kind .. " where the DLQ keeps a " .. checks[i + 1]}
-  end
-end
+local bad = wrong_type(checks)
+if bad then return bad end
 if mk ~= "" then
   local current = redis.call("HGET", BK, mk)
   if not current then return {"none"} end
@@ -74,13 +73,8 @@ if token == "" and target == "abandoned" and co and ce and ce > now then
   return {"busy", co, ce}
 end
 
-local function sortkey(s)
-  local ms, seq = string.match(s, "^(%d+)%-(%d+)$")
-  return string.rep("0", 15 - #ms) .. ms .. "-" .. string.char(96 + #seq) .. seq
-end
-local function bump(field, by_n)
-  if redis.call("HINCRBY", C, field, by_n) <= 0 then redis.call("HDEL", C, field) end
-end
+--@include lib/dlq_bump.lua
+--@include lib/dlq_unindex.lua
 
 ready()  -- a fused step (an operation's success settling its record): checks done
 local kt = tonumber(redis.call("HGET", H, "kt") or "")
@@ -110,10 +104,7 @@ redis.call("ZADD", E, exp, sid .. "|" .. id .. "|" .. code .. "|" .. op)
 redis.call("ZREM", E, sid .. "|" .. id .. "|p|" .. op)
 bump(target .. "|" .. op, 1)
 bump("pending|" .. op, -1)
-local pm = sortkey(sid) .. "|" .. id
-redis.call("ZREM", P, pm)
-redis.call("ZREM", PO, op .. "\0" .. pm)
-if KEYS[8] then redis.call("ZREM", KEYS[8], op .. "\0" .. pm) end
+unindex(sid, id, op)
 
 -- (a day past the latest record, as dlq_enqueue.lua: a cleanup reports what expired)
 local horizon = tonumber(redis.call("ZRANGE", E, -1, -1, "WITHSCORES")[2]) + 86400000

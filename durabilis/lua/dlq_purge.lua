@@ -37,14 +37,12 @@ local LOG_MAX = 10000
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
+--@include lib/dlq_types.lua
+
 local checks = {S, "stream", E, "zset", P, "zset", PO, "zset", C, "hash", BK, "hash",
                 LOG, "stream", RQ, "zset"}
-for i = 1, #checks, 2 do
-  local kind = redis.call("TYPE", checks[i])["ok"]
-  if kind ~= "none" and kind ~= checks[i + 1] then
-    return {"corrupt", checks[i], "a " .. kind .. " where the DLQ keeps a " .. checks[i + 1]}
-  end
-end
+local bad = wrong_type(checks)
+if bad then return bad end
 local recs = {}
 for i = 3, #ARGV do
   local H = KEYS[6 + i]
@@ -66,13 +64,8 @@ for i = 3, #ARGV do
   end
 end
 
-local function sortkey(s)
-  local ms, seq = string.match(s, "^(%d+)%-(%d+)$")
-  return string.rep("0", 15 - #ms) .. ms .. "-" .. string.char(96 + #seq) .. seq
-end
-local function bump(field, n)
-  if redis.call("HINCRBY", C, field, n) <= 0 then redis.call("HDEL", C, field) end
-end
+--@include lib/dlq_bump.lua
+--@include lib/dlq_unindex.lua
 local CODE = {pending = "p", replayed = "r", abandoned = "a"}
 
 ready()
@@ -90,10 +83,7 @@ for i = 3, #ARGV do
     redis.call("XDEL", S, r.sid)
     redis.call("DEL", KEYS[6 + i])
     redis.call("ZREM", E, r.sid .. "|" .. id .. "|" .. CODE[r.st] .. "|" .. r.op)
-    local pm = sortkey(r.sid) .. "|" .. id
-    redis.call("ZREM", P, pm)
-    redis.call("ZREM", PO, r.op .. "\0" .. pm)
-    redis.call("ZREM", RQ, r.op .. "\0" .. pm)
+    unindex(r.sid, id, r.op)
     bump(r.st .. "|" .. r.op, -1)
     if r.ik and redis.call("HGET", BK, r.ik) == id then redis.call("HDEL", BK, r.ik) end
     redis.call("XADD", LOG, "MAXLEN", "~", LOG_MAX, "*", "dlq_id", id, "change", "purged",

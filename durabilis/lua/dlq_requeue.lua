@@ -45,16 +45,11 @@ local KEEP = 253402300799999  -- "never" (DlqConfig.keep_pending)
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-for _, c in ipairs({{IDX, "zset"}, {LOG, "stream"}}) do
-  local kind = redis.call("TYPE", c[1])["ok"]
-  if kind ~= "none" and kind ~= c[2] then
-    return {"corrupt", c[1], "a " .. kind .. " where the DLQ keeps a " .. c[2]}
-  end
-end
-local function sortkey(s)
-  local ms, seq = string.match(s, "^(%d+)%-(%d+)$")
-  return string.rep("0", 15 - #ms) .. ms .. "-" .. string.char(96 + #seq) .. seq
-end
+--@include lib/dlq_types.lua
+--@include lib/sortkey.lua
+
+local bad = wrong_type({IDX, "zset", LOG, "stream"})
+if bad then return bad end
 -- The record's live fields, or nil (gone or expired); raises on foreign data.
 local function read(H)
   local kind = redis.call("TYPE", H)["ok"]

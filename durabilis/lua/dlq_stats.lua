@@ -35,21 +35,16 @@ Returns one of
               must not stop an operator or a caller reading)
 ]]
 local E, P, C, S = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+--@include lib/dlq_types.lua
+
 local checks = {E, "zset", P, "zset", C, "hash", S, "stream"}
-for i = 1, #checks, 2 do
-  local kind = redis.call("TYPE", checks[i])["ok"]
-  if kind ~= "none" and kind ~= checks[i + 1] then
-    return {"corrupt", checks[i], "a " .. kind .. " where the DLQ keeps a " .. checks[i + 1]}
-  end
-end
+local bad = wrong_type(checks)
+if bad then return bad end
 local limit = math.max(1, math.floor(tonumber(ARGV[1]) or 1000))
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-local function sortkey(sid)
-  local ms, seq = string.match(sid, "^(%d+)%-(%d+)$")
-  return string.rep("0", 15 - #ms) .. ms .. "-" .. string.char(96 + #seq) .. seq
-end
+--@include lib/sortkey.lua
 local STATUS = {p = "pending", r = "replayed", a = "abandoned"}
 
 local read = redis.call("ZRANGEBYSCORE", E, "-inf", now, "LIMIT", 0, limit)

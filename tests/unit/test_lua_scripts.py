@@ -91,6 +91,19 @@ def test_an_include_line_is_replaced_by_the_files_text(tmp_path: Path) -> None:
     assert sorted(loaded.sources) == ["s"]  # lib/ holds routines, not scripts
 
 
+def test_a_file_is_pasted_once_per_script_at_its_first_include(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {
+        "s.lua": _script("--@include lib/b.lua\n--@include lib/a.lua\nreturn f(g())\n"),
+        "lib/a.lua": "local function g() return 1 end\n",
+        "lib/b.lua": "--@include lib/a.lua\nlocal function f(x) return g() + x end\n",
+    })
+    text = load(root).sources["s"]
+    assert text.count("local function g()") == 1
+    assert text.endswith(
+        "local function g() return 1 end\nlocal function f(x) return g() + x end\n"
+        "return f(g())\n")
+
+
 def test_an_unknown_include_is_an_error_at_load(tmp_path: Path) -> None:
     root = _tree(tmp_path, {"s.lua": _script("--@include lib/nope.lua\nreturn 1\n")})
     with pytest.raises(ScriptSourceError, match=r"s:5: unknown include 'lib/nope.lua'"):
@@ -127,6 +140,16 @@ def test_a_malformed_include_is_an_error_at_load(tmp_path: Path, line: str) -> N
     root = _tree(tmp_path, {"s.lua": _script(f"{line}\nreturn 1\n"), "lib/a.lua": ""})
     with pytest.raises(ScriptSourceError):
         load(root)
+
+
+def test_every_shared_routine_is_included_by_a_shipped_script() -> None:
+    lib = sorted(p.name for p in (PACKAGE_LUA / "lib").glob("*.lua"))
+    assert lib
+    used = set()
+    for path in PACKAGE_LUA.rglob("*.lua"):
+        used |= {line.split()[1] for line in path.read_text(encoding="utf-8").splitlines()
+                 if line.startswith("--@include ")}
+    assert {f"lib/{n}" for n in lib} == used
 
 
 # --- @acks tags -----------------------------------------------------------------------
