@@ -144,6 +144,14 @@ class AcksTag:
     arg: int = 0  # 1-based ARGV index of the exception (0: none)
     unless: frozenset[str] = frozenset()
 
+    def __str__(self) -> str:
+        """The tag as a header writes it (``replicas``, ``none``, ...)."""
+        first = "replicas" if self.waits else "none"
+        if not self.arg:
+            return first
+        other = "none" if self.waits else "replicas"
+        return f"{first}, {other} when ARGV[{self.arg}] in {'|'.join(sorted(self.unless))}"
+
     def waits_for(self, args: Sequence[Arg]) -> bool:
         """Whether a call with these ARGV is followed by ``WAIT``."""
         if self.arg and len(args) >= self.arg:

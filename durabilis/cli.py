@@ -309,6 +309,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                       help="print the report as JSON")
 
+    scripts = sub.add_parser(
+        "scripts", help="the Lua scripts this installation ships (no Redis): name, SHA1 "
+        "(EVALSHA's), @acks tag; with NAME, its source as sent (includes expanded)")
+    scripts.add_argument("name", nargs="?", default=None)
+    scripts.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                         help="print them as JSON")
+
     _add_dlq(sub, common)
     _add_breaker(sub, common)
     _add_checkpoint(sub, common)
@@ -2059,6 +2066,34 @@ class _Stderr:
         sys.stderr.flush()
 
 
+def _run_scripts(args: argparse.Namespace) -> int:
+    """``durabilis scripts [NAME]``: what this installation sends to Redis (no Redis)."""
+    import hashlib  # noqa: PLC0415
+
+    from durabilis._scripts import acks_tags, sources  # noqa: PLC0415
+
+    texts, tags = sources(), acks_tags()
+    as_json = bool(getattr(args, "json", False))
+    rows = [{"name": n, "sha1": hashlib.sha1(t.encode()).hexdigest(), "acks": str(tags[n])}
+            for n, t in texts.items()]
+    if args.name is None:
+        if as_json:
+            _print_json(rows)
+        else:
+            for row in rows:
+                print(f"{row['name']:<16} {row['sha1']}  @acks: {row['acks']}")
+        return EXIT_OK
+    found = [r for r in rows if r["name"] == args.name]
+    if not found:
+        _fail(f"no script {args.name!r} (`durabilis scripts` lists them)")
+        return EXIT_NOT_FOUND
+    if as_json:
+        _print_json({**found[0], "source": texts[args.name]})
+    else:
+        sys.stdout.write(texts[args.name])
+    return EXIT_OK
+
+
 def _run_demo(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """``durabilis demo``: its own errors are one line on stderr too (exit 2, 3 or 4)."""
     from durabilis import _demo  # noqa: PLC0415  (keeps `durabilis --help` fast)
@@ -2094,6 +2129,12 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{flag} is empty (leave it out for the default)")
     if args.command == "demo":
         return _run_demo(parser, args)
+    if args.command == "scripts":
+        try:
+            return _run_scripts(args)
+        except BrokenPipeError:  # `durabilis scripts dlq_enqueue | head`
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return EXIT_OK
     import logging  # noqa: PLC0415
 
     import structlog  # noqa: PLC0415

@@ -5,6 +5,7 @@ routines pasted in by ``--@include``, and each script's ``@acks`` tag (whether
 from __future__ import annotations
 
 import hashlib
+import json
 from importlib import resources
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from durabilis._scripts import (
     sources,
     waits,
 )
+from durabilis.cli import main
 
 PACKAGE_LUA = Path(durabilis.__file__).resolve().parent / "lua"
 
@@ -198,3 +200,26 @@ def test_a_fused_step_waits_when_one_script_is_plainly_replicas() -> None:
     assert not waits(fuse([c("idem_release"), c("layer_note", "add")]))
     assert not waits(fuse([c("idem_check"), c("cb_read")]))
     assert waits(fuse([c("idem_check"), c("cb_before")]))
+
+
+def test_each_tag_reads_back_as_it_prints() -> None:
+    for name, tag in acks_tags().items():
+        assert _scripts.acks_tag(name, f"--[[ {name}\n@acks: {tag}\n]]\n") == tag, name
+
+
+# --- `durabilis scripts`: what an operator reads ----------------------------------------
+
+
+def test_the_cli_lists_every_script_and_prints_one_as_sent(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["scripts", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in rows] == sorted(sources())
+    for row in rows:
+        assert row["sha1"] == hashlib.sha1(sources()[row["name"]].encode()).hexdigest()
+        assert row["acks"] == str(acks_tags()[row["name"]])
+    assert main(["scripts", "dlq_cleanup"]) == 0
+    assert capsys.readouterr().out == sources()["dlq_cleanup"]  # expanded, as EVALSHA runs it
+    assert main(["scripts", "no_such_script"]) == 1
+    assert "no script 'no_such_script'" in capsys.readouterr().err

@@ -1,3 +1,5 @@
+--@include lib/dlq_bump.lua
+--@include lib/dlq_unindex.lua
 -- lib/dlq_expire.lua: purge(member, H), remove a record whose expiry passed
 -- (dlq_cleanup, and dlq_enqueue's bounded purge before it adds): its expiry-index
 -- member "<sid>|<dlq_id>|<p|r|a>|<op>" and stream entry go, a pending one's index
@@ -9,8 +11,6 @@
 -- only while it is this record's (no record of that id made since). nil
 -- (dlq_enqueue): its own TTL, equal to the expiry, has already removed it.
 -- Needs locals S, E, P, PO, C, BK, LOG, RQ (keys) and LOG_MAX.
---@include lib/dlq_bump.lua
---@include lib/dlq_unindex.lua
 local STATUS = {p = "pending", r = "replayed", a = "abandoned"}
 
 local expired = {}

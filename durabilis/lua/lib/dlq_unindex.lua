@@ -1,7 +1,7 @@
+--@include lib/sortkey.lua
 -- lib/dlq_unindex.lua: unindex(sid, rid, op), drop a pending record's entries
 -- from the pending index, the pending-by-op index and (when the script has it)
 -- the requeue index. Needs locals P, PO and RQ (the keys; RQ may be nil).
---@include lib/sortkey.lua
 local function unindex(sid, rid, op)
   local pm = sortkey(sid) .. "|" .. rid
   redis.call("ZREM", P, pm)
