@@ -61,12 +61,13 @@ from pathlib import Path
 from typing import Any, Final
 
 from durabilis import _codec
+from durabilis._acks import DEFAULT_ACKS_TIMEOUT
 from durabilis._escape import escape_unprintable
 from durabilis._fork import reset_in_child
 from durabilis._log import get_logger
 from durabilis._retry_core import RetryBudget, RetryPolicy
 from durabilis._scripts import ScriptCall
-from durabilis._store import DEFAULT_ACKS_TIMEOUT, AsyncStore, Store
+from durabilis._store import AsyncStore, Store
 from durabilis.breaker import CircuitBreakerConfig, default_replica_id
 from durabilis.checkpoint import CheckpointConfig
 from durabilis.dlq import DlqConfig
