@@ -8,7 +8,7 @@ turns it into an :class:`Acks` once, and everything after (the store's
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from durabilis.errors import ConfigError
 
@@ -34,6 +34,12 @@ class Acks:
     replicas: int = 0
     fsync: bool = False
     timeout: float = DEFAULT_ACKS_TIMEOUT
+    waits: bool = field(init=False, repr=False, compare=False)
+    """Whether a write script is followed by ``WAIT`` (or ``WAITAOF``): a field,
+    not a property, as the store reads it before every script."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "waits", self.replicas > 0 or self.fsync)
 
     @classmethod
     def parse(cls, acks: str, timeout: float = DEFAULT_ACKS_TIMEOUT) -> Acks:
@@ -67,11 +73,6 @@ class Acks:
         ):
             raise ConfigError("acks_timeout", f"must be seconds in [0.001, 60], not {timeout!r}")
         return cls(acks, replicas, bool(plus), float(timeout))
-
-    @property
-    def waits(self) -> bool:
-        """Whether a write script is followed by ``WAIT`` (or ``WAITAOF``)."""
-        return self.replicas > 0 or self.fsync
 
     @property
     def wait_ms(self) -> int:
