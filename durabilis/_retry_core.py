@@ -419,7 +419,7 @@ class RetryBudget:
     Replicas that disagree about these settings never grant more than the
     strictest in use would: the budget remembers each setting used on the
     operation type and applies every one used within its window
-    (``lua/retry_budget.lua``, docs/retry.md). A call counts for 90-100 % of
+    (``durabilis/lua/retry_budget.lua``, docs/retry.md). A call counts for 90-100 % of
     the window, a retry for 100-110 %.
 
     Attributes:

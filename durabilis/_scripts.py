@@ -1,7 +1,12 @@
 """Lua scripts shipped as package data, registered per client.
 
-The ``.lua`` files live in ``lua/`` at the top of the repository and are
-shipped inside the wheel as ``durabilis/lua/`` (see ``pyproject.toml``).
+The ``.lua`` files live in ``durabilis/lua/`` (package data, read through
+``importlib.resources``: the same from a wheel, an editable install or a
+source checkout). Shared routines live once in ``durabilis/lua/lib/`` and are
+pasted in at load time where a script has a line ``--@include lib/<name>.lua``
+(see :func:`expand`); the SHA that EVALSHA sends is the expanded text's.
+Each script's header declares its replica contract with a line ``@acks: ...``
+(see :class:`AcksTag`): whether ``acks="replicas:N"`` follows it with ``WAIT``.
 Each client gets redis-py ``Script`` objects, which run EVALSHA and reload
 the source on NOSCRIPT (after ``SCRIPT FLUSH``, a restart or a failover):
 durabilis never hand-rolls that.
@@ -10,11 +15,21 @@ durabilis never hand-rolls that.
 from __future__ import annotations
 
 import functools
+import re
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from durabilis.errors import DurabilisError
+
+if TYPE_CHECKING:
+    if sys.version_info >= (3, 11):
+        from importlib.resources.abc import Traversable
+    else:
+        from importlib.abc import Traversable
 
 KeyArg = str | bytes
 Arg = str | bytes | int | float
@@ -35,24 +50,207 @@ class ScriptCall:
     args: Sequence[Arg]
 
 
-def _lua_dir() -> Path | None:
-    packaged = resources.files("durabilis") / "lua"
-    if packaged.is_dir():
-        return Path(str(packaged))
-    # Running from a source checkout (editable install): the top-level lua/.
-    source = Path(__file__).resolve().parent.parent / "lua"
-    return source if source.is_dir() else None
+class ScriptSourceError(DurabilisError, RuntimeError):
+    """The shipped Lua does not load: a missing or bad include, a cycle of
+    includes, includes nested too deep, or a script without its ``@acks`` tag.
+    A packaging or development error, raised when the scripts are first read."""
+
+
+MAX_INCLUDE_DEPTH = 3
+"""How deep includes may nest (a script's own include is depth 1)."""
+
+_INCLUDE = re.compile(r"^--@include[ \t]+(\S+)[ \t]*$")
+_INCLUDE_PATH = re.compile(r"^lib/[a-z0-9_]+\.lua$")
+
+
+def _package_root() -> Traversable:
+    return resources.files("durabilis") / "lua"
+
+
+def _read(root: Traversable, relative: str) -> str | None:
+    node = root
+    for part in relative.split("/"):
+        node = node / part
+    return node.read_text(encoding="utf-8") if node.is_file() else None
+
+
+def expand(root: Traversable, name: str, text: str) -> str:
+    """``text`` (the script ``name``) with every include line replaced by the
+    included file's (expanded) text, read below ``root``.
+
+    An include is a whole line ``--@include lib/<name>.lua``, at the top level
+    of the script (not inside a block: what it defines are locals); the file's
+    text stands in its place, so the expanded script runs exactly what a copy
+    of the routine in that place would. A file is pasted once per script, at
+    its first include (a routine that needs another includes it itself).
+
+    Raises:
+        ScriptSourceError: An include names no file (or a path outside
+            ``lib/``), includes form a cycle, or nest deeper than
+            :data:`MAX_INCLUDE_DEPTH`.
+    """
+    return _expand(root, name, text, (name,), set())
+
+
+def _expand(
+    root: Traversable, name: str, text: str, chain: tuple[str, ...], pasted: set[str]
+) -> str:
+    out: list[str] = []
+    for number, line in enumerate(text.splitlines(keepends=True), start=1):
+        match = _INCLUDE.match(line.rstrip("\r\n"))
+        if match is None:
+            if line.lstrip().startswith("--@include"):
+                raise ScriptSourceError(
+                    f"{name}:{number}: an include is a line '--@include lib/<name>.lua', "
+                    f"not {line.strip()!r}")
+            out.append(line)
+            continue
+        target = match.group(1)
+        where = f"{name}:{number}"
+        if _INCLUDE_PATH.match(target) is None:
+            raise ScriptSourceError(
+                f"{where}: includes name a file lib/<name>.lua, not {target!r}")
+        if target in chain:
+            cycle = " -> ".join((*chain[chain.index(target):], target))
+            raise ScriptSourceError(f"{where}: include cycle {cycle}")
+        if len(chain) > MAX_INCLUDE_DEPTH:
+            raise ScriptSourceError(
+                f"{where}: includes nest deeper than {MAX_INCLUDE_DEPTH} "
+                f"({' -> '.join((*chain, target))})")
+        included = _read(root, target)
+        if included is None:
+            raise ScriptSourceError(f"{where}: unknown include {target!r}")
+        if target in pasted:
+            continue
+        pasted.add(target)
+        body = _expand(root, target, included, (*chain, target), pasted)
+        out.append(body if body.endswith("\n") else body + "\n")
+    return "".join(out)
+
+
+@dataclass(frozen=True, slots=True)
+class AcksTag:
+    """A script's replica contract, its header line ``@acks: ...``.
+
+    ``@acks: replicas``: under ``acks="replicas:N"`` the script is followed by
+    ``WAIT`` (its writes count once N replicas confirm them). ``@acks: none``:
+    it is not (a read, or a write whose loss in a failover is safe: the header
+    says why). ``@acks: replicas, none when ARGV[i] in a|b``: ``none`` for the
+    calls whose ``ARGV[i]`` is one of those values, ``replicas`` for the others.
+    A fused step waits when one of its scripts is tagged plainly ``replicas``.
+    """
+
+    waits: bool
+    arg: int = 0  # 1-based ARGV index of the exception (0: none)
+    unless: frozenset[str] = frozenset()
+
+    def __str__(self) -> str:
+        """The tag as a header writes it (``replicas``, ``none``, ...)."""
+        first = "replicas" if self.waits else "none"
+        if not self.arg:
+            return first
+        other = "none" if self.waits else "replicas"
+        return f"{first}, {other} when ARGV[{self.arg}] in {'|'.join(sorted(self.unless))}"
+
+    def waits_for(self, args: Sequence[Arg]) -> bool:
+        """Whether a call with these ARGV is followed by ``WAIT``."""
+        if self.arg and len(args) >= self.arg:
+            value = args[self.arg - 1]
+            text = value.decode() if isinstance(value, bytes) else str(value)
+            if text in self.unless:
+                return not self.waits
+        return self.waits
+
+
+# The tag's value ends at the line's end or at a "(" opening the reason.
+_ACKS_LINE = re.compile(r"^@acks:[ \t]*([^(\n]*?)[ \t]*(?:\(.*)?$", re.M)
+_ACKS_VALUE = re.compile(
+    r"^(replicas|none)"
+    r"(?:, (replicas|none) when ARGV\[([1-9][0-9]?)\] in ([a-z_]+(?:\|[a-z_]+)*))?$")
+
+
+def acks_tag(name: str, text: str) -> AcksTag:
+    """The ``@acks`` tag of the script ``name`` (its header: the first ``--[[ ]]``).
+
+    Raises:
+        ScriptSourceError: The header has no tag, more than one, or a bad one.
+    """
+    header = text.split("]]", 1)[0] if text.startswith("--[[") else ""
+    found = _ACKS_LINE.findall(header)
+    if len(found) != 1:
+        raise ScriptSourceError(
+            f"{name}: its header must carry one line '@acks: replicas' or '@acks: none' "
+            f"(found {len(found)})")
+    match = _ACKS_VALUE.match(found[0])
+    if match is None:
+        raise ScriptSourceError(
+            f"{name}: '@acks: {found[0]}' is not 'replicas', 'none' or "
+            "'<replicas|none>, <none|replicas> when ARGV[i] in a|b'")
+    default, other, arg, values = match.groups()
+    if other is None:
+        return AcksTag(default == "replicas")
+    if other == default:
+        raise ScriptSourceError(f"{name}: '@acks: {found[0]}' names one contract twice")
+    return AcksTag(default == "replicas", int(arg), frozenset(values.split("|")))
+
+
+@dataclass(frozen=True, slots=True)
+class Scripts:
+    """Every script of one directory: expanded source and replica contract by name."""
+
+    sources: dict[str, str]
+    acks: dict[str, AcksTag]
+
+
+def load(root: Traversable) -> Scripts:
+    """Read, expand and check every ``*.lua`` directly in ``root``.
+
+    Raises:
+        ScriptSourceError: No script, or one that does not load (see
+            :func:`expand`, :func:`acks_tag`).
+    """
+    if not root.is_dir():
+        raise ScriptSourceError("durabilis is installed without its lua/ scripts")
+    texts: dict[str, str] = {}
+    for node in sorted(root.iterdir(), key=lambda n: n.name):
+        if node.is_file() and node.name.endswith(".lua"):
+            name = node.name[:-len(".lua")]
+            texts[name] = expand(root, name, node.read_text(encoding="utf-8"))
+    if not texts:
+        raise ScriptSourceError(f"no .lua scripts found in {root}")
+    return Scripts(texts, {name: acks_tag(name, text) for name, text in texts.items()})
 
 
 @functools.cache
+def _shipped() -> Scripts:
+    return load(_package_root())
+
+
 def _file_sources() -> dict[str, str]:
-    directory = _lua_dir()
-    if directory is None:
-        raise RuntimeError("durabilis is installed without its lua/ scripts")
-    found = {p.stem: p.read_text(encoding="utf-8") for p in sorted(directory.glob("*.lua"))}
-    if not found:
-        raise RuntimeError(f"no .lua scripts found in {directory}")
-    return found
+    return _shipped().sources
+
+
+def acks_tags() -> dict[str, AcksTag]:
+    """Every shipped script's replica contract (its ``@acks`` tag) by name."""
+    return _shipped().acks
+
+
+@functools.cache
+def _fused_waits(names: tuple[str, ...]) -> bool:
+    tags = acks_tags()
+    return any(tags[n].waits and not tags[n].arg for n in names)
+
+
+def waits(call: ScriptCall) -> bool:
+    """Whether ``acks="replicas:N"`` follows ``call`` with ``WAIT`` (its scripts'
+    ``@acks`` tags; a fused step: when one of its scripts is plainly ``replicas``)."""
+    name = call.name
+    if name.startswith(FUSED_PREFIX):
+        return _fused_waits(tuple(name[len(FUSED_PREFIX):].split("+")))
+    tag = acks_tags().get(name)
+    if tag is None:
+        raise ScriptSourceError(f"unknown durabilis script {name!r}")
+    return tag.waits_for(call.args)
 
 
 # A script marks the point after its checks and before its first write by
@@ -67,17 +265,17 @@ def sources() -> dict[str, str]:
     """Every script's source by name, as registered (with the ``ready()`` prelude).
 
     Raises:
-        RuntimeError: No script ships with the package.
+        ScriptSourceError: The shipped scripts do not load (see :func:`load`).
     """
     return {name: _PRELUDE + text for name, text in _file_sources().items()}
 
 
 def lua_directory() -> Path:
     """Where the scripts were loaded from (for ``durabilis doctor``)."""
-    directory = _lua_dir()
-    if directory is None:
-        raise RuntimeError("durabilis is installed without its lua/ scripts")
-    return directory
+    root = _package_root()
+    if not root.is_dir():
+        raise ScriptSourceError("durabilis is installed without its lua/ scripts")
+    return Path(str(root))
 
 
 FUSED_PREFIX = "fused:"

@@ -26,11 +26,12 @@ import redis.asyncio.sentinel
 import redis.sentinel
 from redis.backoff import NoBackoff
 
+from durabilis._acks import DEFAULT_ACKS_TIMEOUT, PRIMARY, Acks, as_acks
 from durabilis._autopipe import AutoPipeline
 from durabilis._fork import on_fork_in_child, reset_in_child
 from durabilis._keys import KeySpace
 from durabilis._mask import mask_url
-from durabilis._scripts import FUSED_PREFIX, Replies, ScriptCall, ScriptRegistry, fuse
+from durabilis._scripts import Replies, ScriptCall, ScriptRegistry, fuse, waits
 from durabilis._url import check_url
 from durabilis.errors import (
     ConfigError,
@@ -82,58 +83,6 @@ _CLUSTER_MISUSE: tuple[type[Exception], ...] = (
     redis.exceptions.CrossSlotTransactionError,
     redis.exceptions.InvalidPipelineStack,
 )
-
-
-DEFAULT_ACKS_TIMEOUT = 1.0
-"""How long (seconds) ``acks="replicas:N"`` waits for the replicas' confirmations."""
-
-
-UNCONFIRMED_SCRIPTS = frozenset({
-    # reads (a few drop stale index entries on the way): a replica down must not
-    # stop an operator from reading the DLQ, a breaker or the in-flight index
-    "cb_read", "ckpt_count", "ckpt_find", "ckpt_get", "dlq_expired", "dlq_get",
-    "dlq_stats", "idem_check", "layer_orphans", "layer_stats",
-    # a release: lost in a failover, the key is only taken over when its lease
-    # ends (as for a dead worker's), never run twice
-    "idem_release",
-})
-"""Scripts that ``acks="replicas:N"`` does not follow with ``WAIT`` (nor ``layer_note``
-when it removes in-flight entries or adds to counters: lost in a failover, recovery
-drops those entries with one look each, and a count is a count)."""
-
-_NOTE_UNCONFIRMED = frozenset({"rem", "leave", "none"})
-
-
-def parse_acks(acks: str, timeout: float) -> tuple[int, bool, int]:
-    """``(replicas, fsync, timeout_ms)`` of an acknowledgement level.
-
-    ``"primary"``: a write counts once the primary ran it. ``"replicas:N"``: once
-    N >= 1 replicas confirmed it within ``timeout`` seconds (``WAIT``). Either with
-    ``"+fsync"``: once the primary (and those replicas) also wrote it to their AOF
-    with fsync (``WAITAOF``, Redis >= 7.2, AOF on).
-
-    Raises:
-        ConfigError: Any other value.
-    """
-    if not isinstance(acks, str):
-        raise ConfigError("acks", f"must be 'primary' or 'replicas:N', not {acks!r}")
-    level, plus, option = acks.partition("+")
-    kind, sep, n = level.partition(":")
-    if plus and option != "fsync":
-        raise ConfigError("acks", f"the only option is '+fsync', not {acks!r}")
-    if level == "primary":
-        replicas = 0
-    elif kind == "replicas" and sep and n.isdigit() and 1 <= int(n) <= 64:
-        replicas = int(n)
-    else:
-        raise ConfigError(
-            "acks", f"must be 'primary' or 'replicas:N' (1 <= N <= 64), optionally "
-            f"'+fsync', not {acks!r}")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (
-        0.001 <= timeout <= 60
-    ):
-        raise ConfigError("acks_timeout", f"must be seconds in [0.001, 60], not {timeout!r}")
-    return replicas, bool(plus), max(1, round(timeout * 1000))
 
 
 WAITAOF_SINCE = (7, 2)
@@ -558,34 +507,41 @@ class _StoreBase:
         self.scripts = ScriptRegistry(client)
         self._fuse = not is_cluster
         self.socket_timeout: float | None = None  # (connect() sets it: acks_timeout < it)
-        self.acks = "primary"
-        self._replicas = 0  # replicas that must confirm each script's writes (WAIT)
-        self._fsync = False  # ...and the AOF's fsync (WAITAOF)
+        self._acks = PRIMARY  # when a write counts as done (WAIT / WAITAOF after it)
         self._acks_checked = False  # the server's version was found to be recent enough
-        self._wait_ms = round(DEFAULT_ACKS_TIMEOUT * 1000)
 
-    def _acking(self, acks: str, timeout: float) -> Any:
-        replicas, fsync, wait_ms = parse_acks(acks, timeout)
+    @property
+    def acks(self) -> str:
+        """This store's acknowledgement level as given (``"replicas:1"``)."""
+        return self._acks.text
+
+    @property
+    def acks_level(self) -> Acks:
+        """This store's acknowledgement level, parsed."""
+        return self._acks
+
+    def _acking(self, acks: str | Acks, timeout: float | None) -> Any:
+        level = as_acks(acks, timeout)
         socket = self.socket_timeout
-        if (replicas or fsync) and socket is not None and timeout >= socket:
+        if level.waits and socket is not None and level.timeout >= socket:
             raise ConfigError("acks_timeout", (
-                f"{timeout:g} s must be shorter than the connection's socket_timeout "
+                f"{level.timeout:g} s must be shorter than the connection's socket_timeout "
                 f"({socket:g} s): a WAIT longer than it ends as a lost connection"))
         twin = copy.copy(self)  # the same client, scripts and batching
-        twin.acks, twin._replicas, twin._fsync, twin._wait_ms = acks, replicas, fsync, wait_ms
+        twin._acks = level
         twin._acks_checked = False
         return twin
 
     @property
     def _acks_unchecked(self) -> bool:
-        return (self._replicas > 0 or self._fsync) and not self._acks_checked
+        return self._acks.waits and not self._acks_checked
 
     def _acks_unsupported(self, info: Mapping[str, Any]) -> ConfigError | None:
         """The refusal of this store's ``acks`` by a server too old for it (checked
         once, before the first script: nothing is written when it is refused)."""
         version = _version(info)
         shown = info.get("redis_version", "?") if "redis_version" in info else "?"
-        if self._fsync and version < WAITAOF_SINCE:
+        if self._acks.fsync and version < WAITAOF_SINCE:
             return ConfigError("acks", (
                 f"{self.acks!r} needs WAITAOF (Redis >= 7.2); this server is Redis {shown}: "
                 "use acks without '+fsync', and appendfsync always on the server for a "
@@ -598,23 +554,15 @@ class _StoreBase:
         return None
 
     def _waits(self, call: ScriptCall) -> bool:
-        """Whether ``call`` is followed by ``WAIT`` (see :data:`UNCONFIRMED_SCRIPTS`)."""
-        if not (self._replicas or self._fsync):
-            return False
-        name = call.name
-        if name.startswith(FUSED_PREFIX):  # (a fused in-flight "add" is always beside a claim)
-            parts = name[len(FUSED_PREFIX):].split("+")
-            return not all(n in UNCONFIRMED_SCRIPTS or n == "layer_note" for n in parts)
-        if name == "layer_note":  # an entry's removal, counts: no; its addition, renewal: yes
-            mode = call.args[0] if call.args else b""
-            text = mode.decode() if isinstance(mode, bytes) else str(mode)
-            return text not in _NOTE_UNCONFIRMED
-        return name not in UNCONFIRMED_SCRIPTS
+        """Whether ``call`` is followed by ``WAIT``: its script's ``@acks`` tag
+        (see :func:`durabilis._scripts.waits`)."""
+        return self._acks.waits and waits(call)
 
     def _wait(self) -> tuple[Any, ...]:
-        if self._fsync:
-            return ("WAITAOF", 1, self._replicas, self._wait_ms)
-        return ("WAIT", self._replicas, self._wait_ms)
+        level = self._acks
+        if level.fsync:
+            return ("WAITAOF", 1, level.replicas, level.wait_ms)
+        return ("WAIT", level.replicas, level.wait_ms)
 
     def _acked_next(
         self, call: ScriptCall, command: tuple[Any, ...], reply: Any, acked: Any, tries: int
@@ -636,17 +584,17 @@ class _StoreBase:
     def _confirmed(self, acked: Any, call: ScriptCall | None) -> None:
         """Raise NotReplicated when ``WAIT`` counted fewer replicas than asked for
         (``WAITAOF``: or the primary's own fsync did not happen in time)."""
-        local = 1
-        if self._fsync and isinstance(acked, (list, tuple)) and len(acked) == 2:
+        local, level = 1, self._acks
+        if level.fsync and isinstance(acked, (list, tuple)) and len(acked) == 2:
             local, acked = acked
-        if not isinstance(acked, int) or acked < self._replicas or local != 1:
+        if not isinstance(acked, int) or acked < level.replicas or local != 1:
             where = f" (script {call.name})" if call is not None else ""
             if local != 1:
                 where += ", not fsynced by the primary"
             if isinstance(acked, Exception):
                 where += f" [{type(acked).__name__}: {acked}]"
             raise NotReplicated(
-                acked if isinstance(acked, int) else 0, self._replicas, self._wait_ms, where
+                acked if isinstance(acked, int) else 0, level.replicas, level.wait_ms, where
             )
 
     @property
@@ -786,13 +734,15 @@ class Store(_StoreBase):
     and threads of a process (redis-py clients are thread-safe).
     """
 
-    def with_acks(self, acks: str, timeout: float = DEFAULT_ACKS_TIMEOUT) -> Store:
+    def with_acks(self, acks: str | Acks, timeout: float | None = None) -> Store:
         """This store (same client and connections) with another acknowledgement level.
 
         ``"replicas:N"``: each script is followed, on its connection and in the
         same round trip, by ``WAIT N timeout_ms``; fewer confirmations within
-        ``timeout`` seconds raise :class:`~durabilis.errors.NotReplicated` (the step
-        counts as failed, its outcome unknown). ``"primary"``: no ``WAIT``.
+        ``timeout`` seconds (default 1) raise :class:`~durabilis.errors.NotReplicated`
+        (the step counts as failed, its outcome unknown). ``"primary"``: no
+        ``WAIT``. ``acks`` may be a parsed level (``DurabilityConfig.acks_level``),
+        which carries its timeout.
 
         Raises:
             ConfigError: An invalid level or timeout.
@@ -1195,7 +1145,7 @@ class AsyncStore(_StoreBase):
             if getattr(self.client, "_initialize", False):
                 await self.client.initialize()
 
-    def with_acks(self, acks: str, timeout: float = DEFAULT_ACKS_TIMEOUT) -> AsyncStore:
+    def with_acks(self, acks: str | Acks, timeout: float | None = None) -> AsyncStore:
         """See :meth:`Store.with_acks` (the twin shares this store's batching too)."""
         twin: AsyncStore = self._acking(acks, timeout)
         return twin
@@ -1508,13 +1458,13 @@ def connect(
         StorageUnavailable: The embedded server cannot be started.
     """
     keys = KeySpace(namespace)  # validate before connecting
-    parse_acks(acks, acks_timeout)
+    level = Acks.parse(acks, acks_timeout)
     resolved = resolve_url(url)
     check_url(resolved)
     client, is_cluster = make_client(resolved, options, asyncio=False)
     store = Store(client, url=resolved, namespace=keys.namespace, is_cluster=is_cluster)
     store.socket_timeout = _socket_timeout(options)
-    return store.with_acks(acks, acks_timeout) if acks != "primary" else store
+    return store.with_acks(level) if level.text != "primary" else store
 
 
 def connect_async(
@@ -1523,10 +1473,10 @@ def connect_async(
 ) -> AsyncStore:
     """The asyncio twin of :func:`connect` (no I/O happens until first use)."""
     keys = KeySpace(namespace)
-    parse_acks(acks, acks_timeout)
+    level = Acks.parse(acks, acks_timeout)
     resolved = resolve_url(url)
     check_url(resolved)
     client, is_cluster = make_client(resolved, options, asyncio=True)
     store = AsyncStore(client, url=resolved, namespace=keys.namespace, is_cluster=is_cluster)
     store.socket_timeout = _socket_timeout(options)
-    return store.with_acks(acks, acks_timeout) if acks != "primary" else store
+    return store.with_acks(level) if level.text != "primary" else store

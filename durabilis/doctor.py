@@ -43,7 +43,7 @@ import redis
 
 from durabilis._mask import mask_url
 from durabilis._scripts import sources
-from durabilis._store import Store, map_error, parse_acks
+from durabilis._store import Store, map_error
 from durabilis.errors import DurabilisError, StorageUnavailable
 
 __all__ = [
@@ -771,9 +771,10 @@ def run_doctor(
         "connection", OK, "PING answered",
         {"first_ping_ms": round((time.perf_counter() - began) * 1000.0, 3)},
     ))
-    acks_replicas = int(getattr(store, "_replicas", 0))
-    if config is not None and getattr(config, "acks", None):  # the layer's own level
-        acks_replicas = max(acks_replicas, parse_acks(config.acks, config.acks_timeout_seconds)[0])
+    acks_replicas = store.acks_level.replicas
+    layer_level = getattr(config, "acks_level", None)  # the layer's own level
+    if layer_level is not None:
+        acks_replicas = max(acks_replicas, layer_level.replicas)
     checks += _info_checks(store, acks_replicas)
     checks.append(_script_check(store))
     checks.append(_latency_check(store, max(1, pings)))

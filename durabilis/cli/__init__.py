@@ -160,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{flag} is empty (leave it out for the default)")
     if args.command == "demo":
         return run_demo(parser, args)
+    if args.command == "scripts":  # no Redis, no session
+        from durabilis.cli._scripts import run as run_scripts  # noqa: PLC0415
+
+        return run_scripts(args)
     if args.command == "web":  # a server, not a command over a session: durabilis._cli_web
         from durabilis._cli_web import run  # noqa: PLC0415
 

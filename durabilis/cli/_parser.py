@@ -237,6 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "the demo writes)")
     demo.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                       help="print the report as JSON")
+    from durabilis.cli._scripts import add_arguments as add_scripts  # noqa: PLC0415
+
+    add_scripts(sub)
 
     _add_dlq(sub, common)
     _add_breaker(sub, common)

@@ -11,8 +11,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
+from durabilis._acks import DEFAULT_ACKS_TIMEOUT
 from durabilis._retry_core import RetryBudget, RetryPolicy
-from durabilis._store import DEFAULT_ACKS_TIMEOUT
 from durabilis.breaker import CircuitBreakerConfig
 from durabilis.checkpoint import CheckpointConfig
 from durabilis.config._model import breaker_to_dict, dataclass_fields, plain, policy_to_dict

@@ -207,8 +207,8 @@ class DurabilityLayer:
     ) -> None:
         self.config = config or DurabilityConfig()
         cfg = self.config
-        if cfg.acks is not None:
-            store = store.with_acks(cfg.acks, cfg.acks_timeout_seconds)
+        if cfg.acks_level is not None:
+            store = store.with_acks(cfg.acks_level)
         self.store = store
         self.idempotency = IdempotencyGuard(store, cfg.idempotency)
         self.retry = RetryEngine.empty(store)
@@ -521,8 +521,8 @@ class AsyncDurabilityLayer:
     ) -> None:
         self.config = config or DurabilityConfig()
         cfg = self.config
-        if cfg.acks is not None:
-            store = store.with_acks(cfg.acks, cfg.acks_timeout_seconds)
+        if cfg.acks_level is not None:
+            store = store.with_acks(cfg.acks_level)
         self.store = store
         self.idempotency = AsyncIdempotencyGuard(store, cfg.idempotency)
         self.retry = AsyncRetryEngine.empty(store)

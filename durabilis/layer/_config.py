@@ -8,8 +8,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from durabilis._acks import DEFAULT_ACKS_TIMEOUT, Acks
 from durabilis._steps import CURRENT
-from durabilis._store import DEFAULT_ACKS_TIMEOUT, parse_acks
 from durabilis.breaker import DEFAULT_BREAKER_CONFIGS, CircuitBreakerConfig
 from durabilis.checkpoint import CheckpointConfig
 from durabilis.dlq import DlqConfig
@@ -79,6 +79,9 @@ class DurabilityConfig:
     renew_every_seconds: float | None = None
     acks: str | None = None
     acks_timeout_seconds: float = DEFAULT_ACKS_TIMEOUT
+    acks_level: Acks | None = field(default=None, init=False, repr=False, compare=False)
+    """``acks`` with ``acks_timeout_seconds``, parsed once (by :meth:`validate`);
+    ``None``: the store's own level."""
 
     @classmethod
     def seed(cls, **overrides: Any) -> DurabilityConfig:
@@ -138,8 +141,10 @@ class DurabilityConfig:
             for k, v in self.dependencies.items()
         ):
             raise ConfigError("dependencies", "must map operation types to breaker names (str)")
+        level = None
         if self.acks is not None or self.acks_timeout_seconds != DEFAULT_ACKS_TIMEOUT:
-            parse_acks(self.acks or "primary", self.acks_timeout_seconds)
+            level = Acks.parse(self.acks or "primary", self.acks_timeout_seconds)
+        object.__setattr__(self, "acks_level", level if self.acks is not None else None)
         renew = self.renew_every_seconds
         if renew is not None and (
             isinstance(renew, bool)

@@ -32,7 +32,7 @@ from tests.support.lossy import lose_replies
 
 pytestmark = pytest.mark.topologies("cluster")
 
-LUA = Path(__file__).resolve().parents[2] / "lua"
+LUA = Path(__file__).resolve().parents[2] / "durabilis" / "lua"
 
 
 @pytest.fixture

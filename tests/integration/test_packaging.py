@@ -12,8 +12,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_installed_wheel_ships_and_loads_every_lua_script(tmp_path: Path) -> None:
-    expected = sorted(p.name for p in (ROOT / "lua").glob("*.lua"))
-    assert expected, "the source tree has no lua/*.lua"
+    lua = ROOT / "durabilis" / "lua"
+    expected = sorted(p.name for p in lua.glob("*.lua"))
+    assert expected, "the source tree has no durabilis/lua/*.lua"
+    # (the shared routines the scripts include: durabilis/lua/lib/)
+    expected_lib = sorted(p.relative_to(lua).as_posix() for p in lua.glob("lib/*.lua"))
+    assert expected_lib, "the source tree has no durabilis/lua/lib/*.lua"
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
          "-w", str(tmp_path / "dist"), str(ROOT)],
@@ -21,13 +25,14 @@ def test_installed_wheel_ships_and_loads_every_lua_script(tmp_path: Path) -> Non
     )
     (wheel,) = (tmp_path / "dist").glob("durabilis-*.whl")
     with zipfile.ZipFile(wheel) as zf:
-        shipped = sorted(n.split("/")[-1] for n in zf.namelist() if n.startswith("durabilis/lua/"))
+        names = [n[len("durabilis/lua/"):] for n in zf.namelist() if n.startswith("durabilis/lua/")]
         assert "durabilis/py.typed" in zf.namelist()
         web = ROOT / "durabilis" / "web"  # the console's templates and stylesheet
         assets = sorted(str(p.relative_to(ROOT)) for p in web.rglob("*")
                         if p.suffix in (".html", ".css"))
         assert assets and set(assets) <= set(zf.namelist())
-    assert shipped == expected
+    assert sorted(n for n in names if "/" not in n) == expected
+    assert sorted(n for n in names if n.startswith("lib/")) == expected_lib
 
     target = tmp_path / "site"
     subprocess.run(

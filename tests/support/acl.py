@@ -12,6 +12,8 @@ from pathlib import Path
 
 import redis
 
+from durabilis._scripts import sources
+
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "operations.md"
 
@@ -47,10 +49,10 @@ def granted(rules: list[str]) -> set[str]:
 
 
 def script_commands() -> set[str]:
-    """Every command a shipped Lua script calls (lower case)."""
+    """Every command a shipped Lua script calls (lower case; includes expanded)."""
     found: set[str] = set()
-    for path in sorted((ROOT / "lua").glob("*.lua")):
-        found |= {c.lower() for c in _CALL.findall(path.read_text(encoding="utf-8"))}
+    for text in sources().values():
+        found |= {c.lower() for c in _CALL.findall(text)}
     return found
 
 

@@ -23,7 +23,7 @@ from durabilis.breaker import (
 )
 from tests.support.logs import own_logs
 
-LUA = Path(__file__).resolve().parents[2] / "lua"
+LUA = Path(__file__).resolve().parents[2] / "durabilis" / "lua"
 
 
 class NoIO:

@@ -14,4 +14,5 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_doctor_sample_output_counts_the_scripts_that_ship() -> None:
     text = (ROOT / "docs" / "production.md").read_text(encoding="utf-8")
     shown = re.findall(r"all (\d+) Lua scripts load", text)
-    assert shown and {int(n) for n in shown} == {len(list((ROOT / "lua").glob("*.lua")))}
+    shipped = len(list((ROOT / "durabilis" / "lua").glob("*.lua")))
+    assert shown and {int(n) for n in shown} == {shipped}

@@ -1,0 +1,56 @@
+--[[ idem_check: read an idempotency record (read-only), judged by the server clock.
+
+KEYS[1]  the record hash            (<ns>:idem:{<key>})
+ARGV[1]  tombstones                 optional: "x" = answer {"x", touched} for a
+                                    released claim's tombstone (the layer's read of a
+                                    key's aliases: an earlier delivery may be parked,
+                                    or may have had its effect)
+
+Returns one of
+  {"none"}                          no record (or a released claim's tombstone)
+  {"x", touched ("1"|"0")}          (with ARGV[1] "x") a released claim's tombstone;
+                                    touched "1" when an earlier run may have had its
+                                    effect (idem_release's "tc" mark)
+  {"dup", state ("p"|"d"), value ("" = none), claimed_ms, window_expires_ms,
+   lease_expired (0|1), not_stored ("" = the result is stored, else why not)}
+  {"corrupt", detail}
+
+@acks: none   (a read, at most dropping stale index entries: a replica down
+              must not stop an operator or a caller reading)
+]]
+local key = KEYS[1]
+local kind = redis.call("TYPE", key)["ok"]
+if kind == "none" then return {"none"} end
+if kind ~= "hash" then
+  return {"corrupt", "a " .. kind .. " where an idempotency record (hash) belongs"}
+end
+local t = redis.call("TIME")
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- A stored millisecond count, or nil: tonumber() alone also accepts "inf",
+-- "nan" and fractions, which would poison every comparison and TTL below.
+local function int(v)
+  local n = tonumber(v)
+  if n and n == n and n > -1e15 and n < 1e15 and n == math.floor(n) then return n end
+  return nil
+end
+local f = redis.call("HMGET", key, "s", "ts", "le", "w", "ph", "r", "ns", "tc")
+local state, ts, le, window = f[1], int(f[2]), int(f[3]), int(f[4])
+if state == "x" then
+  if ARGV[1] == "x" then
+    if f[8] == "1" then return {"x", "1"} end
+    return {"x", "0"}
+  end
+  return {"none"}
+end
+if (state ~= "p" and state ~= "d") or not ts or not window then
+  return {"corrupt", "record hash without a valid state, claim time or window"}
+end
+if state == "d" then
+  return {"dup", "d", f[6] or "", ts, ts + window, 0, f[7] or ""}
+end
+if not le then
+  return {"corrupt", "in-progress record without a valid lease expiry"}
+end
+local expired = 0
+if now >= le then expired = 1 end
+return {"dup", "p", f[5] or "", ts, ts + window, expired, ""}

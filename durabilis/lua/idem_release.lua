@@ -1,0 +1,74 @@
+--[[ idem_release: give an in-progress claim back (the operation failed or was cancelled).
+
+Only the current owner releases, named by its token or by its claim nonce
+(when the claim's reply was lost, the caller knows only its nonce), and only
+while in progress: a recorded result is never deleted here. The record becomes
+a tombstone keeping the last token (until the record's TTL), so the next
+claim's token is still higher.
+
+A "touched" tombstone ("tc" = "1") says an earlier run may have had its
+effect: the claim was released after an interruption once fn had started
+(ARGV[5]), or it had been taken over from a dead owner ("to") or inherited a
+touched tombstone itself ("tc"). The next claim reports it as taken over
+(idem_claim), and it passes on from claim to claim until an outcome is
+recorded (idem_record writes the record afresh).
+
+KEYS[1]  the record hash            (<ns>:idem:{<key>})
+ARGV[1]  token                      fencing token from the claim, "" = unknown
+ARGV[2]  nonce                      the claim's nonce, "" = unknown
+ARGV[3]  keep_taken                 "1": do not release a claim taken over from a
+                                    dead owner (its operation may have run): the
+                                    caller parks it instead
+ARGV[4]  hold_ms                    "" = none; else keep the tombstone at least this
+                                    long (a parked operation: as long as its DLQ
+                                    record, so that a later delivery still learns
+                                    there was an earlier claim and settles the record)
+ARGV[5]  touched                    "1": fn had started (the run was interrupted, or
+                                    recovery parks a dead worker's claim): the
+                                    tombstone is touched; "" = as the claim was
+
+Returns 1 when released, 0 when neither holds an in-progress claim, 2 when
+kept because it was taken over (with keep_taken).
+
+@acks: none   (a release lost in a failover is safe: the key is taken over
+              only when its lease ends, as a dead worker's, never run twice)
+]]
+local key = KEYS[1]
+if redis.call("TYPE", key)["ok"] ~= "hash" then return 0 end
+local f = redis.call("HMGET", key, "s", "tok", "cn", "to", "hd", "tc")
+local token, nonce = ARGV[1], ARGV[2] or ""
+if f[1] == "p" and ((token ~= "" and f[2] == token) or (nonce ~= "" and f[3] == nonce)) then
+  if ARGV[3] == "1" and f[4] == "1" then return 2 end
+  ready()
+  local fields = redis.call("HKEYS", key)
+  local drop = {}
+  for _, name in ipairs(fields) do
+    -- The tombstone keeps the token (tokens only increase), the payload
+    -- fingerprint (the key stays bound to its payload for the window) and
+    -- "hd", until when it must last (a parked operation's DLQ record).
+    if name ~= "s" and name ~= "tok" and name ~= "fp" and name ~= "hd" then
+      drop[#drop + 1] = name
+    end
+  end
+  if #drop > 0 then redis.call("HDEL", key, unpack(drop)) end
+  redis.call("HSET", key, "s", "x")
+  if ARGV[5] == "1" or f[4] == "1" or f[6] == "1" then
+    redis.call("HSET", key, "tc", "1")  -- (HKEYS above dropped it: set afresh)
+  end
+  -- The hold is sticky: a later release without one (a non-retryable failure,
+  -- a cancelled call) keeps the tombstone as long as an earlier one asked.
+  local t = redis.call("TIME")
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local until_ms = tonumber(f[5] or "") or 0
+  local hold = tonumber(ARGV[4] or "")
+  if hold and hold > 0 and now + hold > until_ms then
+    until_ms = now + hold
+    redis.call("HSET", key, "hd", until_ms)
+  end
+  local pttl = redis.call("PTTL", key)
+  if until_ms > now and pttl >= 0 and now + pttl < until_ms then
+    redis.call("PEXPIREAT", key, until_ms)
+  end
+  return 1
+end
+return 0

@@ -1,0 +1,12 @@
+-- lib/dlq_types.lua: wrong_type({key, type, key, type, ...}), the DLQ scripts'
+-- check of their keys before any write: {"corrupt", key, detail} for the first
+-- key holding another type than the DLQ keeps there, or nil (all absent or right).
+local function wrong_type(checks)
+  for i = 1, #checks, 2 do
+    local kind = redis.call("TYPE", checks[i])["ok"]
+    if kind ~= "none" and kind ~= checks[i + 1] then
+      return {"corrupt", checks[i], "a " .. kind .. " where the DLQ keeps a " .. checks[i + 1]}
+    end
+  end
+  return nil
+end
