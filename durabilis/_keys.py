@@ -20,16 +20,10 @@ import re
 
 from redis.crc import key_slot
 
+from durabilis.core.keyparts import escape_part as escape_part  # noqa: PLC0414  (re-exported)
 from durabilis.errors import ConfigError
 
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
-
-
-def escape_part(part: str) -> str:
-    """Percent-escape ``%``, ``:``, ``{`` and ``}`` so parts never collide or split a tag."""
-    return (
-        part.replace("%", "%25").replace(":", "%3A").replace("{", "%7B").replace("}", "%7D")
-    )
 
 
 def escape_tag(text: str) -> str:

@@ -42,26 +42,29 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Awaitable, Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from durabilis._fork import reset_in_child
 from durabilis._retry_core import TESTING
 from durabilis._scripts import ScriptCall
+from durabilis.core.steps import IO as IO  # noqa: PLC0414  (the vocabulary is the core's)
+from durabilis.core.steps import MAX_SLEEP_SECONDS as MAX_SLEEP_SECONDS  # noqa: PLC0414
+from durabilis.core.steps import Command as Command  # noqa: PLC0414
+from durabilis.core.steps import Defer as Defer  # noqa: PLC0414
+from durabilis.core.steps import Hold as Hold  # noqa: PLC0414
+from durabilis.core.steps import Plan as Plan  # noqa: PLC0414
+from durabilis.core.steps import Run as Run  # noqa: PLC0414
+from durabilis.core.steps import Sleep as Sleep  # noqa: PLC0414
+from durabilis.core.steps import is_async_callable as is_async_callable  # noqa: PLC0414
+from durabilis.core.steps import shielded as shielded  # noqa: PLC0414
 from durabilis.errors import CorruptData, DurabilisError, StorageUnavailable
 
 if TYPE_CHECKING:
-    from durabilis._store import AsyncStore, Gates, Store, Waves
+    from durabilis._store import AsyncStore, Store
 
 T = TypeVar("T")
-
-MAX_SLEEP_SECONDS = 2 * 3600.0
-"""No plan step sleeps longer than this (retry delays are at most an hour, plus jitter)."""
-
-Plan = Generator[Any, Any, T]
-"""A generator of steps returning ``T``."""
 
 INTERRUPTS: tuple[type[BaseException], ...] = (
     asyncio.CancelledError,
@@ -75,96 +78,10 @@ in the simulator) must not run anything more.
 """
 
 
-@dataclass(frozen=True, slots=True)
-class IO:
-    """Run the calls of one step (``Store.run_step``).
-
-    Attributes:
-        calls: The scripts, in order.
-        gates: Call index -> "did this reply refuse?"; a gated refusal aborts
-            the step (standalone: nothing written; Cluster: the calls after it
-            are not sent).
-        shield: Not interrupted by a cancellation (asyncio): the outcome of an
-            operation that ran is recorded whatever happens to the caller.
-        waves: Per call, its wave when the step is not fused (Cluster): the
-            calls of a wave are sent concurrently, a wave only after the one
-            before it answered. ``None``: one call after another.
-    """
-
-    calls: Sequence[ScriptCall]
-    gates: Gates | None = None
-    shield: bool = False
-    waves: Waves | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Command:
-    """A plain read-only command; ``key`` names the key in errors."""
-
-    args: tuple[Any, ...]
-    key: str = "?"
-
-
-@dataclass(frozen=True, slots=True)
-class Run:
-    """Call user code: ``fn(arg)``, with ``context`` as the current operation."""
-
-    fn: Callable[[Any], Any]
-    arg: Any
-    context: Any = None
-
-
-@dataclass(frozen=True, slots=True)
-class Sleep:
-    """Wait (retry backoff, polling); ``shield``: not interrupted by a cancellation."""
-
-    seconds: float
-    shield: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Hold:
-    """Keep this claim's lease (and its in-flight index entry) alive until the plan ends.
-
-    Sent BEFORE the claim step, so the claim is renewed from the moment it
-    exists (named by its nonce: its token is not known yet).
-    """
-
-    key: str
-    nonce: str
-    member: str
-
-
-@dataclass(frozen=True, slots=True)
-class Defer:
-    """Hand an outcome the plan could not record to the process's keep-alive.
-
-    The keep-alive keeps renewing the claim (by its nonce) and sending
-    ``calls`` until they land or ``seconds`` have passed, after the plan
-    itself has returned (``OutcomeUnrecorded``).
-    """
-
-    key: str
-    nonce: str
-    member: str
-    calls: Sequence[ScriptCall]
-    gates: Gates | None
-    seconds: float
-
-
 CURRENT: contextvars.ContextVar[Any] = contextvars.ContextVar(
     "durabilis_current_operation", default=None
 )
 """The context of the durable operation running now (``current_operation()``)."""
-
-
-def shielded(step: Any) -> bool:
-    """Whether an interruption waits until after ``step``: marked ``shield``, or
-    a :class:`Hold` / :class:`Defer` (the process's own bookkeeping, no I/O: an
-    outcome the plan hands to the keep-alive is never dropped for a cancellation
-    that came while it tried to record it)."""
-    kind = type(step)
-    return kind is Hold or kind is Defer or bool(getattr(step, "shield", False))
 
 
 # --- leases held by a process -------------------------------------------------------
@@ -576,16 +493,6 @@ def drive(plan: Plan[T], store: Store, *, leases: LeaseBook | None = None) -> T:
 
 
 # --- the asyncio driver ---------------------------------------------------------------
-
-
-def is_async_callable(fn: Any) -> bool:
-    """Whether calling ``fn`` returns a coroutine without blocking (``async def``)."""
-    while isinstance(fn, partial):
-        fn = fn.func
-    if inspect.iscoroutinefunction(fn):
-        return True
-    call = getattr(fn, "__call__", None)  # noqa: B004  (an object with an async __call__)
-    return call is not None and not inspect.isfunction(fn) and inspect.iscoroutinefunction(call)
 
 
 async def _acall(step: Run) -> tuple[bool, Any]:
