@@ -160,16 +160,15 @@ class _Tape:
 
 
 def _connections(store: durabilis.Store) -> list[Any]:
-    """The connections the store's pool made (its hot path takes one of them)."""
-    pool = store.client.connection_pool
-    conns = list(getattr(pool, "_connections", []))
-    conns += [c for c in getattr(pool, "_available_connections", []) if c not in conns]
-    conns += [c for c in getattr(pool, "_in_use_connections", []) if c not in conns]
-    pinned = getattr(store, "_pinned", None)
-    if pinned is not None:  # (a connection pinned per thread, where the store has one)
-        local = getattr(pinned, "conn", None)
-        if local is not None and local not in conns:
-            conns.append(local)
+    """The connections the store's hot path uses: those it keeps ready between
+    scripts where it has them, else those its pool made."""
+    ready = getattr(store, "_ready", None)
+    if ready is not None:
+        conns = list(ready._conns)
+    else:
+        pool = store.client.connection_pool
+        conns = list(getattr(pool, "_connections", []))
+        conns += [c for c in getattr(pool, "_available_connections", []) if c not in conns]
     return [c for c in conns if c is not None and getattr(c, "_sock", None) is not None]
 
 
