@@ -160,15 +160,9 @@ class _Tape:
 
 
 def _connections(store: durabilis.Store) -> list[Any]:
-    """The connections the store's hot path uses: those it keeps ready between
-    scripts where it has them, else those its pool made."""
-    ready = getattr(store, "_ready", None)
-    if ready is not None:
-        conns = list(ready._conns)
-    else:
-        pool = store.client.connection_pool
-        conns = list(getattr(pool, "_connections", []))
-        conns += [c for c in getattr(pool, "_available_connections", []) if c not in conns]
+    """The connections the store's pool made (its hot path takes one of them)."""
+    pool = store.client.connection_pool
+    conns = list(getattr(pool, "_connections", []))
     return [c for c in conns if c is not None and getattr(c, "_sock", None) is not None]
 
 
@@ -202,7 +196,7 @@ def canned(url: str, settings: dict[str, int], config: DurabilityConfig | None =
             call()
         conns = _connections(store)
         if len(conns) != 1:
-            raise RuntimeError(f"expected one connection in use, found {len(conns)}")
+            raise RuntimeError(f"expected one connection, found {len(conns)}")
         conn = conns[0]
         recorder = _Recorder(conn._sock)
         recorded = 20

@@ -1,8 +1,10 @@
-"""A standalone store keeps its connections ready between scripts (no pool round
-per script, ``durabilis._store._Ready``), and that changes nothing a caller can see:
-a reply left unread is never paired with the next command, a connection the
-server closed is replaced before use, a forked child never uses its parent's
-socket, and ``close()`` closes them all. Real server, real processes."""
+"""A standalone store's pool keeps the connections given back ready in front of
+its queue (no pool round per script, ``durabilis._store._ReadyPool``), and that
+changes nothing a caller can see: a reply left unread is never paired with the
+next command, a connection the server closed is replaced before use, a forked
+child never uses its parent's socket, ``max_connections`` still bounds the
+connections (and a caller waiting for one gets it), and ``close()`` closes them
+all. Real server, real processes."""
 
 from __future__ import annotations
 
@@ -13,14 +15,15 @@ from typing import Any
 import pytest
 
 import durabilis
+from durabilis._store import _ReadyPool
 from durabilis.layer import DurabilityLayer
 
 
-def _ready(store: durabilis.Store) -> Any:
-    ready = store._ready
-    if ready is None:
+def _ready(store: durabilis.Store) -> list[Any]:
+    pool = store.client.connection_pool
+    if not isinstance(pool, _ReadyPool):
         pytest.skip("connections are kept ready on a standalone server only")
-    return ready
+    return pool._ready
 
 
 def test_a_reply_not_read_is_never_paired_with_the_next_command(
@@ -58,14 +61,16 @@ def test_a_connection_the_server_closed_is_replaced_before_use(
 def test_a_forked_child_never_uses_its_parent_s_ready_connection(store: durabilis.Store) -> None:
     ready = _ready(store)
     parent = store._send("CLIENT", "ID")
-    assert ready._conns
+    assert ready
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: its own connection, the parent's left alone
         code = 1
         try:
-            empty = not ready._conns
             child = store._send("CLIENT", "ID")
+            empty = store.client.connection_pool._ready == [] or all(
+                c.pid == os.getpid() for c in store.client.connection_pool._ready
+            )
             os.write(write, f"{int(empty)} {child}".encode())
             code = 0
         finally:
@@ -108,5 +113,39 @@ def test_threads_share_the_ready_connections(store: durabilis.Store) -> None:
     for th in threads:
         th.join()
     assert results == {t: [(t, i) for i in range(50)] for t in range(8)}
-    assert 1 <= len(ready._conns) <= 8
+    assert 1 <= len(ready) <= 8
     layer.close()
+
+
+@pytest.mark.parametrize("connections", [1, 2])
+def test_max_connections_still_bounds_them_and_waiters_get_one(
+    redis_url: str, namespace: str, connections: int
+) -> None:
+    """With a pool of one or two connections, durable calls from six threads,
+    pipelines (``stats``) and plain commands all get a connection: one kept
+    ready is never out of reach of a caller waiting in the pool's queue."""
+    with durabilis.connect(
+        redis_url, namespace=namespace, max_connections=connections
+    ) as store:
+        _ready(store)
+        layer = DurabilityLayer(store)
+        failures: list[BaseException] = []
+
+        def work(t: int) -> None:
+            try:
+                for i in range(30):
+                    assert layer.execute("a", "op", {"t": t, "i": i}, lambda ctx, i=i: i) == i
+                    if i % 10 == 0:
+                        layer.stats()
+                        assert store.command("PING")
+            except BaseException as exc:  # (reported below)
+                failures.append(exc)
+
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(6)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert failures == []
+        assert len(store.client.connection_pool._connections) <= connections
+        layer.close()
