@@ -213,7 +213,13 @@ _LEAN_AT: Mapping[str, int] = {"note": 0, "claim": 1}
 _LEAN_GATES: Mapping[int, Callable[[Any], bool]] = {1: _claim_refused}
 _LEAN_WAVES = (0, 1)
 _LEAN_RECORD_GATES: Mapping[int, Callable[[Any], bool]] = {0: _record_refused}
-_LEAN_RECORD_WAVES = (1,)
+_LEAN_RECORD_WAVES = (1, 1)  # the record, and a breaker's report beside it
+# With a breaker: its admission (gated), and its registration the first time.
+_LEAN_CB_AT: Mapping[str, int] = {"note": 0, "claim": 1, "cb": 2}
+_LEAN_CB_GATES: Mapping[int, Callable[[Any], bool]] = {1: _claim_refused, 2: _breaker_refused}
+_LEAN_CB_WAVES = (0, 1, 2)
+_LEAN_CB_REG_AT: Mapping[str, int] = {"note": 0, "claim": 1, "cb": 2, "register": 3}
+_LEAN_CB_REG_WAVES = (0, 1, 2, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -789,16 +795,16 @@ class _LayerCore:
 
     def _lean(self, req: _Request, policy: RetryPolicy | None) -> bool:
         """Whether the operation can take the lean path: standalone (one fused
-        claim step), a claim, no breaker, no retry budget, no checkpoint, no
-        key aliases, not a replay. Its steps are those of the plans below."""
+        claim step), a claim, no retry budget, no checkpoint, no key aliases,
+        not a replay (a breaker or none). Its steps are those of the plans below."""
         return (
-            self.fuses and req.dependency is None and req.task_id is None and not req.aliases
+            self.fuses and req.task_id is None and not req.aliases
             and not req.replay and req.replay_claim is None
             and self.config.idempotency.enabled
             and (policy is None or policy.budget is None)
         )
 
-    def _lean_plan(  # noqa: PLR0912  (the common case reads best as one piece)
+    def _lean_plan(  # noqa: PLR0912, PLR0915  (the common case reads best as one piece)
         self, req: _Request, fn: Callable[[OperationContext], Any], policy: RetryPolicy | None,
         wait_until: float | None,
     ) -> Plan[Any]:
@@ -809,35 +815,52 @@ class _LayerCore:
         as there); at the first reply that is not the common case, those plans
         take over from where it stands."""
         key = req.key.value
+        dep = req.dependency
         nonce = _nonce()
         member = f"{key}|{nonce}"
-        at = _LEAN_AT
+        probe = f"{nonce}.0"
+        calls = [self._note("add", [member]), self._idem.claim(req.key, None, req.envelope, nonce)]
+        at, gates = _LEAN_AT, _LEAN_GATES
+        waves: Sequence[int] = _LEAN_WAVES
+        register = None
+        if dep is not None:  # the breaker's admission, and its registration the first time
+            calls.append(self._breakers.ops.before_call(dep, probe_id=probe))
+            at, gates, waves = _LEAN_CB_AT, _LEAN_CB_GATES, _LEAN_CB_WAVES
+            register = self._breakers.registration_call(dep)
+            if register is not None:
+                calls.append(register)
+                at, waves = _LEAN_CB_REG_AT, _LEAN_CB_REG_WAVES
         yield Hold(key, nonce, member)
         try:
-            replies = yield IO(
-                [self._note("add", [member]), self._idem.claim(req.key, None, req.envelope, nonce)],
-                _LEAN_GATES, waves=_LEAN_WAVES,
-            )
+            replies = yield IO(calls, gates, waves=waves)
         except DurabilisError as exc:
-            yield from self._undo_begin(req, nonce, member, "", exc.partial or _unknown(2), at)
+            yield from self._undo_begin(
+                req, nonce, member, probe, exc.partial or _unknown(len(calls)), at
+            )
             raise
         except INTERRUPTS:
-            yield from self._undo_begin(req, nonce, member, "", _unknown(2), at)
+            yield from self._undo_begin(req, nonce, member, probe, _unknown(len(calls)), at)
             raise
+        if register is not None and dep is not None and replies.status[3] == "c":
+            self._breakers.mark_registered(dep)
         reply = replies[1]
         token = None
-        if (replies.status == "cc" and type(reply) is list and len(reply) >= 6
+        if (replies.status[:2] == "cc" and type(reply) is list and len(reply) >= 6
                 and reply[0] == b"new" and reply[4] == 0 and not reply[5]
-                and type(reply[1]) is bytes and reply[1].isascii()):
+                and type(reply[1]) is bytes and reply[1].isascii()
+                and (dep is None or replies.status[2] == "c")):
             token = reply[1].decode()
         if not token:  # a duplicate, a takeover, an earlier claim to settle, foreign data
             return (yield from self._claimed(
-                req, fn, policy, wait_until, replies, at, nonce, member, "", None, None,
+                req, fn, policy, wait_until, replies, at, nonce, member, probe, None, None,
             ))
         cl = _Claim(nonce, member, token)
+        permit = None
+        if dep is not None:
+            permit = yield from self._admission(req, cl, replies, at, probe)
         start = self.clock()
         ctx = OperationContext(
-            req.agent_id, req.operation_type, req.payload, key, token, 0, None, None, None,
+            req.agent_id, req.operation_type, req.payload, key, token, 0, dep, None, None,
             False, False, req.key.caller_key,
         )
         try:
@@ -847,7 +870,7 @@ class _LayerCore:
         except BaseException:
             if cl.pid != os.getpid():
                 raise  # (see _attempts)
-            yield from self._abandon(req, cl, None, None, touched=True, started=1)
+            yield from self._abandon(req, cl, permit, None, touched=True, started=1)
             raise
         if cl.pid != os.getpid():
             if ok:
@@ -856,20 +879,34 @@ class _LayerCore:
         took_ms = (self.clock() - start) * 1000.0
         if not ok:  # the retry loop, from its first attempt's failure
             return (yield from self._attempts(
-                req, fn, policy, cl, None, first=(value, start, took_ms)
+                req, fn, policy, cl, permit, first=(value, start, took_ms)
             ))
+        return (yield from self._lean_record(req, cl, permit, value, took_ms))
+
+    def _lean_record(
+        self, req: _Request, cl: _Claim, permit: Permit | None, value: Any, took_ms: float,
+    ) -> Plan[Any]:
+        """The lean path's record step (as :meth:`_succeeded` sends it for its
+        case); any reply but the common one hands it to :meth:`_succeeded`."""
+        key, dep, token = req.key.value, req.dependency, cl.token
+        assert token is not None
         packed, _, not_stored = self._encode_result(req, value)
+        record = [self._idem.record_packed(req.key, packed, token, not_stored, cl.nonce)]
+        if dep is not None:  # (its report beside the record: one step, as _succeeded's)
+            record.append(self._breakers.ops.after_call(dep, True, permit, took_ms))
         try:
             done = yield IO(
-                [self._idem.record_packed(req.key, packed, token, not_stored, nonce)],
-                _LEAN_RECORD_GATES, shield=True, waves=_LEAN_RECORD_WAVES,
+                record, _LEAN_RECORD_GATES, shield=True, waves=_LEAN_RECORD_WAVES[:len(record)],
             )
         except DurabilisError as exc:
-            return (yield from self._succeeded(req, cl, None, value, took_ms, first=exc))
+            return (yield from self._succeeded(req, cl, permit, value, took_ms, first=exc))
         reply = done[0]
-        if done.status != "c" or type(reply) is not list or not reply or reply[0] != b"ok":
-            return (yield from self._succeeded(req, cl, None, value, took_ms, first=done))
-        self._leave([member], {"started": 1, "succeeded": 1})
+        if (done.status != "cc"[:len(record)] or type(reply) is not list or not reply
+                or reply[0] != b"ok"):
+            return (yield from self._succeeded(req, cl, permit, value, took_ms, first=done))
+        if dep is not None:
+            self._breakers._reported(dep, permit, done[1], took_ms)  # fires; notes the cache
+        self._leave([cl.member], {"started": 1, "succeeded": 1})
         if not_stored:
             _log.error(
                 "durability_result_not_stored", idempotency_key=key,
@@ -987,7 +1024,7 @@ class _LayerCore:
             req, fn, policy, wait_until, replies, at, nonce, member, probe, cached, budget,
         ))
 
-    def _claimed(  # noqa: PLR0912, PLR0917  (what the claim step held, one by one)
+    def _claimed(  # noqa: PLR0917  (what the claim step held, one by one)
         self, req: _Request, fn: Callable[[OperationContext], Any], policy: RetryPolicy | None,
         wait_until: float | None, replies: Replies, at: Mapping[str, int], nonce: str,
         member: str, probe: str, cached: Permit | None, budget: Any,
@@ -1035,24 +1072,34 @@ class _LayerCore:
         )
         permit: Permit | None = cached
         if dep is not None and cached is None:
-            try:
-                permit = self._decode_permit(dep, replies[at["cb"]])
-            except CircuitOpen as exc:
-                if not req.park_on_open:
-                    yield from self._undo_begin(req, nonce, member, probe, replies, at)
-                    raise
-                return (yield from self._park(
-                    req, cl, attempts=0, error=CIRCUIT_OPEN, reason=CIRCUIT_OPEN, cause=exc,
-                ))
-            except DurabilisError:
-                yield from self._undo_begin(req, nonce, member, probe, replies, at)
-                raise
+            permit = yield from self._admission(req, cl, replies, at, probe)
         if budget is not None and replies.status[at["budget"]] == "c":
             try:
                 self._budget.decode(req.operation_type, replies[at["budget"]])
             except CorruptData:
                 _log.exception("durability_retry_budget_corrupt", operation_type=req.operation_type)
         return (yield from self._attempts(req, fn, policy, cl, permit))
+
+    def _admission(
+        self, req: _Request, cl: _Claim, replies: Replies, at: Mapping[str, int], probe: str,
+    ) -> Plan[Permit]:
+        """The breaker's answer in a claim step: its permit (its transition fired,
+        noted for the registry). Refused: the claim goes back and CircuitOpen is
+        raised, or, with ``park_on_open``, the operation is parked."""
+        assert req.dependency is not None
+        try:
+            return self._decode_permit(req.dependency, replies[at["cb"]])
+        except CircuitOpen as exc:
+            if not req.park_on_open:
+                yield from self._undo_begin(req, cl.nonce, cl.member, probe, replies, at)
+                raise
+            yield from self._park(
+                req, cl, attempts=0, error=CIRCUIT_OPEN, reason=CIRCUIT_OPEN, cause=exc,
+            )
+            raise  # (_park raises: RetryExhausted, or OutcomeUnrecorded)
+        except DurabilisError:
+            yield from self._undo_begin(req, cl.nonce, cl.member, probe, replies, at)
+            raise
 
     def _undo_begin(  # noqa: PLR0917  (what the claim step held, one by one)
         self, req: _Request, nonce: str, member: str, probe: str, replies: Replies,

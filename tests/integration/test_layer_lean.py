@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import re
 from typing import Any
 
 import pytest
@@ -108,3 +109,102 @@ def test_bad_key_parts_are_refused_whatever_pairs_were_seen(store: durabilis.Sto
     # Caller keys of a known pair are still checked.
     with pytest.raises(durabilis.InvalidKey):
         layer.execute("a1", "job", "p", op, idempotency_key="k" * 300)
+
+
+# --- the lean path sends what the plans send -------------------------------------------
+
+
+def _steps_of(monkeypatch: pytest.MonkeyPatch, layer: DurabilityLayer, call: Any,
+              *, lean: bool, tag: str) -> list[Any]:
+    """The steps one call yields (calls normalised: its nonce, key and timings
+    named, not valued), under the lean path or the plans alone."""
+    from durabilis import _steps
+    from durabilis.layer import _plans
+
+    seen: list[Any] = []
+    marks: dict[str, str] = {tag: "<tag>", layer.breakers.replica_id: "<replica>"}
+    perform = _steps.perform
+
+    def name(value: Any) -> Any:
+        if isinstance(value, float):
+            return "<ms>"
+        if isinstance(value, (str, bytes)):
+            text = value.decode("latin-1") if isinstance(value, bytes) else value
+            for real, mark in marks.items():
+                text = text.replace(real, mark)
+            text = re.sub(r"[0-9a-f]{32}", "<id>", text)  # (DLQ ids: of the key, the nonce)
+            text = re.sub(r"\|\d+\.\d+\|", "|<ms>|", text)  # (a breaker report's duration)
+            return "<token>" if text.isdigit() and len(text) >= 13 else text
+        return value
+
+    def recording(store: Any, step: Any, leases: Any, held: Any) -> Any:
+        if type(step) is _steps.Hold:
+            marks[step.nonce] = "<nonce>"
+            marks[step.key] = "<key>"
+        if type(step) is _steps.IO:
+            seen.append((
+                [(c.name, [name(k) for k in c.keys], [name(a) for a in c.args])
+                 for c in step.calls],
+                sorted(step.gates or {}), step.shield, list(step.waves or []),
+            ))
+        else:
+            seen.append(type(step).__name__)
+        return perform(store, step, leases, held)
+
+    monkeypatch.setattr(_steps, "perform", recording)
+    if not lean:
+        monkeypatch.setattr(_plans._LayerCore, "_lean", lambda self, req, policy: False)
+    else:
+        lean_plan = _plans._LayerCore._lean_plan
+
+        def counted(self: Any, *args: Any) -> Any:
+            seen.append("lean")
+            return lean_plan(self, *args)
+
+        monkeypatch.setattr(_plans._LayerCore, "_lean_plan", counted)
+    try:
+        call()
+    except Exception as exc:  # (the same error both ways: compared by the caller)
+        seen.append(type(exc).__name__)
+    finally:
+        monkeypatch.undo()
+    return seen
+
+
+@pytest.mark.parametrize("breaker", [False, True])
+@pytest.mark.parametrize("story", ["success", "retried", "duplicate", "fails"])
+def test_the_lean_path_sends_the_steps_the_plans_send(
+    redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch, breaker: bool, story: str,
+) -> None:
+    """The same operation, once on the lean path and once on the plans alone
+    (each in a namespace of its own): the same steps, calls, gates, shields and
+    waves, in the same order. The simulator's faults between steps then meet the
+    lean path exactly where they meet the plans."""
+
+    def run(lean: bool) -> list[Any]:
+        space = f"{namespace}-{'L' if lean else 'P'}"  # (one length: same arguments)
+        with durabilis.connect(redis_url, namespace=space) as store:
+            if not store.fuses:
+                pytest.skip("the lean path is the fused (standalone) step's")
+            config = fast_config() if breaker else fast_config(dependencies={})
+            layer = DurabilityLayer(store, config)
+            op = Counter(["NETWORK_TIMEOUT"] * {"retried": 1, "fails": 3}.get(story, 0))
+
+            def call() -> None:
+                layer.execute("a1", "job", {"tag": story}, op)
+                if story == "duplicate":
+                    layer.execute("a1", "job", {"tag": story}, op)
+
+            if breaker:  # (registered: both runs' claim steps alike)
+                layer.execute("a1", "job", {"warm": story}, Counter())
+            steps = _steps_of(monkeypatch, layer, call, lean=lean, tag=space)
+            layer.close()
+        return steps
+
+    lean, plans = run(True), run(False)
+    assert lean.count("lean") == (2 if story == "duplicate" else 1)  # (it did run)
+    lean = [step for step in lean if step != "lean"]
+    for i, (a, b) in enumerate(zip(lean, plans, strict=False)):
+        assert a == b, f"step {i}:\n{a}\n{b}"
+    assert lean == plans
+    assert "Run" in lean
