@@ -27,6 +27,7 @@ import redis.sentinel
 from redis.backoff import NoBackoff
 from redis.connection import HiredisRespSerializer as _HIREDIS_PACKER
 
+from durabilis import _fork
 from durabilis._autopipe import AutoPipeline
 from durabilis._fork import on_fork_in_child, reset_in_child
 from durabilis._keys import KeySpace
@@ -827,7 +828,7 @@ class _ReadyPool(redis.BlockingConnectionPool):
         super().reset()  # type: ignore[no-untyped-call]
 
     def get_connection(self, *args: Any, **kwargs: Any) -> Any:
-        if self._ready and self.pid == os.getpid() and not self._in_maintenance:
+        if self._ready and self.pid == _fork.pid() and not self._in_maintenance:
             try:
                 conn = self._ready.pop()
             except IndexError:  # (taken by another thread meanwhile)
@@ -845,7 +846,7 @@ class _ReadyPool(redis.BlockingConnectionPool):
 
     def release(self, connection: Any) -> None:
         if (
-            self.pid == os.getpid() and getattr(connection, "pid", None) == self.pid
+            self.pid == _fork.pid() and getattr(connection, "pid", None) == self.pid
             and not self._in_maintenance and self.pool.qsize()
             and not connection.should_reconnect()
         ):

@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import os
 import random
 import secrets
 import threading
@@ -36,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from durabilis import _codec
+from durabilis import _codec, _fork
 from durabilis._fork import reset_in_child
 from durabilis._keys import CLUSTER_SLOTS, bucket_tag, hash_slot
 from durabilis._log import get_logger
@@ -286,7 +285,7 @@ class _Claim:
     # records there too, so recovery never parks them for a replay to run again.
     orphaned_aliases: tuple[IdempotencyKey, ...] = ()
     # The process that claimed: a child forked inside fn sends nothing for it.
-    pid: int = dataclasses.field(default_factory=os.getpid)
+    pid: int = dataclasses.field(default_factory=_fork.pid)
 
 
 class _LayerCore:
@@ -868,11 +867,11 @@ class _LayerCore:
         except GeneratorExit:
             raise  # the plan abandoned (its process died, in the simulator)
         except BaseException:
-            if cl.pid != os.getpid():
+            if cl.pid != _fork.pid():
                 raise  # (see _attempts)
             yield from self._abandon(req, cl, permit, None, touched=True, started=1)
             raise
-        if cl.pid != os.getpid():
+        if cl.pid != _fork.pid():
             if ok:
                 return value
             raise value
@@ -1387,7 +1386,7 @@ class _LayerCore:
                 )
                 began = self.clock()
                 ok, value = yield from self._attempt(req, fn, cl, permit, probe=probe, ctx=ctx)
-                if cl.pid != os.getpid():
+                if cl.pid != _fork.pid():
                     # A child forked inside fn that returned: it records, releases
                     # and retries nothing (its parent does); its fn's outcome is its own.
                     if ok:
@@ -1459,7 +1458,7 @@ class _LayerCore:
         except GeneratorExit:
             raise  # the plan abandoned (its process died, in the simulator)
         except BaseException:
-            if cl.pid != os.getpid():
+            if cl.pid != _fork.pid():
                 # A child forked inside fn leaving by an exception (sys.exit
                 # is the usual way): the claim is its parent's, still running.
                 raise
