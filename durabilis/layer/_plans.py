@@ -5,7 +5,13 @@ The rules that make the core promise hold (``docs/layer.md``):
 - **Check before the effect.** Everything checkable (the payload in the
   encoding of every pillar that may store it, every key part against every
   cap, checkpoint ids) is checked in :meth:`_LayerCore.request`, before the
-  claim. The DLQ record of a failure is prepared there too.
+  claim. That a failure can be parked in the DLQ is checked there too (its
+  names, and its size: bounded by the envelope's); the record itself is built
+  only when the operation is parked, from the envelope.
+- **The lean path.** The common case (standalone, a new key, ``fn`` succeeds)
+  runs as one flat plan (:meth:`_LayerCore._lean_plan`) whose steps are those
+  the plans send for it; at the first reply that is not the common case the
+  plans take over from where it stands.
 - **After the effect, record first.** Once ``fn`` returned, nothing raises
   before the outcome is recorded: an unstorable result is recorded as
   "completed, result not stored"; a record step that fails is sent again
