@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import bench_http, bench_layer, bench_peers, bench_pillars
+from benchmarks import bench_http, bench_layer, bench_lean, bench_peers, bench_pillars
 from benchmarks._harness import (
     MODES,
     Settings,
@@ -94,6 +94,7 @@ def run_suite(settings: Settings, out_dir: Path | None = None) -> dict[str, Any]
         ))
         section("retry", lambda: bench_peers.retry_overhead(settings, url=url, errors=errors))
         section("http", lambda: bench_http.run(url, settings.rounds, settings.seconds))
+        section("lean", lambda: bench_lean.measure(url, admin, settings.mode))
         section("cost", lambda: {
             "per_operation": bench_pillars.costs(
                 url, admin, {**bench_pillars.COST, **bench_peers.COST}, settings.cost_ops,
@@ -465,6 +466,10 @@ def report(results: dict[str, Any]) -> str:  # noqa: PLR0912  (one table, read t
         lines.append("HTTP: DurableIdempotencyMiddleware vs the bare app (bench_http; one "
                      "request at a time, in-process ASGI)")
         lines += bench_http.report(results["http"])
+        lines.append("")
+
+    if "lean" in results:
+        lines += bench_lean.report_lines(results["lean"])
         lines.append("")
 
     cost = results.get("cost", {})

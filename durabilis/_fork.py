@@ -51,7 +51,17 @@ def on_fork_in_child(hook: Callable[[], None]) -> Callable[[], None]:
     return hook
 
 
+_PID = [os.getpid()]
+
+
+def pid() -> int:
+    """This process's id, without a system call (``os.getpid`` is one): kept
+    here, and read again in every forked child before any reset runs."""
+    return _PID[0]
+
+
 def _after_fork_in_child() -> None:
+    _PID[0] = os.getpid()
     # The child has one thread: nothing else iterates or adds meanwhile. One
     # reset failing never skips the others (the child must start whatever).
     for hook in list(_HOOKS):

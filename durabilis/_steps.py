@@ -320,9 +320,10 @@ class _SignalGate:
     kills the process at once, like ``SIGKILL``.
     """
 
-    __slots__ = ("closed", "depth", "installed", "pending")
+    __slots__ = ("closed", "depth", "installed", "pending", "ran")
 
     def __init__(self) -> None:
+        self.ran = 0  # handlers run through the gate (each may install another)
         self.closed = False
         self.depth = 0  # plans running on the main thread (one inside another's fn)
         self.pending: list[tuple[Any, int, Any]] = []
@@ -344,8 +345,8 @@ class _SignalGate:
 
     def wrap(self) -> None:
         """Wrap the Python handlers (not SIG_DFL / SIG_IGN) not wrapped yet: at
-        every plan's start and after every unshielded step (``fn`` may install
-        one)."""
+        every plan's start and after every ``fn`` (or a handler that ran: either
+        may install one)."""
         for signum in _GUARDED:
             handler = _C_SIGNAL.getsignal(signum)
             if callable(handler) and not isinstance(handler, _HeldBack):
@@ -375,6 +376,7 @@ class _SignalGate:
         first: BaseException | None = None
         while not self.closed and self.pending:
             handler, signum, frame = self.pending.pop(0)
+            self.ran += 1
             try:
                 handler(signum, frame)
             except BaseException as exc:  # the others still run
@@ -416,6 +418,7 @@ class _HeldBack:
         if self._gate.closed:
             self._gate.pending.append((self.__wrapped__, signum, frame))
             return None
+        self._gate.ran += 1
         return self.__wrapped__(signum, frame)
 
 
@@ -428,6 +431,7 @@ def _perform_open(store: Store, step: Any, leases: LeaseBook | None, held: list[
     """An unshielded step on the main thread: signal handlers may run during it.
     One held back runs first: it interrupts the step before it is sent, and at
     the start of ``fn`` what it raises is ``fn``'s (as one a moment later)."""
+    ran = _GATE.ran
     try:
         _GATE.closed = False
         if type(step) is Run:
@@ -440,7 +444,11 @@ def _perform_open(store: Store, step: Any, leases: LeaseBook | None, held: list[
         return perform(store, step, leases, held)
     finally:
         _GATE.closed = True
-        _GATE.wrap()  # a handler fn installed is held back for the rest of the plan
+        # A handler fn (or a handler that ran meanwhile) installed is held back
+        # for the rest of the plan. Nothing else runs user code on the main
+        # thread, and no other thread can install one: else nothing to wrap.
+        if type(step) is Run or _GATE.ran != ran:
+            _GATE.wrap()
 
 
 def drive(plan: Plan[T], store: Store, *, leases: LeaseBook | None = None) -> T:

@@ -113,6 +113,19 @@ def payload_fingerprint(payload: Any) -> str:
         return "m" + hashlib.sha256(_codec.pack(payload, what="payload")).hexdigest()[1:]
 
 
+def content_digest(content: Any, secret: str | bytes | None = None) -> str:
+    """The ``hash32`` of a content key (see :meth:`IdempotencyKey.new`).
+
+    Raises:
+        InvalidPayload: Content that is not bytes, str or JSON-compatible.
+    """
+    data = _codec.content_bytes(content)
+    if secret:
+        key = secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
+        return hmac.new(key, data, hashlib.sha256).hexdigest()[:32]
+    return hashlib.sha256(data).hexdigest()[:32]
+
+
 @dataclass(frozen=True, slots=True)
 class IdempotencyKey:
     """A deterministic idempotency key: ``{agent_id}:{operation_type}:{hash32}``.
@@ -153,12 +166,7 @@ class IdempotencyKey:
                 raise InvalidKey(str(part), f"{name} must be a non-empty string")
             if not _is_unicode(part):
                 raise InvalidKey(part, f"{name} must be valid Unicode (no lone surrogates)")
-        data = _codec.content_bytes(content)
-        if secret:
-            key = secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
-            digest = hmac.new(key, data, hashlib.sha256).hexdigest()[:32]
-        else:
-            digest = hashlib.sha256(data).hexdigest()[:32]
+        digest = content_digest(content, secret)
         return cls(f"{_escape(agent_id)}:{_escape(operation_type)}:{digest}")
 
     @classmethod
@@ -480,7 +488,18 @@ class _IdemOps:
             ],
         )
 
-    def decode_claim(self, key: IdempotencyKey, reply: Any) -> CheckResult:
+    def decode_claim(
+        self, key: IdempotencyKey, reply: Any, *, times: bool = True
+    ) -> CheckResult:
+        """A claim's reply. ``times=False``: a ``New`` without its timestamps
+        (the layer reads only its token and flag: nothing decoded it never uses)."""
+        if not times and type(reply) is list and len(reply) >= 5 and reply[0] == b"new":
+            token = reply[1]
+            if type(token) is bytes and token.isascii():
+                try:
+                    return New(token=token.decode(), taken_over=bool(int(reply[4])))
+                except (TypeError, ValueError):
+                    pass  # (foreign data: named below)
         rkey = self.keys.idem(key.value)
         tag = _tag(reply, rkey)
         if tag == "new":

@@ -5,7 +5,13 @@ The rules that make the core promise hold (``docs/layer.md``):
 - **Check before the effect.** Everything checkable (the payload in the
   encoding of every pillar that may store it, every key part against every
   cap, checkpoint ids) is checked in :meth:`_LayerCore.request`, before the
-  claim. The DLQ record of a failure is prepared there too.
+  claim. That a failure can be parked in the DLQ is checked there too (its
+  names, and its size: bounded by the envelope's); the record itself is built
+  only when the operation is parked, from the envelope.
+- **The lean path.** The common case (standalone, a new key, ``fn`` succeeds)
+  runs as one flat plan (:meth:`_LayerCore._lean_plan`) whose steps are those
+  the plans send for it; at the first reply that is not the common case the
+  plans take over from where it stands.
 - **After the effect, record first.** Once ``fn`` returned, nothing raises
   before the outcome is recorded: an unstorable result is recorded as
   "completed, result not stored"; a record step that fails is sent again
@@ -27,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import os
 import random
 import secrets
 import threading
@@ -36,7 +41,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from durabilis import _codec, otel
+from durabilis import _codec, _fork, otel
 from durabilis._fork import reset_in_child
 from durabilis._keys import CLUSTER_SLOTS, bucket_tag, hash_slot
 from durabilis._log import get_logger
@@ -77,6 +82,7 @@ from durabilis.idempotency import (
     Duplicate,
     IdempotencyKey,
     New,
+    content_digest,
     payload_fingerprint,
 )
 from durabilis.layer._config import (
@@ -110,6 +116,7 @@ _WALK_KEEP_MS = 7 * 24 * 3600 * 1000  # the fleet's walk counter lasts a week af
 _REASON_ROOM = 96  # bytes kept in the DLQ payload cap for metadata added when parking
 _RECORD_BACKOFF = (0.05, 1.0)  # first and longest pause between tries of a record step
 _LATE_TRIES = 3  # tries of a record step after its lease's time ran out, before giving up
+_KNOWN_PAIRS = 1024  # (agent, operation) pairs whose checked key parts a layer keeps
 
 
 def _nonce() -> str:
@@ -200,6 +207,26 @@ def _renewed(reply: Any) -> bool:
         return False
 
 
+def _unknown(n: int) -> Replies:
+    """The replies of a step of ``n`` calls that failed in flight: each may have run."""
+    return Replies([None] * n, "?" * n)
+
+
+# The lean path's claim step (the in-flight entry, then the claim, gated) and
+# its record step: as _claim_and_run and _succeeded build them for its case.
+_LEAN_AT: Mapping[str, int] = {"note": 0, "claim": 1}
+_LEAN_GATES: Mapping[int, Callable[[Any], bool]] = {1: _claim_refused}
+_LEAN_WAVES = (0, 1)
+_LEAN_RECORD_GATES: Mapping[int, Callable[[Any], bool]] = {0: _record_refused}
+_LEAN_RECORD_WAVES = (1, 1)  # the record, and a breaker's report beside it
+# With a breaker: its admission (gated), and its registration the first time.
+_LEAN_CB_AT: Mapping[str, int] = {"note": 0, "claim": 1, "cb": 2}
+_LEAN_CB_GATES: Mapping[int, Callable[[Any], bool]] = {1: _claim_refused, 2: _breaker_refused}
+_LEAN_CB_WAVES = (0, 1, 2)
+_LEAN_CB_REG_AT: Mapping[str, int] = {"note": 0, "claim": 1, "cb": 2, "register": 3}
+_LEAN_CB_REG_WAVES = (0, 1, 2, 0)
+
+
 @dataclass(frozen=True, slots=True)
 class _Request:
     """One durable operation, validated and encoded before any I/O."""
@@ -216,7 +243,9 @@ class _Request:
     deadline: float | None
     replay: bool
     envelope: bytes  # what the claim keeps for recovery (msgpack)
-    park: Prepared  # the DLQ record of a failure, checked and encoded
+    # The DLQ record of a failure, when prepared before the claim (a large
+    # payload); None: built from the envelope if parked (_LayerCore._park_record).
+    park: Prepared | None
     # A replay's DLQ claim: its success step finishes the record, fenced by it.
     replay_claim: _ReplayClaim | None = None
     # The operation's content key under the other secrets configured (a key
@@ -265,7 +294,7 @@ class _Claim:
     # records there too, so recovery never parks them for a replay to run again.
     orphaned_aliases: tuple[IdempotencyKey, ...] = ()
     # The process that claimed: a child forked inside fn sends nothing for it.
-    pid: int = dataclasses.field(default_factory=os.getpid)
+    pid: int = dataclasses.field(default_factory=_fork.pid)
 
 
 class _LayerCore:
@@ -313,6 +342,8 @@ class _LayerCore:
         self._previous_secrets = config.idempotency.content_key_previous_secrets
         self._lease_s = float(config.idempotency.in_progress_ttl_seconds)
         self._lease_ms = max(1, int(self._lease_s * 1000))
+        # (agent_id, operation_type) -> the content key's checked, escaped head
+        self._known: dict[tuple[str, str], str] = {}
         # Duplicates answered on standalone are counted here and carried by a
         # later note (see count_duplicate): a duplicate is one round trip.
         self._dups_lock = threading.Lock()
@@ -342,7 +373,7 @@ class _LayerCore:
 
     # -- request building: every check before any I/O --
 
-    def request(
+    def request(  # noqa: PLR0912  (every check, in the order a caller meets them)
         self,
         agent_id: str,
         operation_type: str,
@@ -368,15 +399,23 @@ class _LayerCore:
             ConfigError: ``task_id`` without ``phase`` (or the reverse), a bad
                 ``wait`` / ``deadline_seconds``.
         """
-        if idempotency_key is None:
-            made = IdempotencyKey.new(agent_id, operation_type, payload,
-                                      secret=self._key_secret)
-        elif replay:  # the key as stored (a caller key already scoped)
-            made = (idempotency_key if isinstance(idempotency_key, IdempotencyKey)
-                    else IdempotencyKey(idempotency_key))
-        else:  # a caller's key: scoped to its agent, bound to the payload
-            made = IdempotencyKey.caller(agent_id, idempotency_key, payload)
-        key = self._idem.validate_key(made)
+        # The key parts of a pair seen before (both exactly str) were checked
+        # and escaped then: what they give is reused (see _remember).
+        pair = (agent_id, operation_type)
+        known = (self._known.get(pair) if type(agent_id) is str and type(operation_type) is str
+                 else None)
+        if idempotency_key is None and known is not None:
+            key = IdempotencyKey(known + content_digest(payload, self._key_secret))
+        else:
+            if idempotency_key is None:
+                made = IdempotencyKey.new(agent_id, operation_type, payload,
+                                          secret=self._key_secret)
+            elif replay:  # the key as stored (a caller key already scoped)
+                made = (idempotency_key if isinstance(idempotency_key, IdempotencyKey)
+                        else IdempotencyKey(idempotency_key))
+            else:  # a caller's key: scoped to its agent, bound to the payload
+                made = IdempotencyKey.caller(agent_id, idempotency_key, payload)
+            key = self._idem.validate_key(made)
         dep = dependency if dependency is not None else self.config.dependencies.get(
             operation_type
         )
@@ -413,18 +452,67 @@ class _LayerCore:
             },
             "payload",
         ))
-        park = self._dlq.prepare(
-            agent_id, operation_type, payload, self._metadata(key.value, dep, task_id, phase,
-                                                                key.fingerprint),
-            spare_bytes=_REASON_ROOM,
-        )
+        # The DLQ record of a failure is built only when the operation is parked
+        # (from the envelope: the payload as it was before fn ran). Checked here
+        # is that it can be: its names (once per pair), and its size. The record
+        # keeps the payload as JSON text, or as msgpack when that is smaller or
+        # the JSON does not fit: never more bytes than the payload's msgpack,
+        # which the envelope holds. So an envelope that fits the record's room
+        # needs nothing more; a larger one is prepared now (it may not fit).
+        if known is None:
+            self._dlq.name("agent_id", agent_id)
+            self._dlq.name("operation_type", operation_type)
+        meta = self._metadata(key.value, dep, task_id, phase, key.fingerprint)
+        park = None
+        if len(envelope) > self._park_room(meta):
+            park = self._dlq.prepare(
+                agent_id, operation_type, payload, meta, spare_bytes=_REASON_ROOM
+            )
         aliases = self._aliases(
             agent_id, operation_type, payload, key, idempotency_key, replay
         ) if replay or self._previous_secrets else ()
+        if known is None and idempotency_key is None:
+            self._remember(pair, key)
         return _Request(
             agent_id, operation_type, payload, key, dep, task_id, phase, wait,
             park_on_open, deadline_seconds, replay, envelope, park, aliases=aliases,
         )
+
+    def _remember(self, pair: tuple[str, str], key: IdempotencyKey) -> None:
+        """Keep what a pair's checked key parts give (``<agent>:<operation>:``,
+        escaped): a later request of the pair checks and escapes nothing again.
+        What the checks depend on is the pair and the frozen config only (a
+        content key's length is its parts' plus 32). Bounded: past
+        ``_KNOWN_PAIRS`` pairs, the oldest is forgotten."""
+        if type(pair[0]) is not str or type(pair[1]) is not str:
+            return
+        known = self._known
+        if len(known) >= _KNOWN_PAIRS:
+            with contextlib.suppress(StopIteration, KeyError, RuntimeError):
+                del known[next(iter(known))]
+        known[pair] = key.value[:-32]
+
+    def _park_room(self, meta: Mapping[str, str]) -> int:
+        """The bytes a DLQ record has for its payload, with these metadata."""
+        size = _REASON_ROOM
+        for name, value in meta.items():
+            size += len(name.encode("utf-8", "replace")) + len(value.encode("utf-8", "replace"))
+        return int(self._dlq.config.max_payload_bytes) - size
+
+    def _park_record(self, req: _Request) -> Prepared:
+        """The DLQ record of ``req``'s failure, built now (see :meth:`request`)."""
+        if req.park is not None:
+            return req.park
+        meta = self._metadata(req.key.value, req.dependency, req.task_id, req.phase,
+                              req.key.fingerprint)
+        try:  # the payload as it was claimed (fn may have changed the object since)
+            payload = _codec.unpack(req.envelope, key=req.key.value)["payload"]
+        except (DurabilisError, KeyError, TypeError):  # (never: the layer's own envelope)
+            payload = req.payload
+        prepared: Prepared = self._dlq.prepare(
+            req.agent_id, req.operation_type, payload, meta, spare_bytes=_REASON_ROOM
+        )
+        return prepared
 
     def _aliases(  # noqa: PLR0917  (the request's parts, one by one)
         self, agent_id: str, operation_type: str, payload: Any, key: IdempotencyKey,
@@ -708,10 +796,139 @@ class _LayerCore:
 
     def _execute_plan(self, req: _Request, fn: Callable[[OperationContext], Any]) -> Plan[Any]:
         wait_until = None if req.wait is None else self.clock() + req.wait
+        policy = self._retry.get_policy(req.operation_type)
+        if self._lean(req, policy):
+            outcome = yield from self._lean_plan(req, fn, policy, wait_until)
+            if outcome is not _CLAIM_AGAIN:
+                return outcome
         while True:
             outcome = yield from self._claim_and_run(req, fn, wait_until)
             if outcome is not _CLAIM_AGAIN:
                 return outcome
+
+    # -- the lean success path --
+
+    def _lean(self, req: _Request, policy: RetryPolicy | None) -> bool:
+        """Whether the operation can take the lean path: standalone (one fused
+        claim step), a claim, no retry budget, no checkpoint, no key aliases,
+        not a replay (a breaker or none). Its steps are those of the plans below."""
+        return (
+            self.fuses and req.task_id is None and not req.aliases
+            and not req.replay and req.replay_claim is None
+            and self.config.idempotency.enabled
+            and (policy is None or policy.budget is None)
+        )
+
+    def _lean_plan(  # noqa: PLR0912, PLR0915  (the common case reads best as one piece)
+        self, req: _Request, fn: Callable[[OperationContext], Any], policy: RetryPolicy | None,
+        wait_until: float | None,
+    ) -> Plan[Any]:
+        """The common case straight-line: a new key, ``fn`` succeeds, its outcome
+        recorded. The steps, their order, gates and shields are those of
+        :meth:`_claim_and_run`, :meth:`_attempts` and :meth:`_succeeded` for such
+        an operation (so every fault the simulator injects between them is met
+        as there); at the first reply that is not the common case, those plans
+        take over from where it stands."""
+        key = req.key.value
+        dep = req.dependency
+        nonce = _nonce()
+        member = f"{key}|{nonce}"
+        probe = f"{nonce}.0"
+        calls = [self._note("add", [member]), self._idem.claim(req.key, None, req.envelope, nonce)]
+        at, gates = _LEAN_AT, _LEAN_GATES
+        waves: Sequence[int] = _LEAN_WAVES
+        register = None
+        if dep is not None:  # the breaker's admission, and its registration the first time
+            calls.append(self._breakers.ops.before_call(dep, probe_id=probe))
+            at, gates, waves = _LEAN_CB_AT, _LEAN_CB_GATES, _LEAN_CB_WAVES
+            register = self._breakers.registration_call(dep)
+            if register is not None:
+                calls.append(register)
+                at, waves = _LEAN_CB_REG_AT, _LEAN_CB_REG_WAVES
+        yield Hold(key, nonce, member)
+        try:
+            replies = yield IO(calls, gates, waves=waves)
+        except DurabilisError as exc:
+            yield from self._undo_begin(
+                req, nonce, member, probe, exc.partial or _unknown(len(calls)), at
+            )
+            raise
+        except INTERRUPTS:
+            yield from self._undo_begin(req, nonce, member, probe, _unknown(len(calls)), at)
+            raise
+        if register is not None and dep is not None and replies.status[3] == "c":
+            self._breakers.mark_registered(dep)
+        reply = replies[1]
+        token = None
+        if (replies.status[:2] == "cc" and type(reply) is list and len(reply) >= 6
+                and reply[0] == b"new" and reply[4] == 0 and not reply[5]
+                and type(reply[1]) is bytes and reply[1].isascii()
+                and (dep is None or replies.status[2] == "c")):
+            token = reply[1].decode()
+        if not token:  # a duplicate, a takeover, an earlier claim to settle, foreign data
+            return (yield from self._claimed(
+                req, fn, policy, wait_until, replies, at, nonce, member, probe, None, None,
+            ))
+        cl = _Claim(nonce, member, token)
+        permit = None
+        if dep is not None:
+            permit = yield from self._admission(req, cl, replies, at, probe)
+        start = self.clock()
+        ctx = OperationContext(
+            req.agent_id, req.operation_type, req.payload, key, token, 0, dep, None, None,
+            False, False, req.key.caller_key,
+        )
+        try:
+            ok, value = yield Run(fn, ctx, ctx)
+        except GeneratorExit:
+            raise  # the plan abandoned (its process died, in the simulator)
+        except BaseException:
+            if cl.pid != _fork.pid():
+                raise  # (see _attempts)
+            yield from self._abandon(req, cl, permit, None, touched=True, started=1)
+            raise
+        if cl.pid != _fork.pid():
+            if ok:
+                return value
+            raise value
+        took_ms = (self.clock() - start) * 1000.0
+        if not ok:  # the retry loop, from its first attempt's failure
+            return (yield from self._attempts(
+                req, fn, policy, cl, permit, first=(value, start, took_ms)
+            ))
+        return (yield from self._lean_record(req, cl, permit, value, took_ms))
+
+    def _lean_record(
+        self, req: _Request, cl: _Claim, permit: Permit | None, value: Any, took_ms: float,
+    ) -> Plan[Any]:
+        """The lean path's record step (as :meth:`_succeeded` sends it for its
+        case); any reply but the common one hands it to :meth:`_succeeded`."""
+        key, dep, token = req.key.value, req.dependency, cl.token
+        assert token is not None
+        packed, _, not_stored = self._encode_result(req, value)
+        record = [self._idem.record_packed(req.key, packed, token, not_stored, cl.nonce)]
+        if dep is not None:  # (its report beside the record: one step, as _succeeded's)
+            record.append(self._breakers.ops.after_call(dep, True, permit, took_ms))
+        try:
+            done = yield IO(
+                record, _LEAN_RECORD_GATES, shield=True, waves=_LEAN_RECORD_WAVES[:len(record)],
+            )
+        except DurabilisError as exc:
+            return (yield from self._succeeded(req, cl, permit, value, took_ms, first=exc))
+        reply = done[0]
+        if (done.status != "cc"[:len(record)] or type(reply) is not list or not reply
+                or reply[0] != b"ok"):
+            return (yield from self._succeeded(req, cl, permit, value, took_ms, first=done))
+        if dep is not None:
+            self._breakers._reported(dep, permit, done[1], took_ms)  # fires; notes the cache
+        self._leave([cl.member], {"started": 1, "succeeded": 1})
+        if not_stored:
+            _log.error(
+                "durability_result_not_stored", idempotency_key=key,
+                operation_type=req.operation_type, reason=not_stored,
+            )
+            raise ResultNotStored(key, not_stored, result=value)
+        return value
 
     def _claim_and_run(  # noqa: PLR0912, PLR0915  (the claim step reads best as one piece)
         self, req: _Request, fn: Callable[[OperationContext], Any], wait_until: float | None
@@ -818,13 +1035,25 @@ class _LayerCore:
             replies = _unwrap_born_claim(replies, at["claim"])
         if register is not None and dep is not None and replies.status[at["register"]] == "c":
             self._breakers.mark_registered(dep)
+        return (yield from self._claimed(
+            req, fn, policy, wait_until, replies, at, nonce, member, probe, cached, budget,
+        ))
 
+    def _claimed(  # noqa: PLR0917  (what the claim step held, one by one)
+        self, req: _Request, fn: Callable[[OperationContext], Any], policy: RetryPolicy | None,
+        wait_until: float | None, replies: Replies, at: Mapping[str, int], nonce: str,
+        member: str, probe: str, cached: Permit | None, budget: Any,
+    ) -> Plan[Any]:
+        """What follows a claim step that ran: its replies decoded (a duplicate,
+        the aliases, the breaker's answer, the budget), then the attempts."""
+        dep = req.dependency
+        dedup = self.config.idempotency.enabled
         claim: New | Duplicate | None = New(token=None)
         if dedup:
             claim = None
             if replies.status[at["claim"]] != "n":  # "n": the breaker refused, nothing ran
                 try:
-                    claim = self._idem.decode_claim(req.key, replies[at["claim"]])
+                    claim = self._idem.decode_claim(req.key, replies[at["claim"]], times=False)
                 except DurabilisError:  # KeyReuseMismatch, CorruptData
                     yield from self._undo_begin(req, nonce, member, probe, replies, at)
                     raise
@@ -858,24 +1087,34 @@ class _LayerCore:
         )
         permit: Permit | None = cached
         if dep is not None and cached is None:
-            try:
-                permit = self._decode_permit(dep, replies[at["cb"]])
-            except CircuitOpen as exc:
-                if not req.park_on_open:
-                    yield from self._undo_begin(req, nonce, member, probe, replies, at)
-                    raise
-                return (yield from self._park(
-                    req, cl, attempts=0, error=CIRCUIT_OPEN, reason=CIRCUIT_OPEN, cause=exc,
-                ))
-            except DurabilisError:
-                yield from self._undo_begin(req, nonce, member, probe, replies, at)
-                raise
+            permit = yield from self._admission(req, cl, replies, at, probe)
         if budget is not None and replies.status[at["budget"]] == "c":
             try:
                 self._budget.decode(req.operation_type, replies[at["budget"]])
             except CorruptData:
                 _log.exception("durability_retry_budget_corrupt", operation_type=req.operation_type)
         return (yield from self._attempts(req, fn, policy, cl, permit))
+
+    def _admission(
+        self, req: _Request, cl: _Claim, replies: Replies, at: Mapping[str, int], probe: str,
+    ) -> Plan[Permit]:
+        """The breaker's answer in a claim step: its permit (its transition fired,
+        noted for the registry). Refused: the claim goes back and CircuitOpen is
+        raised, or, with ``park_on_open``, the operation is parked."""
+        assert req.dependency is not None
+        try:
+            return self._decode_permit(req.dependency, replies[at["cb"]])
+        except CircuitOpen as exc:
+            if not req.park_on_open:
+                yield from self._undo_begin(req, cl.nonce, cl.member, probe, replies, at)
+                raise
+            yield from self._park(
+                req, cl, attempts=0, error=CIRCUIT_OPEN, reason=CIRCUIT_OPEN, cause=exc,
+            )
+            raise  # (_park raises: RetryExhausted, or OutcomeUnrecorded)
+        except DurabilisError:
+            yield from self._undo_begin(req, cl.nonce, cl.member, probe, replies, at)
+            raise
 
     def _undo_begin(  # noqa: PLR0917  (what the claim step held, one by one)
         self, req: _Request, nonce: str, member: str, probe: str, replies: Replies,
@@ -926,7 +1165,7 @@ class _LayerCore:
                      dlq_id=dlq_id, operation_type=req.operation_type, agent_id=req.agent_id)
         calls = [
             self._dlq.enqueue_prepared(
-                req.park, 0, WORKER_LOST, dlq_id=dlq_id,
+                self._park_record(req), 0, WORKER_LOST, dlq_id=dlq_id,
                 metadata={"reason": WORKER_LOST, "claim": nonce},
                 merge_key=self._merge_key(req.key.value),
             ),
@@ -1083,20 +1322,26 @@ class _LayerCore:
         policy: RetryPolicy | None,
         cl: _Claim,
         permit: Permit | None,
+        *,
+        first: tuple[BaseException, float, float] | None = None,
     ) -> Plan[Any]:
+        """The attempts, retried as the policy says. ``first``: the lean path's
+        first attempt failed (its error, when the attempts started, how long it
+        took in ms): the loop goes on from there."""
         dep = req.dependency
         budget = policy.budget if policy is not None else None
         deadline = req.deadline
         if deadline is None and policy is not None:
             deadline = policy.deadline_seconds
-        start = self.clock()
+        start = self.clock() if first is None else first[1]
         confirmed = start  # when this claim was last known to be ours
         failed: tuple[BaseException, RetryDecision] | None = None  # the last attempt's failure
         slept = 0.0
         attempt = 0
         while True:
             probe: str | None = None
-            if cl.token and self.clock() - confirmed >= self.config.renew_interval:
+            if (first is None and cl.token
+                    and self.clock() - confirmed >= self.config.renew_interval):
                 # A long pause (a backoff, or a stalled process): before the next
                 # effect, make sure the lease did not lapse and pass to another
                 # worker, who may have completed the operation meanwhile.
@@ -1148,37 +1393,25 @@ class _LayerCore:
                 # Counted as it starts (never one denied after its decision), in
                 # this process's batch of counts, like the other counters.
                 self._leave([], {"retries": 1})
-            ctx = OperationContext(
-                req.agent_id, req.operation_type, req.payload, req.key.value, cl.token, attempt,
-                dep, req.task_id, req.phase, req.replay, cl.taken_over, req.key.caller_key,
-            )
-            began = self.clock()
-            try:
-                ok, value = yield Run(fn, ctx, ctx)
-            except GeneratorExit:
-                raise  # the plan abandoned (its process died, in the simulator)
-            except BaseException:
-                if cl.pid != os.getpid():
-                    # A child forked inside fn leaving by an exception (sys.exit
-                    # is the usual way): the claim is its parent's, still running.
-                    raise
-                # Interrupted while fn ran (a cancellation, a timeout, SystemExit,
-                # KeyboardInterrupt, any BaseException not fn's ordinary error):
-                # nothing to record, but its effect may have happened. Give the
-                # probe slot back and the claim as touched (the next delivery
-                # runs with ctx.recovered), then re-raise.
-                yield from self._abandon(req, cl, permit, probe, touched=True, started=1)
-                raise
-            if cl.pid != os.getpid():
-                # A child forked inside fn that returned: it records, releases
-                # and retries nothing (its parent does); its fn's outcome is its own.
-                if ok:
-                    return value
-                raise value
-            took_ms = (self.clock() - began) * 1000.0
+            if first is not None:  # (attempt 0, run by the lean path)
+                ok, value, took_ms, first = False, first[0], first[2], None
+            else:
+                ctx = OperationContext(
+                    req.agent_id, req.operation_type, req.payload, req.key.value, cl.token,
+                    attempt, dep, req.task_id, req.phase, req.replay, cl.taken_over,
+                    req.key.caller_key,
+                )
+                began = self.clock()
+                ok, value = yield from self._attempt(req, fn, cl, permit, probe=probe, ctx=ctx)
+                if cl.pid != _fork.pid():
+                    # A child forked inside fn that returned: it records, releases
+                    # and retries nothing (its parent does); its fn's outcome is its own.
+                    if ok:
+                        return value
+                    raise value
+                took_ms = (self.clock() - began) * 1000.0
             if ok:
                 return (yield from self._succeeded(req, cl, permit, value, took_ms))
-
             exc: BaseException = value
             decision = decide(
                 policy, attempt, exc, elapsed=self.clock() - start + slept, deadline=deadline,
@@ -1233,6 +1466,29 @@ class _LayerCore:
             slept += decision.delay if TESTING.instant else 0.0
             attempt += 1
 
+    def _attempt(
+        self, req: _Request, fn: Callable[[OperationContext], Any], cl: _Claim,
+        permit: Permit | None, *, probe: str | None, ctx: OperationContext,
+    ) -> Plan[tuple[bool, Any]]:
+        """Run ``fn`` once: ``(True, result)`` or ``(False, its error)``."""
+        try:
+            outcome: tuple[bool, Any] = yield Run(fn, ctx, ctx)
+        except GeneratorExit:
+            raise  # the plan abandoned (its process died, in the simulator)
+        except BaseException:
+            if cl.pid != _fork.pid():
+                # A child forked inside fn leaving by an exception (sys.exit
+                # is the usual way): the claim is its parent's, still running.
+                raise
+            # Interrupted while fn ran (a cancellation, a timeout, SystemExit,
+            # KeyboardInterrupt, any BaseException not fn's ordinary error):
+            # nothing to record, but its effect may have happened. Give the
+            # probe slot back and the claim as touched (the next delivery
+            # runs with ctx.recovered), then re-raise.
+            yield from self._abandon(req, cl, permit, probe, touched=True, started=1)
+            raise
+        return outcome
+
     def _past(
         self, deadline: float | None, start: float, slept: float, delay: float = 0.0
     ) -> bool:
@@ -1263,10 +1519,10 @@ class _LayerCore:
             decision=decision if broke is None else None, started=1,
         ))
 
-    def _persist(  # noqa: PLR0917  (a step's calls, their order, waves, gates and decoding)
+    def _persist(  # noqa: PLR0912, PLR0917  (a step's calls, their order, waves, gates, decoding)
         self, key: str, calls: dict[str, ScriptCall], order: Sequence[str],
         gates: Mapping[str, Callable[[Any], bool]], on_reply: Callable[[str, Any], Any],
-        waves: Mapping[str, int] | None = None,
+        waves: Mapping[str, int] | None = None, *, first: Replies | DurabilisError | None = None,
     ) -> Plan[None]:
         """Send a step until every call of it is settled, shielded, while the lease lasts.
 
@@ -1286,10 +1542,16 @@ class _LayerCore:
             names = [n for n in order if n in pending]
             step_gates = {i: gates[n] for i, n in enumerate(names) if n in gates}
             try:
-                replies = yield IO(
-                    [pending[n] for n in names], step_gates, shield=True,
-                    waves=[waves[n] for n in names] if waves else None,
-                )
+                if first is not None:  # (the lean path sent this step once already)
+                    outcome, first = first, None
+                    if isinstance(outcome, DurabilisError):
+                        raise outcome
+                    replies = outcome
+                else:
+                    replies = yield IO(
+                        [pending[n] for n in names], step_gates, shield=True,
+                        waves=[waves[n] for n in names] if waves else None,
+                    )
             except CorruptData:
                 raise
             except DurabilisError as exc:
@@ -1342,7 +1604,11 @@ class _LayerCore:
 
     def _succeeded(  # noqa: PLR0912, PLR0915  (the record step reads best as one piece)
         self, req: _Request, cl: _Claim, permit: Permit | None, result: Any, took_ms: float,
+        *, first: Replies | DurabilisError | None = None,
     ) -> Plan[Any]:
+        """Record the outcome of ``fn``'s success. ``first``: what the lean
+        path's first sending of this very step gave (its replies, or its
+        failure): the step goes on from there."""
         packed, save, not_stored = self._encode_result(req, result)
         calls: dict[str, ScriptCall] = {}
         if cl.token:
@@ -1449,7 +1715,9 @@ class _LayerCore:
         if save is not None:
             gates["save"] = _save_refused
         try:
-            yield from self._persist(req.key.value, calls, order, gates, on_reply, waves)
+            yield from self._persist(
+                req.key.value, calls, order, gates, on_reply, waves, first=first
+            )
         except _Unsent as unsent:
             if req.dependency is not None:
                 self._breakers._forget(req.dependency)  # its report did not land (yet)
@@ -1539,7 +1807,7 @@ class _LayerCore:
         if not req.replay:
             dlq_id = dlq_id_for(req.key.value, cl.nonce)
             calls["enqueue"] = self._dlq.enqueue_prepared(
-                req.park, attempts, error, dlq_id=dlq_id,
+                self._park_record(req), attempts, error, dlq_id=dlq_id,
                 # otel hook: the call's trace context kept with the record ({}: off)
                 metadata={"reason": reason, "claim": cl.nonce, **otel.parking_fields()},
                 merge_key=self._merge_key(req.key.value),

@@ -52,6 +52,16 @@ def _peers_required() -> None:
         assert _installed(*PEERS), f"not installed: {[m for m in PEERS if not _installed(m)]}"
 
 
+def _check_lean(lean: dict[str, Any], table: str) -> None:
+    """The lean durable call: the client's Python per call with canned replies
+    (replayed, so the same round trips as for real) and the commands per call."""
+    for name in ("canned", "canned_breaker"):
+        assert lean[name]["us_per_call"] > 0 and lean[name]["round_trips"] == 2.0, name
+    assert lean["commands"]["scripts"] == 2.0 and lean["commands_breaker"]["scripts"] == 2.0
+    assert lean["commands_breaker"]["commands"] >= lean["commands"]["commands"] > 2
+    assert "Python per call, canned replies" in table
+
+
 @pytest.mark.slow
 def test_the_suite_runs_in_smoke_mode_and_writes_every_section(tmp_path: Path) -> None:
     _peers_required()
@@ -97,6 +107,7 @@ def test_the_suite_runs_in_smoke_mode_and_writes_every_section(tmp_path: Path) -
         assert results["cost"]["memory"][kind]["bytes"] > 0, kind
 
     _check_http(results["http"], table)
+    _check_lean(results["lean"], table)
 
     targets = {t["name"]: t for t in results["targets"]}
     assert len(targets) == 7
