@@ -20,7 +20,13 @@ provider for durabilis's spans alone (tests, or an app that keeps the global
 one for something else).
 
 The layer calls this module at five places only (its start and end, each retry,
-each parking, each replay): see ``docs/observability.md``.
+each parking, each replay): see ``docs/observability.md``. No call into
+OpenTelemetry ever raises into a durable call: an exception of the API, the SDK
+or a span processor is logged (``durability_otel_failed``, once per hook and
+process) and that call goes on untraced from there; its outcome is the same as
+untraced. A parked record's trace context is kept only in the room its
+``max_payload_bytes`` leaves (``tracestate`` dropped first, then
+``traceparent``).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import re
 from collections.abc import Generator, Mapping
 from typing import Any, Protocol
 
+from durabilis._log import get_logger
 from durabilis.errors import CircuitOpen, OperationInProgress, RetryExhausted
 
 try:
@@ -89,6 +96,17 @@ class _Choice:
 
 
 _CHOICE = _Choice()
+_log = get_logger()
+_FAILED: set[str] = set()  # the hooks whose OpenTelemetry call raised (logged once each)
+
+
+def _failed(hook: str, exc: Exception) -> None:
+    """A call into OpenTelemetry raised at ``hook``: the durable call goes on
+    untraced there; logged once per hook and process (the type only: an error's
+    text may quote what it was handed)."""
+    if hook not in _FAILED:
+        _FAILED.add(hook)
+        _log.warning("durability_otel_failed", hook=hook, error=type(exc).__qualname__)
 _READ_GLOBAL = (
     _trace is not None and hasattr(_trace, "_TRACER_PROVIDER")
     and "OTEL_PYTHON_TRACER_PROVIDER" not in os.environ
@@ -106,7 +124,11 @@ def _tracer_of(provider: Any) -> Any:
         return None  # the API's default (no SDK configured) or an explicit no-op
     from durabilis import __version__  # noqa: PLC0415  (imported while durabilis itself is)
 
-    tracer = provider.get_tracer("durabilis", __version__)
+    try:
+        tracer = provider.get_tracer("durabilis", __version__)
+    except Exception as exc:  # a provider that cannot give a tracer: tracing off
+        _failed("get_tracer", exc)
+        return None
     if isinstance(tracer, (_trace.NoOpTracer, _trace.ProxyTracer)):  # e.g. OTEL_SDK_DISABLED
         return None
     return tracer
@@ -212,9 +234,13 @@ class _Traced:
             attributes["durabilis.replay"] = True
             if claim is not None:
                 attributes["durabilis.dlq.id"] = claim.dlq_id
-                parked = parse_traceparent(*claim.trace) if claim.trace else None
-                if parked is not None:
-                    links = [_trace.Link(parked, {"durabilis.dlq.id": claim.dlq_id})]
+                try:
+                    parked = parse_traceparent(*claim.trace) if claim.trace else None
+                    if parked is not None:
+                        links = [_trace.Link(parked, {"durabilis.dlq.id": claim.dlq_id})]
+                except Exception as exc:  # the span goes without its link
+                    _failed("link", exc)
+                    links = None
         return self.tracer.start_span(
             f"{kind} {call.operation_type}", kind=_trace.SpanKind.INTERNAL,
             attributes=attributes, links=links,
@@ -222,9 +248,24 @@ class _Traced:
 
     def run(self, plan: Generator[Any, Any, Any]) -> Generator[Any, Any, Any]:
         """Drive ``plan`` (the call's) in this span; HOOK (the end of a call): the
-        outcome's attributes, then the span ends."""
-        self.span = span = self._start()
-        otel_token = _context.attach(_trace.set_span_in_context(span))
+        outcome's attributes, then the span ends. An OpenTelemetry call that
+        raises (``Exception``) is logged and the call goes on untraced from there:
+        the plan's outcome is never changed (see :func:`_failed`)."""
+        try:
+            self.span = span = self._start()
+        except Exception as exc:  # no span: the plan as is
+            _failed("start", exc)
+            untraced = _CURRENT.set(None)  # (its retries are not an outer call's events)
+            try:
+                return (yield from plan)
+            finally:
+                with contextlib.suppress(ValueError):
+                    _CURRENT.reset(untraced)
+        try:
+            otel_token = _context.attach(_trace.set_span_in_context(span))
+        except Exception as exc:  # (the span, not current: fn's own spans are not its children)
+            _failed("attach", exc)
+            otel_token = None
         token = _CURRENT.set(self)
         error: BaseException | None = None
         try:
@@ -234,12 +275,22 @@ class _Traced:
             raise
         finally:
             try:
-                self._outcome(error)
-            finally:
+                try:
+                    self._outcome(error)
+                except Exception as exc:
+                    _failed("outcome", exc)
+            finally:  # (even past a BaseException of the SDK: the span is ended)
                 with contextlib.suppress(ValueError):  # (a plan closed from another context)
                     _CURRENT.reset(token)
-                _context.detach(otel_token)
-                span.end()
+                if otel_token is not None:
+                    try:
+                        _context.detach(otel_token)
+                    except Exception as exc:
+                        _failed("detach", exc)
+                try:
+                    span.end()
+                except Exception as exc:
+                    _failed("end", exc)
 
     def _outcome(self, error: BaseException | None) -> None:
         span = self.span
@@ -276,16 +327,21 @@ class _Traced:
             span.set_attribute("error.type", type(error).__qualname__)
             span.set_status(_trace.Status(_trace.StatusCode.ERROR, outcome))
 
-    def context_fields(self) -> dict[str, str]:
-        """This span's W3C trace context, as DLQ record metadata."""
+    def context_fields(self, room: int | None = None) -> dict[str, str]:
+        """This span's W3C trace context, as DLQ record metadata, in ``room``
+        bytes (names and values; ``None``: no limit): ``tracestate`` is left out
+        when it does not fit, then ``traceparent`` (the record has no link)."""
         ctx = self.span.get_span_context()
         if not ctx.is_valid:
             return {}
-        fields = {
-            "traceparent": f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
-        }
+        parent = f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+        left = (1 << 62 if room is None else room) - len("traceparent") - len(parent)
+        if left < 0:
+            return {}
+        fields = {"traceparent": parent}
         state = ctx.trace_state.to_header() if ctx.trace_state else ""
-        if state and len(state.encode("utf-8")) <= _TRACESTATE_MAX:
+        size = len(state.encode("utf-8", "replace"))
+        if state and size <= _TRACESTATE_MAX and len("tracestate") + size <= left:
             fields["tracestate"] = state
         return fields
 
@@ -296,12 +352,15 @@ def retried(attempts: int, delay: float, error_code: str) -> None:
     if traced is None:
         return
     traced.retries = attempts
-    if traced.span.is_recording():
-        traced.span.add_event(RETRY_EVENT, {
-            "durabilis.attempt": attempts,
-            "durabilis.retry.delay_ms": round(delay * 1000.0, 3),
-            "durabilis.error.code": error_code,
-        })
+    try:
+        if traced.span.is_recording():
+            traced.span.add_event(RETRY_EVENT, {
+                "durabilis.attempt": attempts,
+                "durabilis.retry.delay_ms": round(delay * 1000.0, 3),
+                "durabilis.error.code": error_code,
+            })
+    except Exception as exc:  # the retry goes on without its event
+        _failed("retried", exc)
 
 
 def answered_duplicate() -> None:
@@ -311,11 +370,19 @@ def answered_duplicate() -> None:
         traced.duplicate = True
 
 
-def parking_fields() -> dict[str, str]:
+def parking_fields(room: int | None = None) -> dict[str, str]:
     """HOOK (each parking): the trace context kept with the DLQ record (the
-    call's span: ``traceparent``, ``tracestate``); ``{}`` when tracing is off."""
+    call's span: ``traceparent``, ``tracestate``) in the ``room`` bytes the
+    record's ``max_payload_bytes`` leaves it (``None``: no limit); ``{}`` when
+    tracing is off, when not even ``traceparent`` fits, or when the span fails."""
     traced = _CURRENT.get()
-    return {} if traced is None else traced.context_fields()
+    if traced is None:
+        return {}
+    try:
+        return traced.context_fields(room)
+    except Exception as exc:  # parked without a link
+        _failed("parking_fields", exc)
+        return {}
 
 
 def parse_traceparent(traceparent: str, tracestate: str | None = None) -> Any:

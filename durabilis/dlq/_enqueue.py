@@ -91,6 +91,19 @@ class EnqueueOps(OpsBase):
             raise PayloadTooLarge("original_operation", size, self.config.max_payload_bytes)
         return Prepared(agent_id, operation_type, payload_field, payload, tuple(meta))
 
+    def room(self, prepared: Prepared, metadata: Mapping[str, str]) -> int:
+        """The bytes ``prepared``'s record has left under ``max_payload_bytes``
+        with ``metadata`` added at enqueue (counted as :meth:`prepare` counts:
+        the payload, each metadata name and value); negative: over."""
+        size = len(prepared.payload)
+        fields = prepared.metadata
+        for name, value in zip(fields[::2], fields[1::2], strict=True):
+            size += len(name.encode("utf-8", "replace")) - len(META_PREFIX)
+            size += len(value.encode("utf-8", "replace"))
+        for name, value in metadata.items():
+            size += len(name.encode("utf-8", "replace")) + len(value.encode("utf-8", "replace"))
+        return int(self.config.max_payload_bytes) - size
+
     def enqueue_prepared(
         self,
         prepared: Prepared,

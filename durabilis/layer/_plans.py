@@ -1806,10 +1806,12 @@ class _LayerCore:
         dlq_id = None
         if not req.replay:
             dlq_id = dlq_id_for(req.key.value, cl.nonce)
+            record, meta = self._park_record(req), {"reason": reason, "claim": cl.nonce}
+            # otel hook: the call's trace context kept with the record, in the bytes
+            # the payload cap leaves it ({}: off, or no room)
+            meta.update(otel.parking_fields(self._dlq.room(record, meta)))
             calls["enqueue"] = self._dlq.enqueue_prepared(
-                self._park_record(req), attempts, error, dlq_id=dlq_id,
-                # otel hook: the call's trace context kept with the record ({}: off)
-                metadata={"reason": reason, "claim": cl.nonce, **otel.parking_fields()},
+                record, attempts, error, dlq_id=dlq_id, metadata=meta,
                 merge_key=self._merge_key(req.key.value),
             )
         if cl.token or cl.member:

@@ -22,14 +22,22 @@ from typing import Any
 
 import pytest
 from opentelemetry import context, trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
 import durabilis
-from durabilis import CircuitBreakerConfig, OperationError, RetryExhausted, aio, otel
+from durabilis import (
+    CircuitBreakerConfig,
+    DlqConfig,
+    OperationError,
+    RetryExhausted,
+    aio,
+    otel,
+)
 from durabilis.dlq import ReplayOutcome
+from durabilis.errors import PayloadTooLarge
 from durabilis.layer import AsyncDurabilityLayer, DurabilityLayer, OperationContext
 from tests.integration._cli_support import run_cli
 from tests.integration._layer_support import Counter, fast_config
@@ -410,3 +418,194 @@ def test_without_the_opentelemetry_api_the_layer_runs_untraced(
     )
     assert out == {"before": False, "first": "one", "second": "two", "after": False,
                    "api": True}
+
+
+# -- a failing tracer changes nothing of a durable call --
+
+
+class _RaisingProcessor(SpanProcessor):
+    """A span processor whose on_start and on_end raise (a vendor's bug)."""
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        raise RuntimeError("span processor bug (on_start)")
+
+    def on_end(self, span: Any) -> None:
+        raise RuntimeError("span processor bug (on_end)")
+
+
+class _BrokenSpan:
+    """An SDK span whose methods named in ``broken`` raise (the rest are the span's)."""
+
+    def __init__(self, real: Any, broken: frozenset[str]) -> None:
+        self._real, self._broken = real, broken
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._broken:
+            def boom(*_args: Any, **_kw: Any) -> Any:
+                raise RuntimeError(f"tracer bug ({name})")
+            return boom
+        return getattr(self._real, name)
+
+
+class _BrokenTracer:
+    def __init__(self, real: Any, broken: frozenset[str]) -> None:
+        self._real, self._broken = real, broken
+
+    def start_span(self, *args: Any, **kw: Any) -> Any:
+        if "start_span" in self._broken:
+            raise RuntimeError("tracer bug (start_span)")
+        return _BrokenSpan(self._real.start_span(*args, **kw), self._broken)
+
+
+class _BrokenProvider(TracerProvider):
+    def __init__(self, broken: frozenset[str]) -> None:
+        super().__init__()
+        self._broken = broken
+
+    def get_tracer(self, *args: Any, **kw: Any) -> Any:
+        return _BrokenTracer(super().get_tracer(*args, **kw), self._broken)
+
+
+_BROKEN = {
+    "on_start_and_on_end": None,  # (the SDK's processor raising)
+    "add_event": frozenset({"add_event"}),
+    "get_span_context": frozenset({"get_span_context"}),
+    "start_span": frozenset({"start_span"}),
+    "every_span_method": frozenset({
+        "add_event", "get_span_context", "set_attribute", "set_status", "is_recording", "end",
+    }),
+}
+
+
+@pytest.fixture(params=list(_BROKEN))
+def broken_tracer(request: pytest.FixtureRequest) -> Iterator[str]:
+    """durabilis's spans come from a provider whose calls raise (as named)."""
+    broken = _BROKEN[request.param]
+    if broken is None:
+        provider: TracerProvider = TracerProvider()
+        provider.add_span_processor(_RaisingProcessor())
+    else:
+        provider = _BrokenProvider(broken)
+    otel.use(provider)
+    try:
+        yield request.param
+    finally:
+        otel.use(None)
+
+
+def test_a_raising_tracer_leaves_every_outcome_as_it_is_untraced(
+    layer: DurabilityLayer, broken_tracer: str
+) -> None:
+    assert otel.enabled()
+    # A success is recorded and returned (the same call again: answered, not run).
+    op = Counter()
+    assert layer.execute("a1", "job", {"n": 1}, op) == "done"
+    assert layer.execute("a1", "job", {"n": 1}, op) == "done"
+    assert len(op.calls) == 1
+    # A retry, then a success.
+    flaky = Counter(["NETWORK_TIMEOUT"])
+    assert layer.execute("a1", "job", {"n": 2}, flaky) == "done"
+    assert len(flaky.calls) == 2
+    # A park: its real error and DLQ record, its claim released.
+    with pytest.raises(RetryExhausted) as parked:
+        layer.execute("a1", "job", {"n": 3}, Counter(["NETWORK_TIMEOUT"] * 3))
+    assert parked.value.final_error == "NETWORK_TIMEOUT"
+    dlq_id = parked.value.dlq_id
+    assert dlq_id is not None
+    record = layer.dlq.get(dlq_id)
+    assert record is not None and record.status.value == "pending"
+    assert layer.stats().in_flight == 0
+    # Its replay, from a requeue: counted replayed.
+    assert [r.outcome for r in layer.dlq.requeue([dlq_id], by="test")] == ["requeued"]
+    assert layer.replay_requeued({"job": Counter()}).replayed == 1
+    record = layer.dlq.get(dlq_id)
+    assert record is not None and record.status.value == "replayed"
+    assert layer.stats().in_flight == 0
+
+
+def test_a_raising_tracer_leaves_an_async_call_s_outcome_as_it_is_untraced(
+    redis_url: str, namespace: str, broken_tracer: str
+) -> None:
+    async def main() -> None:
+        store = aio.connect(redis_url, namespace=namespace)
+        layer = AsyncDurabilityLayer(store, fast_config(breaker=CALM))
+        try:
+            assert await layer.execute("a1", "job", "retry", Counter(["NETWORK_TIMEOUT"])) \
+                == "done"
+            with pytest.raises(RetryExhausted) as exc:
+                await layer.execute("a1", "job", "park", Counter(["NETWORK_TIMEOUT"] * 3))
+            assert exc.value.dlq_id is not None
+            result = await layer.replay(exc.value.dlq_id, Counter())
+            assert result.outcome is ReplayOutcome.REPLAYED
+        finally:
+            await layer.close()
+            await store.close()
+
+    asyncio.run(main())
+
+
+def test_a_tracer_failure_is_logged_once_per_hook_and_an_interrupt_still_passes(
+    layer: DurabilityLayer, caplog: pytest.LogCaptureFixture
+) -> None:
+    provider = _BrokenProvider(frozenset({"add_event"}))
+    otel.use(provider)
+    otel._FAILED.clear()  # (another test of this process may have logged it already)
+    try:
+        with caplog.at_level("WARNING", logger="durabilis"):
+            for n in range(3):
+                assert layer.execute("a1", "job", n, Counter(["NETWORK_TIMEOUT"])) == "done"
+        logged = [r.getMessage() for r in caplog.records if "durability_otel_failed" in
+                  r.getMessage()]
+        assert len(logged) == 1 and "hook=retried" in logged[0]
+
+        def interrupted(_ctx: OperationContext) -> str:
+            raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            layer.execute("a1", "job", "interrupted", interrupted)
+    finally:
+        otel.use(None)
+
+
+def test_a_traced_record_parked_near_the_cap_stays_within_max_payload_bytes(
+    store: durabilis.Store, spans: InMemorySpanExporter
+) -> None:
+    cap = 2000
+    layer = DurabilityLayer(store, fast_config(breaker=CALM, dlq=DlqConfig(max_payload_bytes=cap)))
+
+    def accepted(fill: int) -> bool:
+        try:
+            layer.execute("a1", "job", {"p": "x" * fill}, Counter(),
+                          idempotency_key=f"probe-{fill}")
+        except PayloadTooLarge:
+            return False
+        return True
+
+    low, high = 1, cap  # the largest payload accepted (tracing changes none of them)
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if accepted(mid) else (low, mid - 1)
+    state = trace.TraceState([(f"v{i:02d}", "x" * 27) for i in range(8)])
+    assert len(state.to_header()) == 255
+    caller = trace.SpanContext(0x1234, 0x5678, is_remote=True,
+                               trace_flags=trace.TraceFlags(1), trace_state=state)
+    kept: dict[int, tuple[str, str | None] | None] = {}
+    token = context.attach(trace.set_span_in_context(trace.NonRecordingSpan(caller)))
+    try:
+        for fill in (low, low - 100, low - 400):
+            with pytest.raises(RetryExhausted) as exc:
+                layer.execute("a1", "job", {"p": "x" * fill}, Counter(["NETWORK_TIMEOUT"] * 3),
+                              idempotency_key=f"park-{fill}")
+            assert exc.value.dlq_id is not None
+            record = layer.dlq.get(exc.value.dlq_id)
+            assert record is not None
+            # The record as stored, checked against the cap by the DLQ's own rule.
+            layer.dlq._ops.prepare(record.agent_id, record.operation_type,
+                                   record.original_operation, record.metadata)
+            kept[fill] = record.trace_context
+    finally:
+        context.detach(token)
+        layer.close()
+    assert kept[low] is None  # no room left: no link
+    assert kept[low - 100] is not None and kept[low - 100][1] is None  # traceparent only
+    assert kept[low - 400] is not None and kept[low - 400][1] == state.to_header()
