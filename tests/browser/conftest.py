@@ -35,8 +35,12 @@ def chromium_path() -> str:
     return found
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(chromium_path: str) -> Iterator[Any]:
+    # Module scope, not session: Playwright's sync API keeps an event loop running
+    # in this thread while it is open, and every later test of this xdist worker
+    # calling asyncio.run() would fail ("cannot be called from a running event
+    # loop"). Closed at the end of each browser module, the thread is clean again.
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
