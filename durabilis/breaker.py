@@ -231,9 +231,14 @@ class CircuitBreakerRegistry(_RegistryCore[Store]):
         """
         return drive(self.transitions_plan(name, limit), self.store)
 
-    def stored_names(self) -> set[str]:
-        """Every breaker name any process of this namespace has used."""
-        return drive(self.stored_names_plan(), self.store)
+    def stored_names(self, limit: int | None = None) -> set[str]:
+        """Every breaker name any process of this namespace has used (with
+        ``limit``: at most that many, read with a bounded ``SSCAN``)."""
+        return drive(self.stored_names_plan(limit), self.store)
+
+    def is_stored(self, name: str) -> bool:
+        """Whether any process of this namespace has used ``name``."""
+        return drive(self.is_stored_plan(name), self.store)
 
 
 class AsyncCircuitBreakerRegistry(_RegistryCore[AsyncStore]):
@@ -312,9 +317,13 @@ class AsyncCircuitBreakerRegistry(_RegistryCore[AsyncStore]):
         """See :meth:`CircuitBreakerRegistry.transitions`."""
         return await adrive(self.transitions_plan(name, limit), self.store)
 
-    async def stored_names(self) -> set[str]:
+    async def stored_names(self, limit: int | None = None) -> set[str]:
         """See :meth:`CircuitBreakerRegistry.stored_names`."""
-        return await adrive(self.stored_names_plan(), self.store)
+        return await adrive(self.stored_names_plan(limit), self.store)
+
+    async def is_stored(self, name: str) -> bool:
+        """See :meth:`CircuitBreakerRegistry.is_stored`."""
+        return await adrive(self.is_stored_plan(name), self.store)
 
 
 # --- guards: context managers that are decorators too -------------------------

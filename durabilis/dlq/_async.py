@@ -13,6 +13,7 @@ from durabilis.dlq._types import (
     CleanupReport,
     DlqListing,
     DlqRecord,
+    DlqScan,
     DlqStats,
     DlqStatus,
     ReplayResult,
@@ -78,6 +79,21 @@ class AsyncDeadLetterQueue(DlqShell[AsyncStore]):
     ) -> DlqListing:
         """See :meth:`DeadLetterQueue.list_all`."""
         plan = self._ops.list_all_steps(operation_type, limit, after)
+        return await adrive(plan, self.store)
+
+    async def scan(
+        self,
+        operation_type: str | None = None,
+        *,
+        pending: bool = True,
+        limit: int | None = None,
+        after: str | DlqRecord | None = None,
+        max_examined: int | None = None,
+    ) -> DlqScan:
+        """See :meth:`DeadLetterQueue.scan`."""
+        ops = self._ops
+        plan = (ops.scan_pending_steps if pending else ops.scan_all_steps)(
+            operation_type, limit, after, max_examined)
         return await adrive(plan, self.store)
 
     async def pending_count(self, operation_type: str | None = None) -> int:

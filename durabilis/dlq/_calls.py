@@ -163,21 +163,23 @@ class DlqCalls(EnqueueOps):
             last_replay_error_at=opt_ms("lrat"),
         )
 
-    def pending_range(self, operation_type: str | None, after: bytes | None) -> Command:
-        """One page of the pending index (lex order = enqueue order).
+    def pending_range(
+        self, operation_type: str | None, after: bytes | None, count: int = PAGE
+    ) -> Command:
+        """One page (``count`` members) of the pending index (lex order = enqueue order).
 
         ``after`` is exclusive: a raw member, or ``sort_key(sid) + b"|\\xff"``.
         """
         if operation_type is None:
             low = b"-" if after is None else b"(" + after
             return Command(
-                ("ZRANGEBYLEX", self.pending_key, low, b"+", "LIMIT", 0, PAGE), self.pending_key
+                ("ZRANGEBYLEX", self.pending_key, low, b"+", "LIMIT", 0, count), self.pending_key
             )
         prefix = operation_type.encode("utf-8") + b"\x00"
         low = b"[" + prefix if after is None else b"(" + prefix + after
         high = b"(" + operation_type.encode("utf-8") + b"\x01"
         return Command(
-            ("ZRANGEBYLEX", self.pending_by_op_key, low, high, "LIMIT", 0, PAGE),
+            ("ZRANGEBYLEX", self.pending_by_op_key, low, high, "LIMIT", 0, count),
             self.pending_by_op_key,
         )
 
@@ -195,9 +197,9 @@ class DlqCalls(EnqueueOps):
             )
         return out
 
-    def stream_range(self, after: str | None) -> Command:
+    def stream_range(self, after: str | None, count: int = PAGE) -> Command:
         low = "-" if after is None else "(" + after
-        return Command(("XRANGE", self.stream_key, low, "+", "COUNT", PAGE), self.stream_key)
+        return Command(("XRANGE", self.stream_key, low, "+", "COUNT", count), self.stream_key)
 
     def decode_entries(self, reply: Any) -> list[tuple[str, dict[str, Any]]]:
         key = self.stream_key

@@ -15,8 +15,16 @@ from durabilis.dlq._records import (
     field_text,
     reply_tag,
     sort_key,
+    stream_id_of,
 )
-from durabilis.dlq._types import CleanupReport, DlqListing, DlqRecord, DlqStatus, RequeueResult
+from durabilis.dlq._types import (
+    CleanupReport,
+    DlqListing,
+    DlqRecord,
+    DlqScan,
+    DlqStatus,
+    RequeueResult,
+)
 from durabilis.errors import (
     ConfigError,
     CorruptData,
@@ -119,50 +127,104 @@ class ListingPlans(DlqCalls):
         ):
             raise ConfigError("limit", f"must be an integer >= 0 or None, got {limit!r}")
 
+    def _examined(self, max_examined: int | None) -> None:
+        if max_examined is not None and (
+            not isinstance(max_examined, int) or isinstance(max_examined, bool)
+            or max_examined < 1
+        ):
+            raise ConfigError(
+                "max_examined", f"must be an integer >= 1 or None, got {max_examined!r}")
+
     def list_pending_steps(
         self,
         operation_type: str | None,
         limit: int | None,
         after: str | DlqRecord | None,
+        max_examined: int | None = None,
     ) -> Plan[list[DlqRecord]]:
+        page = yield from self.scan_pending_steps(operation_type, limit, after, max_examined)
+        return page.records
+
+    def scan_pending_steps(
+        self,
+        operation_type: str | None,
+        limit: int | None,
+        after: str | DlqRecord | None,
+        max_examined: int | None = None,
+    ) -> Plan[DlqScan]:
+        """Pending records in enqueue order after ``after``: at most ``limit``,
+        looking at most at ``max_examined`` index entries (expired records
+        awaiting cleanup included; ``None``: no bound)."""
         if operation_type is not None:
             self.name("operation_type", operation_type)
         self._limit(limit)
+        self._examined(max_examined)
         bound = self.cursor(after)
+        key = self.pending_key if operation_type is None else self.pending_by_op_key
         out: list[DlqRecord] = []
+        examined = 0
+        last = after.stream_id if isinstance(after, DlqRecord) else after
         while limit is None or len(out) < limit:
+            count = PAGE if max_examined is None else min(PAGE, max_examined - examined)
+            if count <= 0:
+                return DlqScan(out, last, examined)
             page = self.decode_members(
-                operation_type, (yield self.pending_range(operation_type, bound))
+                operation_type, (yield self.pending_range(operation_type, bound, count))
             )
             if not page:
                 break
             ids = [m.dlq_id for m in page]
-            for record in self.decode_get(ids, (yield self.get(ids))):
+            records = self.decode_get(ids, (yield self.get(ids)))
+            for member, record in zip(page, records, strict=True):
+                examined += 1
+                last = stream_id_of(member.sort_key)
+                if not last:
+                    raise CorruptData(key, f"index member {member.raw!r} has no stream id")
                 # Expired (None) and just-finished records are not pending.
                 if record is not None and record.status is DlqStatus.PENDING:
                     out.append(record)
                     if limit is not None and len(out) >= limit:
-                        break
-            if len(page) < PAGE:
+                        return DlqScan(out, last, examined)
+            if len(page) < count:
                 break
             bound = page[-1].raw
-        return out
+        return DlqScan(out, None if limit is None or len(out) < limit else last, examined)
 
     def list_all_steps(
         self,
         operation_type: str | None,
         limit: int | None,
         after: str | DlqRecord | None,
+        max_examined: int | None = None,
     ) -> Plan[DlqListing]:
+        page = yield from self.scan_all_steps(operation_type, limit, after, max_examined)
+        stats = self.decode_stats((yield self.stats()))
+        return DlqListing(page.records, stats.pending_for(operation_type))
+
+    def scan_all_steps(
+        self,
+        operation_type: str | None,
+        limit: int | None,
+        after: str | DlqRecord | None,
+        max_examined: int | None = None,
+    ) -> Plan[DlqScan]:
+        """Live records (any status) in enqueue order after ``after``: at most
+        ``limit``, looking at most at ``max_examined`` stream entries (other
+        types' and expired ones included; ``None``: no bound)."""
         if operation_type is not None:
             self.name("operation_type", operation_type)
         self._limit(limit)
+        self._examined(max_examined)
         cursor = after.stream_id if isinstance(after, DlqRecord) else after
         if cursor is not None:
             sort_key(cursor)  # validates before any I/O
         out: list[DlqRecord] = []
+        examined = 0
         while limit is None or len(out) < limit:
-            entries = self.decode_entries((yield self.stream_range(cursor)))
+            count = PAGE if max_examined is None else min(PAGE, max_examined - examined)
+            if count <= 0:
+                return DlqScan(out, cursor, examined)
+            entries = self.decode_entries((yield self.stream_range(cursor, count)))
             if not entries:
                 break
             wanted = [
@@ -177,18 +239,22 @@ class ListingPlans(DlqCalls):
             ]
             if any(not self.known_id(i) for i in ids):
                 raise CorruptData(self.stream_key, "an entry has no valid dlq_id field")
+            found: dict[str, DlqRecord | None] = {}
             if ids:
                 reply = yield self.get(ids, with_stream=False)
-                for record in self.decode_get(ids, reply, [f for _, f in wanted]):
-                    if record is not None:
-                        out.append(record)
-                        if limit is not None and len(out) >= limit:
-                            break
-            if len(entries) < PAGE:
+                records = self.decode_get(ids, reply, [f for _, f in wanted])
+                found = {sid: r for (sid, _), r in zip(wanted, records, strict=True)}
+            for sid, _ in entries:
+                examined += 1
+                cursor = sid
+                record = found.get(sid)
+                if record is not None:
+                    out.append(record)
+                    if limit is not None and len(out) >= limit:
+                        return DlqScan(out, cursor, examined)
+            if len(entries) < count:
                 break
-            cursor = entries[-1][0]
-        stats = self.decode_stats((yield self.stats()))
-        return DlqListing(out, stats.pending_for(operation_type))
+        return DlqScan(out, None if limit is None or len(out) < limit else cursor, examined)
 
     def cleanup_steps(self, max_batches: int | None = None) -> Plan[int]:
         """Remove expired records, one bounded batch (one script) at a time (at

@@ -13,6 +13,7 @@ from durabilis.dlq._types import (
     CleanupReport,
     DlqListing,
     DlqRecord,
+    DlqScan,
     DlqStats,
     DlqStatus,
     ReplayResult,
@@ -116,6 +117,39 @@ class DeadLetterQueue(DlqShell[Store]):
             record (of ``operation_type`` when given), not only this page.
         """
         return drive(self._ops.list_all_steps(operation_type, limit, after), self.store)
+
+    def scan(
+        self,
+        operation_type: str | None = None,
+        *,
+        pending: bool = True,
+        limit: int | None = None,
+        after: str | DlqRecord | None = None,
+        max_examined: int | None = None,
+    ) -> DlqScan:
+        """One bounded page of :meth:`list_pending` (``pending=True``) or of
+        :meth:`list_all`'s records, in enqueue order, and where to go on from.
+
+        Args:
+            operation_type: Only this type.
+            pending: Pending records (the pending index) or every live one (the stream).
+            limit: At most this many records (``None``: no bound).
+            after: Continue after this record or stream id (a previous
+                page's ``next_after``).
+            max_examined: Look at most at this many index or stream entries,
+                expired records awaiting cleanup and other types' entries
+                included (``None``: no bound), so one call's work is bounded
+                however many dead entries lie in the way.
+
+        Returns:
+            The records, ``next_after`` (the stream id of the last entry looked
+            at; ``None`` once the end was reached) and how many entries were
+            looked at.
+        """
+        ops = self._ops
+        plan = (ops.scan_pending_steps if pending else ops.scan_all_steps)(
+            operation_type, limit, after, max_examined)
+        return drive(plan, self.store)
 
     def pending_count(self, operation_type: str | None = None) -> int:
         """How many live records are pending (of ``operation_type`` when given)."""

@@ -205,6 +205,16 @@ class DlqListing(NamedTuple):
     pending_count: int
 
 
+class DlqScan(NamedTuple):
+    """One bounded page of a listing (``DeadLetterQueue.scan``)."""
+
+    records: list[DlqRecord]
+    next_after: str | None
+    """The stream id to continue after (``None``: the end was reached)."""
+    examined: int
+    """Index or stream entries looked at, expired records awaiting cleanup included."""
+
+
 @dataclass(frozen=True, slots=True)
 class DlqStats:
     """Counts of the live (not expired) records.

@@ -51,7 +51,8 @@ Every HTML page:
     the record), ``dlq-status``, ``dlq-operation-type``, ``dlq-agent``,
     ``dlq-error`` (redacted). ``dlq-empty`` when the page has no record.
     ``dlq-next`` (link to the next page) when there may be more;
-    ``dlq-scan-note`` when the page stopped at its scan bound before filling.
+    ``dlq-scan-note`` when the page stopped at its scan bound (index or stream
+    entries looked at, expired records' included) before filling.
     With actions on: ``action-requeue-many`` and ``action-purge`` (links to the
     confirmation pages of ``/dlq-bulk/requeue`` and ``/dlq-bulk/purge`` for the
     current filter).
@@ -62,8 +63,10 @@ Every HTML page:
     ``field-status``, ``field-agent_id``, ``field-last_error``),
     ``record-metadata``, ``record-operation`` (the payload; with redaction on,
     the text ``hidden``: see ``create_app(redact=...)``), ``record-history``
-    (table of the DLQ log stream's entries of this record, oldest first:
-    ``history-row`` each, with ``history-change`` and ``history-by``).
+    (table of the DLQ log stream's entries of this record, NEWEST first:
+    ``history-row`` each, with ``history-change`` and ``history-by``);
+    ``history-truncated`` when the read stopped at its bound before reaching
+    the record's parking (the oldest entries are then not shown).
     With actions on: ``action-requeue``, ``action-abandon``, ``action-purge-one``
     (links to the confirmation pages). 404 ``error-page`` for an unknown id.
 
@@ -71,7 +74,8 @@ Every HTML page:
     breaker (attribute ``data-breaker``), with ``breaker-link``,
     ``breaker-state``, ``breaker-failure-rate``, ``breaker-window``
     (results in the window / window size), ``breaker-probes`` (probes in
-    flight / permits). ``breakers-empty`` when none.
+    flight / permits). ``breakers-empty`` when none; ``breakers-more`` when
+    more breakers exist than the page lists (at most 500).
 
 ``GET /breakers/{name}`` [breaker]: ``breaker-detail`` (table: state, rates,
     window, probes, retry after, config), ``breaker-timeline`` (a ``<figure>``
@@ -110,6 +114,13 @@ returning an actor name; otherwise every route below answers 403 with
 ``GET|POST /dlq-bulk/requeue``, ``/dlq-bulk/purge`` [dlq_bulk, param ``action``]:
     the records a filter selects (the filter as in ``/dlq``: in the query string
     of the GET, as hidden fields of the POST; at most 500 per confirmation).
+    The confirmation lists every record selected (``confirm-row`` each, with
+    attribute ``data-dlq-id``) and freezes them: its form carries their ids
+    (``dlq_ids``) and their signature (``selection``, bound to the CSRF token
+    and the action); the POST acts on exactly those (another list: 403,
+    nothing done), each re-checked by the DLQ, and its result says how many
+    were skipped because they changed (``action-skipped``).
+    HEAD on any action route: 405 (the hook is not asked).
 
     GET is the confirmation page: ``confirm-summary`` (with ``confirm-count``
     for a filter: how many records it selects, ``+`` when there may be more),
@@ -127,6 +138,6 @@ returning an actor name; otherwise every route below answers 403 with
 
 from __future__ import annotations
 
-from durabilis.web._app import ConsoleSettings, create_app
+from durabilis.web._app import BulkTarget, ConsoleSettings, create_app
 
-__all__ = ["ConsoleSettings", "create_app"]
+__all__ = ["BulkTarget", "ConsoleSettings", "create_app"]

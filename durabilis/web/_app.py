@@ -38,8 +38,9 @@ from durabilis.dlq import DlqRecord
 from durabilis.errors import ConfigError, DurabilisError, StorageUnavailable
 from durabilis.events import REDACTED
 from durabilis.layer import DurabilityConfig
-from durabilis.web import _charts
+from durabilis.web import _charts, _data
 from durabilis.web._data import (
+    ACTION_MAX,
     DEFAULT_PAGE,
     MAX_PAGE,
     STATUSES,
@@ -48,16 +49,53 @@ from durabilis.web._data import (
     DlqFilter,
 )
 
-Authorize = Callable[[Request, str, str], "str | Awaitable[str | None] | None"]
+
+@dataclass(frozen=True, slots=True)
+class BulkTarget:
+    """What a bulk action (``/dlq-bulk/...``) acts on, as the ``authorize`` hook gets it.
+
+    Attributes:
+        status, operation_type, reason, agent, older_than: The filter (as the
+            ``/dlq`` query string gives it; ``None``: not filtered on).
+        dlq_ids: The records the confirmation page shows, in enqueue order: on
+            the POST, exactly those the action will try (signed by the
+            confirmation page, checked before anything is done); each is
+            still re-checked by the DLQ (one no longer in the state the
+            action needs is skipped).
+
+    ``str(target)`` is ``"filter:status=pending, operation_type=..."``.
+    """
+
+    status: str
+    operation_type: str | None
+    reason: str | None
+    agent: str | None
+    older_than: str | None
+    dlq_ids: tuple[str, ...]
+
+    @classmethod
+    def of(cls, flt: DlqFilter, dlq_ids: tuple[str, ...]) -> BulkTarget:
+        return cls(flt.status, flt.operation_type, flt.reason, flt.agent, flt.older_than,
+                   dlq_ids)
+
+    def __str__(self) -> str:
+        return "filter:" + DlqFilter(self.status, self.operation_type, self.reason,
+                                     self.agent, self.older_than).describe()
+
+
+Authorize = Callable[[Request, str, "str | BulkTarget"], "str | Awaitable[str | None] | None"]
 """``authorize(request, action, target) -> actor name | None`` (``None``: refused).
-``action`` is ``"requeue"``, ``"abandon"`` or ``"purge"``; ``target`` a dlq_id, or
-``"filter:<status=...,...>"`` for an action over a filter. May be a coroutine function."""
+``action`` is ``"requeue"``, ``"abandon"`` or ``"purge"``; ``target`` the dlq_id (a
+``str``) for one record, or a :class:`BulkTarget` (the filter and the exact ids) for
+an action over a filter. May be a coroutine function."""
 
 CSP = ("default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
        "frame-ancestors 'none'; base-uri 'none'")
 CSRF_COOKIE = "durabilis_csrf"
 CSRF_FIELD = "csrf_token"
-MAX_FORM_BYTES = 16 * 1024
+SELECTION_FIELD = "selection"
+IDS_FIELD = "dlq_ids"
+MAX_FORM_BYTES = ACTION_MAX * 202 + 16 * 1024  # a bulk confirmation's ids (<= 200 chars each)
 _COOKIE_VALUE = re.compile(r"^[A-Za-z0-9_-]{20,100}$")
 ACTIONS = ("requeue", "abandon", "purge")
 _HERE = Path(__file__).resolve().parent
@@ -220,11 +258,12 @@ class _Pages:
         history, truncated = await self.run(self.console.history, record)
         return self.render(request, "dlq_record.html", title="DLQ record", record=record,
                            rows=_record_rows(record), history=history,
-                           history_truncated=truncated)
+                           history_truncated=truncated, history_scan=_data.HISTORY_SCAN)
 
     async def breakers(self, request: Request) -> Response:
-        rows = await self.run(self.console.breakers)
-        return self.render(request, "breakers.html", title="Circuit breakers", rows=rows)
+        rows, more = await self.run(self.console.breakers)
+        return self.render(request, "breakers.html", title="Circuit breakers", rows=rows,
+                           more=more, limit=_data.BREAKER_LIMIT)
 
     async def breaker(self, request: Request) -> Response:
         name = request.path_params["name"]
@@ -272,7 +311,7 @@ class _Pages:
 
     # -- actions ------------------------------------------------------------------------
 
-    async def _actor(self, request: Request, action: str, target: str) -> str:
+    async def _actor(self, request: Request, action: str, target: str | BulkTarget) -> str:
         """The actor the host's hook names, or 403 (actions off, no hook, refused)."""
         hook = self.settings.authorize
         if not self.settings.actions or hook is None:
@@ -281,7 +320,7 @@ class _Pages:
         if inspect.isawaitable(actor):
             actor = await actor
         if not isinstance(actor, str) or not actor.strip():
-            raise HTTPException(403, f"not authorized to {action} {printable(target)}")
+            raise HTTPException(403, f"not authorized to {action} {printable(str(target))}")
         return actor
 
     def _csrf_cookie(self, request: Request) -> tuple[str, bool]:
@@ -303,12 +342,25 @@ class _Pages:
             raise HTTPException(403, "missing or wrong CSRF token: reload the confirmation "
                                 "page and try again")
 
+    def _selection(self, action: str, token: str, flt: DlqFilter, ids: tuple[str, ...]
+                   ) -> str:
+        """The signature of a bulk confirmation's frozen selection: bound to this
+        browser's CSRF token, the action, the filter and the exact ids shown."""
+        text = "\x00".join(["bulk", action, token, flt.describe(), " ".join(ids)])
+        return hmac.new(self.secret, text.encode("utf-8", "surrogatepass"),
+                        hashlib.sha256).hexdigest()
+
     def _confirm(self, request: Request, action: str, target: str, post_url: str,
                  **context: Any) -> Response:
         cookie, fresh = self._csrf_cookie(request)
+        token = self._token(cookie)
+        selection = None
+        if context.get("flt") is not None:
+            ids = tuple(r.dlq_id for r in context["records"])
+            selection = (" ".join(ids), self._selection(action, token, context["flt"], ids))
         response = self.render(request, "confirm.html", title=f"Confirm: {action}",
-                               action=action, target=target, csrf=self._token(cookie),
-                               post_url=post_url, **context)
+                               action=action, target=target, csrf=token,
+                               post_url=post_url, selection=selection, **context)
         if fresh:
             response.set_cookie(
                 CSRF_COOKIE, cookie, httponly=True, samesite="strict",
@@ -323,6 +375,8 @@ class _Pages:
             raise HTTPException(403, "actions are disabled in this console")
 
     async def record_action(self, request: Request) -> Response:
+        if request.method == "HEAD":
+            return _not_allowed()
         self._enabled()
         action = request.path_params["action"]
         dlq_id = request.path_params["dlq_id"]
@@ -346,39 +400,54 @@ class _Pages:
         else:
             outcome = (await self.run(self.console.purge, [dlq_id], actor, None))[dlq_id]
         return self.render(request, "result.html", title=f"Done: {action}", action=action,
-                           outcomes={dlq_id: outcome}, actor=actor,
+                           outcomes={dlq_id: outcome}, actor=actor, skipped=None,
                            back=self.url(request, "dlq_record", dlq_id=dlq_id)
                            if action != "purge" else self.url(request, "dlq_list"))
 
     async def bulk_action(self, request: Request) -> Response:
+        """The confirmation (GET) freezes the selection: the exact ids it shows,
+        signed with the CSRF token; the POST acts on those ids only (each still
+        re-checked by the DLQ), never on what the filter selects by then."""
+        if request.method == "HEAD":
+            return _not_allowed()
         self._enabled()
         action = request.path_params["action"]
         if action not in ("requeue", "purge"):
             raise HTTPException(404, "no such page")
         if request.method == "GET":
             flt = DlqFilter.parse(request.query_params)
-            target = "filter:" + flt.describe()
-            actor = await self._actor(request, action, target)
             records, more = await self.run(self.console.select, flt)
-            return self._confirm(request, action, target,
+            target = BulkTarget.of(flt, tuple(r.dlq_id for r in records))
+            actor = await self._actor(request, action, target)
+            return self._confirm(request, action, str(target),
                                  self.url(request, "dlq_bulk", action=action),
-                                 records=records[:50], count=len(records), more=more, flt=flt,
+                                 records=records, count=len(records), more=more, flt=flt,
                                  actor=actor, back=self.url(request, "dlq_list", flt.query()))
-        # The filter comes back in the form: the hook judges it, then the token is checked.
+        # The filter and the frozen ids come back in the form: the hook judges them,
+        # then the token and the selection's signature are checked, before anything.
         fields = await _read_form(request)
         flt = DlqFilter.parse(fields)
-        target = "filter:" + flt.describe()
-        actor = await self._actor(request, action, target)
+        ids = tuple(fields.get(IDS_FIELD, "").split())
+        if len(ids) > ACTION_MAX:
+            raise BadInput(f"at most {ACTION_MAX} records per confirmation")
+        actor = await self._actor(request, action, BulkTarget.of(flt, ids))
         self._check_csrf(request, fields)
-        records, _ = await self.run(self.console.select, flt)
-        ids = [r.dlq_id for r in records]
+        token = self._token(request.cookies.get(CSRF_COOKIE, ""))
+        sent = fields.get(SELECTION_FIELD, "")
+        if not hmac.compare_digest(sent.encode("utf-8", "surrogatepass"),
+                                   self._selection(action, token, flt, ids).encode()):
+            raise HTTPException(403, "the selection is not the one the confirmation page "
+                                "showed: reload the confirmation page and try again")
         if action == "requeue":
-            results = await self.run(_requeue_many, self.console, ids, actor)
+            results = await self.run(_requeue_many, self.console, list(ids), actor)
+            done = "requeued"
         else:
             status = None if flt.status == "all" else flt.status
             results = await self.run(self.console.purge, ids, actor, status) if ids else {}
+            done = "purged"
+        skipped = sum(1 for outcome in results.values() if outcome != done)
         return self.render(request, "result.html", title=f"Done: {action}", action=action,
-                           outcomes=results, actor=actor,
+                           outcomes=results, actor=actor, skipped=skipped,
                            back=self.url(request, "dlq_list", flt.query()))
 
     # -- errors -------------------------------------------------------------------------
@@ -400,6 +469,11 @@ class _Pages:
     async def durabilis_error(self, request: Request, exc: Exception) -> Response:
         return self.render(request, "error.html", status_code=500, title="Error 500",
                            status=500, message=f"{type(exc).__name__}: {exc}")
+
+
+def _not_allowed() -> Response:
+    """HEAD on an action route: 405 (it neither confirms nor acts; the hook is not asked)."""
+    return Response(status_code=405, headers={"allow": "GET, POST"})
 
 
 def _requeue_many(console: Console, ids: list[str], actor: str) -> dict[str, str]:
@@ -480,7 +554,8 @@ def create_app(
         actions: Enable the action routes (requeue, abandon, purge). They also
             need ``authorize`` to name an actor for each request.
         authorize: ``authorize(request, action, target) -> actor | None``
-            (sync or async): the actor's name is written in the DLQ's log
+            (sync or async; ``target``: the dlq_id, or a :class:`BulkTarget`
+            for a bulk action): the actor's name is written in the DLQ's log
             stream with the change; ``None`` refuses (403, nothing done).
         redact: Error texts redacted after their code and type, payloads and
             checkpoint states hidden (``False``: in clear, as the CLI's

@@ -7,6 +7,7 @@ with autoescape on.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -35,10 +36,12 @@ PAGE_SIZES = (10, 25, 50, 100, 200)
 DEFAULT_PAGE = 50
 MAX_PAGE = 200
 SCAN_BOUND = 1000
-"""DLQ records one list page (or one purge selection) examines at most."""
+"""Index or stream entries one list page examines at most (expired records'
+entries included; a bulk action's selection: five times as many)."""
 BATCH = 100
 ACTION_MAX = 500
-"""Records one filtered action (purge) selects at most; run it again for more."""
+"""Records one bulk action's confirmation selects (and shows) at most; the POST
+acts on exactly those. Run it again for more."""
 HISTORY_SCAN = 5000
 """Log-stream entries one record page reads at most (the stream is capped near 10,000)."""
 INFLIGHT_LIMIT = 200
@@ -284,7 +287,7 @@ class Console:
         if tag == "corrupt":
             raise CorruptData(key, _text(reply[2]) if len(reply) > 2 else "corrupt")
         out = []
-        for entry in reply[2] or ():
+        for entry in reversed(list(reply[2] or ())):  # newest first: oldest first here
             raw = {_text(k): v for k, v in _field_pairs(entry[1])}
 
             def num(name: str, raw: dict[str, Any] = raw) -> int:
@@ -300,23 +303,22 @@ class Console:
     def _walk(self, flt: DlqFilter, after: str | None, want: int, bound: int
               ) -> tuple[list[DlqRecord], str | None, bool]:
         """Records the filter lets through, in enqueue order, after ``after``:
-        at most ``want``, examining at most ``bound`` records. Returns the
-        records, the cursor to continue from (``None``: the end was reached),
-        and whether the bound stopped the walk."""
+        at most ``want``, looking at most at ``bound`` entries of the index
+        walked (the pending index, or the stream for other statuses), expired
+        records awaiting cleanup included. Returns the records, the cursor to
+        continue from (``None``: the end was reached), and whether the bound
+        stopped the walk."""
         dlq = self.layer.dlq
         cutoff = flt.cutoff()
         out: list[DlqRecord] = []
         seen = 0
         cursor = after
         while seen < bound:
-            batch = min(BATCH, bound - seen)
-            if flt.pending_only:
-                page = dlq.list_pending(flt.operation_type, limit=batch, after=cursor)
-            else:
-                page = dlq.list_all(None, limit=batch, after=cursor).records
-            for record in page:
-                seen += 1
-                cursor = record.stream_id
+            page = dlq.scan(flt.operation_type if flt.pending_only else None,
+                            pending=flt.pending_only, after=cursor,
+                            max_examined=min(BATCH, bound - seen))
+            seen += page.examined
+            for record in page.records:
                 if flt.pending_only and cutoff is not None and (
                         record.failed_at.timestamp() >= cutoff):
                     # The pending index is in enqueue order: every later one is younger.
@@ -324,9 +326,10 @@ class Console:
                 if flt.matches(record, cutoff):
                     out.append(record)
                     if len(out) >= want:
-                        return out, cursor, False
-            if len(page) < batch:
+                        return out, record.stream_id, False
+            if page.next_after is None:
                 return out, None, False
+            cursor = page.next_after
         return out, cursor, True
 
     def dlq_page(self, flt: DlqFilter, after: str | None, limit: int) -> DlqPage:
@@ -342,34 +345,37 @@ class Console:
             return None
 
     def history(self, record: DlqRecord) -> tuple[list[LogEntry], bool]:
-        """The log stream's entries about ``record``, oldest first, read from the
-        time it was first parked on (the stream is time-ordered), at most
-        :data:`HISTORY_SCAN` entries read. Returns them and whether the read
-        stopped at that bound."""
+        """The log stream's entries about ``record``, NEWEST first: read from the
+        newest entry down to the time it was first parked on (the stream is
+        time-ordered), at most :data:`HISTORY_SCAN` entries read, so the latest
+        changes (the console's own audit entries) always show. Returns them and
+        whether the read stopped at that bound before reaching the parking."""
         start = f"{max(0, int(record.failed_at.timestamp() * 1000) - 1000)}-0"
         out: list[LogEntry] = []
         read = 0
+        end = "+"
         while read < HISTORY_SCAN:
-            reply = self.store.command("XRANGE", self._log_key, start, "+", "COUNT", 500)
+            count = min(500, HISTORY_SCAN - read)
+            reply = self.store.command("XREVRANGE", self._log_key, end, start, "COUNT", count)
             entries = list(reply or ())
             for entry_id, raw in entries:
                 read += 1
                 fields = {_text(k): _text(v) for k, v in _field_pairs(raw)}
                 sid = _text(entry_id)
-                start = "(" + sid
+                end = "(" + sid
                 if fields.get("dlq_id") != record.dlq_id:
                     continue
                 ms = int(sid.split("-", 1)[0])
                 out.append(LogEntry(sid, _ms_to_dt(ms), fields.pop("change", "?"),
                                     fields.pop("by", None) or None, fields))
-            if len(entries) < 500:
+            if len(entries) < count:
                 return out, False
         return out, True
 
     def select(self, flt: DlqFilter) -> tuple[list[DlqRecord], bool]:
-        """What a filtered action acts on: at most :data:`ACTION_MAX` records from
-        the start, examining at most ``SCAN_BOUND * 5``. Returns them and whether
-        there may be more."""
+        """What a bulk action's confirmation shows and freezes: at most
+        :data:`ACTION_MAX` records from the start, examining at most
+        ``SCAN_BOUND * 5`` entries. Returns them and whether there may be more."""
         records, cursor, bounded = self._walk(flt, None, ACTION_MAX, SCAN_BOUND * 5)
         return records, bounded or cursor is not None
 
@@ -385,38 +391,54 @@ class Console:
 
     # -- breakers ---------------------------------------------------------------------
 
-    def _registries(self) -> tuple[set[str], set[str]]:
-        """The configured names (the config, then the fleet config applied on top)
-        and the names found in Redis. A name found only in Redis is read through
-        a registry of its own with a default config (shown as not configured:
-        its rates and timeouts may differ from the fleet's), as the CLI does."""
+    def _adopt(self, names: Iterable[str]) -> None:
+        """Read the names found only in Redis through a registry of their own
+        with a default config (shown as not configured: their rates and
+        timeouts may differ from the fleet's), as the CLI does. Call with the
+        lock held."""
+        known = set(self._defaults.names())
+        for name in sorted(set(names) - known):
+            with contextlib.suppress(ConfigError):  # a member no durabilis process wrote
+                self._defaults.upsert_config(CircuitBreakerConfig(name))
+
+    def _registries(self) -> tuple[set[str], set[str], bool]:
+        """The configured names (the config, then the fleet config applied on
+        top), at most :data:`BREAKER_LIMIT` of the names found in Redis (a
+        bounded ``SSCAN``: never the whole set), and whether there are more."""
         with self._lock:
             self._sync.refresh()
             configured = set(self.layer.breakers.names())
-            stored = set(sorted(self.layer.breakers.stored_names())[:BREAKER_LIMIT])
-            known = set(self._defaults.names())
-            for name in sorted(stored - configured - known):
-                try:
-                    self._defaults.upsert_config(CircuitBreakerConfig(name))
-                except ConfigError:  # a member no durabilis process wrote
-                    stored.discard(name)
-        return configured, stored
+            found = self.layer.breakers.stored_names(BREAKER_LIMIT + 1)
+            stored = set(sorted(found)[:BREAKER_LIMIT])
+            self._adopt(stored - configured)
+            stored &= configured | set(self._defaults.names())
+        return configured, stored, len(found) > BREAKER_LIMIT
 
     def _row(self, name: str, configured: set[str]) -> BreakerRow:
         registry = self.layer.breakers if name in configured else self._defaults
         return BreakerRow(name, registry.state_info(name), registry.get_config(name),
                           name in configured)
 
-    def breakers(self) -> list[BreakerRow]:
-        configured, stored = self._registries()
-        names = sorted(configured | stored)[:BREAKER_LIMIT]
-        return [self._row(n, configured) for n in names
-                if n in configured or n in self._defaults.names()]
+    def breakers(self) -> tuple[list[BreakerRow], bool]:
+        """At most :data:`BREAKER_LIMIT` breakers (configured ones first), and
+        whether more exist than are shown."""
+        configured, stored, more = self._registries()
+        names = sorted(configured)[:BREAKER_LIMIT]
+        names += sorted(stored - configured)[:BREAKER_LIMIT - len(names)]
+        more = more or len(configured | stored) > len(names)
+        return [self._row(n, configured) for n in names], more
 
     def breaker(self, name: str) -> tuple[BreakerRow, list[StateTransition]] | None:
-        configured, stored = self._registries()
-        if name not in configured and name not in stored:
-            return None
+        """One breaker, configured or found in Redis (one ``SISMEMBER``), or ``None``."""
+        with self._lock:
+            self._sync.refresh()
+            configured = set(self.layer.breakers.names())
+            if name not in configured:
+                if not self.layer.breakers.is_stored(name):
+                    return None
+                self._adopt([name])
+                if name not in self._defaults.names():
+                    return None
         try:
             row = self._row(name, configured)
         except DependencyNotFound:

@@ -37,8 +37,8 @@ from durabilis.config import ConfigSync
 from durabilis.dlq import DeadLetterQueue, DlqStatus
 from durabilis.layer import DurabilityLayer, OperationContext
 from durabilis.testing import instant_retries
+from durabilis.web import BulkTarget, create_app
 from durabilis.web import _data as web_data
-from durabilis.web import create_app
 from tests.support.ports import free_port
 from tests.support.waits import wait_until
 
@@ -389,8 +389,8 @@ def test_every_action_and_its_confirmation_is_refused_and_does_nothing_without_t
     (dlq_id,) = _park(layer, 1)
     asked: list[tuple[str, str]] = []
 
-    def authorize(request: Any, action: str, target: str) -> str | None:
-        asked.append((action, target))
+    def authorize(request: Any, action: str, target: Any) -> str | None:
+        asked.append((action, str(target)))  # a bulk action's target: str() names its filter
         return "" if setup == "hook says empty" else None
 
     client = (consoles() if setup == "actions off"
@@ -468,7 +468,7 @@ def test_requeue_with_actions_on_marks_the_record_for_the_fleet_which_replays_it
     assert record is not None and record.requeued_by == "alice@ops"
     assert _log(raw, store, dlq_id)[-1] == ("requeued", "alice@ops")
     history = client.get(f"/dlq/{dlq_id}").text
-    assert re.findall(r'data-testid="history-by">([^<]*)<', history)[-1] == "alice@ops"
+    assert re.findall(r'data-testid="history-by">([^<]*)<', history)[0] == "alice@ops"
     runs: list[Any] = []
     summary = layer.replay_requeued({"job": lambda ctx: runs.append(ctx.payload) or "ok"})
     assert summary.replayed == 1 and runs == [{"page": 0, "agent": "agent-1", "op": "job"}]
@@ -679,3 +679,150 @@ def test_a_record_parked_with_a_trace_context_shows_it(
     html = consoles().get(f"/dlq/{dlq_id}").text
     row = html.split('data-testid="field-trace"')[1].split("</tr>")[0]
     assert parent in row
+
+
+# -- the review's findings (adv_web): bulk actions, bounded walks, history, breakers ------
+
+
+def _hidden(html: str) -> dict[str, str]:
+    return dict(re.findall(r'<input type="hidden" name="([a-z_]+)" value="([^"]*)">', html))
+
+
+def test_a_bulk_action_acts_only_on_the_records_its_confirmation_showed(
+    store: durabilis.Store, raw: Any, layer: DurabilityLayer,
+    consoles: Callable[..., TestClient],
+) -> None:
+    shown = _park(layer, 3, op="job")
+    client = consoles(actions=True, authorize=yes("erin"))
+    page = client.get("/dlq-bulk/purge?status=pending&operation_type=job").text
+    assert re.search(r'data-testid="confirm-count">3<', page)
+    assert all(f'data-dlq-id="{i}"' in page for i in shown)  # every id it will act on
+    late = _park(layer, 4, op="job", agent="agent-late")  # parked after the confirmation
+    layer.dlq.abandon(shown[0], by="ops")  # and one shown record changed meanwhile
+    form = _hidden(page)
+    # The frozen selection is signed: a form naming other ids is refused, nothing done.
+    forged = {**form, "dlq_ids": " ".join(shown[1:] + late[:1])}
+    assert client.post("/dlq-bulk/purge", data=forged).status_code == 403
+    assert layer.dlq.get(late[0]) is not None
+    done = client.post("/dlq-bulk/purge", data=form)
+    assert done.status_code == 200
+    outcomes = dict(re.findall(
+        r'<code>([^<]*)</code></td><td data-testid="action-outcome">([^<]*)<', done.text))
+    assert outcomes == {shown[0]: "other:abandoned", shown[1]: "purged", shown[2]: "purged"}
+    assert re.search(r'data-testid="action-skipped">1<', done.text)
+    assert all(layer.dlq.get(i) is not None for i in late)  # never shown: never touched
+    assert all(_log(raw, store, i) == [("parked", "")] for i in late)
+    # Requeue too: the records parked after its confirmation keep their place.
+    page = client.get("/dlq-bulk/requeue?status=pending").text
+    later = _park(layer, 2, op="job", agent="agent-later")
+    text = client.post("/dlq-bulk/requeue", data=_hidden(page)).text
+    assert re.findall(r'data-testid="action-outcome">([^<]*)<', text) == ["requeued"] * 4
+    assert {r.dlq_id for r in layer.dlq.list_requeued()} == set(late)
+    assert all(layer.dlq.get(i).requeued_at is None for i in later)  # type: ignore[union-attr]
+
+
+def test_the_authorize_hook_gets_a_bulk_actions_filter_and_ids_and_head_is_405(
+    store: durabilis.Store, layer: DurabilityLayer, consoles: Callable[..., TestClient],
+) -> None:
+    ids = _park(layer, 2, op="mail", agent="agent-m")
+    asked: list[tuple[str, Any]] = []
+
+    def authorize(request: Any, action: str, target: Any) -> str:
+        asked.append((action, target))
+        return "frank"
+
+    client = consoles(actions=True, authorize=authorize)
+    page = client.get("/dlq-bulk/purge?operation_type=mail&agent=agent-m").text
+    target = asked[-1][1]
+    assert isinstance(target, BulkTarget)
+    assert (target.status, target.operation_type, target.agent, target.reason,
+            target.older_than, target.dlq_ids) == ("pending", "mail", "agent-m", None, None,
+                                                   tuple(ids))
+    assert str(target) == "filter:status=pending, operation_type=mail, agent=agent-m"
+    client.post("/dlq-bulk/purge", data=_hidden(page))
+    assert asked[-1][0] == "purge" and asked[-1][1].dlq_ids == tuple(ids)
+    asked.clear()
+    for path in (f"/dlq/{ids[0]}/purge", "/dlq-bulk/purge", "/dlq-bulk/requeue"):
+        head = client.request("HEAD", path)
+        assert head.status_code == 405, path
+        assert set(head.headers["allow"].replace(" ", "").split(",")) == {"GET", "POST"}
+    assert asked == []  # HEAD never reaches the hook
+
+
+def test_a_list_page_bounds_the_index_entries_it_examines_expired_ones_included(
+    store: durabilis.Store, consoles: Callable[..., TestClient],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(web_data, "SCAN_BOUND", 10)  # (1000 in production)
+    dlq = DeadLetterQueue(store)
+    dead = [dlq.enqueue("agent-a", "job", {"i": i}, 1, "NETWORK_TIMEOUT: x", ttl_seconds=0.2)
+            for i in range(25)]
+    wait_until(lambda: all(dlq.get(i) is None for i in dead), what="the records' expiry")
+    live = dlq.enqueue("agent-a", "job", {"live": 1}, 1, "NETWORK_TIMEOUT: x")
+    client = consoles()
+    for query in ("", "status=all", "operation_type=job", "status=all&agent=agent-a"):
+        first = client.get("/dlq?" + query).text
+        assert 'data-testid="dlq-scan-note"' in first and "data-dlq-id" not in first, query
+        shown, pages = _walk(client, query)
+        assert shown == [live] and pages == 3, query  # 10 + 10 + 6 entries looked at
+    # The listing API's bound: the DLQ's own page stops there too, and says where.
+    page = dlq.scan(limit=5, max_examined=10)
+    assert page.records == [] and page.examined == 10 and page.next_after is not None
+    rest = dlq.scan(limit=5, after=page.next_after, max_examined=100)
+    assert [r.dlq_id for r in rest.records] == [live] and rest.next_after is None
+    assert [r.dlq_id for r in dlq.list_pending()] == [live]  # unbounded as before
+
+
+def test_the_overview_history_shows_the_newest_samples_and_no_replica_trims_the_others(
+    store: durabilis.Store, raw: Any, consoles: Callable[..., TestClient],
+) -> None:
+    key = store.keys.layer("console-history")
+    big = consoles(history_size=50, sample_interval_seconds=0.001)
+    for n in range(1, 9):
+        wait_until(lambda n=n: (big.get("/"), raw.xlen(key))[1] >= n, what=f"sample {n}")
+    newest = [int(f[b"t"]) for _, f in raw.xrevrange(key, "+", "-", count=3)][::-1]
+    rare = consoles(history_size=3, sample_interval_seconds=3600)
+    _, _, samples = rare.app.state.console.overview()  # type: ignore[attr-defined]
+    assert [round(s.at.timestamp() * 1000) for s in samples] == newest  # the newest 3
+    small = consoles(history_size=3, sample_interval_seconds=0.001)
+    wait_until(lambda: (small.get("/"), raw.xlen(key))[1] >= 9, what="the small one's sample")
+    assert raw.xlen(key) == 9  # the fleet's largest cap holds: nobody's history wiped
+
+
+def test_a_record_page_shows_its_newest_log_entries_first_and_says_when_it_stopped(
+    store: durabilis.Store, raw: Any, consoles: Callable[..., TestClient],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(web_data, "HISTORY_SCAN", 50)  # (5000 in production)
+    dlq = DeadLetterQueue(store)
+    dlq_id = dlq.enqueue("a", "job", {"x": 1}, 1, "NETWORK_TIMEOUT: x")
+    for k in range(120):  # a busy DLQ: others' entries after this record's parking
+        dlq.enqueue("b", "other", {"k": k}, 1, "NETWORK_TIMEOUT: y")
+    client = consoles(actions=True, authorize=yes("gina"))
+    _confirm_and_post(client, f"/dlq/{dlq_id}/requeue")
+    html = client.get(f"/dlq/{dlq_id}").text
+    changes = re.findall(r'data-testid="history-change">([^<]*)<', html)
+    assert changes[0] == "requeued"  # newest first: the console's own audit entry
+    assert re.findall(r'data-testid="history-by">([^<]*)<', html)[0] == "gina"
+    assert 'data-testid="history-truncated"' in html  # the parking is past the bound
+    monkeypatch.setattr(web_data, "HISTORY_SCAN", 5000)
+    html = client.get(f"/dlq/{dlq_id}").text
+    assert re.findall(r'data-testid="history-change">([^<]*)<', html) == ["requeued", "parked"]
+    assert 'data-testid="history-truncated"' not in html
+
+
+def test_the_breakers_pages_read_a_bounded_part_of_a_large_names_set_and_find_any_breaker(
+    store: durabilis.Store, raw: Any, consoles: Callable[..., TestClient],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(web_data, "BREAKER_LIMIT", 20)  # (500 in production)
+    names = [f"dep-{i:04d}" for i in range(600)]
+    raw.sadd(store.keys.breaker_names(), *names)  # names other processes registered
+    client = consoles()
+    listing = client.get("/breakers").text
+    rows = listing.count('data-testid="breaker-row"')
+    assert 0 < rows <= 20
+    assert 'data-testid="breakers-more"' in listing  # says the list stops there
+    for name in ("dep-0000", "dep-0599"):  # any stored one has its page, first or last
+        assert client.get(f"/breakers/{name}").status_code == 200, name
+    assert client.get("/breakers/dep-9999").status_code == 404

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from durabilis.breaker import BreakerInfo, BreakerState, StateTransition
+from durabilis.web import BulkTarget
 from durabilis.web._charts import TIMELINE_WIDTH, breaker_timeline, overview_charts
 from durabilis.web._data import BadInput, DlqFilter, Sample, error_code, parse_age
 
@@ -63,3 +64,13 @@ def test_a_breaker_timeline_spans_its_transitions_up_to_now() -> None:
     assert sum(s.width for s in timeline.segments) == TIMELINE_WIDTH
     alone = breaker_timeline(_info(BreakerState.OPEN, 1), [])
     assert [(s.width, s.state) for s in alone.segments] == [(TIMELINE_WIDTH, "open")]
+
+
+def test_a_bulk_targets_fields_are_the_filters_and_the_ids_and_its_str_names_the_filter(
+) -> None:
+    flt = DlqFilter.parse({"status": "all", "reason": "RATE_LIMITED", "older_than": "2h"})
+    target = BulkTarget.of(flt, ("a1", "b2"))
+    assert target == BulkTarget("all", None, "RATE_LIMITED", None, "2h", ("a1", "b2"))
+    assert str(target) == "filter:status=all, reason=RATE_LIMITED, older_than=2h"
+    with pytest.raises(AttributeError):
+        target.dlq_ids = ()  # type: ignore[misc]  # frozen: the hook cannot change it

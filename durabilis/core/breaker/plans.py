@@ -38,6 +38,8 @@ DEFAULT_CACHED_ADMISSION_SECONDS = 1.0
 """How long a CLOSED breaker's admission, confirmed by Redis, is reused without
 asking (``cached_admission_seconds``; 0 asks Redis before every call)."""
 MAX_CACHED_ADMISSION_SECONDS = 60.0
+SCAN_ROUNDS = 10
+"""Most ``SSCAN`` round trips one bounded :meth:`BreakerBook.stored_names_plan` makes."""
 
 
 class BreakerBook:
@@ -393,10 +395,29 @@ class BreakerBook:
         args = self._ops.events_command(name, limit)
         return self._ops.decode_events(name, (yield Command(args, str(args[1]))))
 
-    def stored_names_plan(self) -> Plan[set[str]]:
-        """Every breaker name any process of this namespace has used."""
+    def stored_names_plan(self, limit: int | None = None) -> Plan[set[str]]:
+        """Every breaker name any process of this namespace has used; with
+        ``limit``, at most that many (``SSCAN``: bounded work per round trip,
+        at most :data:`SCAN_ROUNDS` round trips; which ones is the set's order)."""
         key = self._ops.keys.breaker_names()
-        return self._ops.decode_names((yield Command(("SMEMBERS", key), key)))
+        if limit is None:
+            return self._ops.decode_names((yield Command(("SMEMBERS", key), key)))
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise ConfigError("limit", f"must be an integer >= 1 or None, got {limit!r}")
+        out: set[str] = set()
+        cursor: Any = 0
+        for _ in range(SCAN_ROUNDS):
+            reply = yield Command(("SSCAN", key, cursor, "COUNT", min(limit, 1000)), key)
+            cursor, members = reply[0], reply[1]
+            out |= self._ops.decode_names(members)
+            if int(cursor) == 0 or len(out) >= limit:
+                break
+        return set(sorted(out)[:limit])
+
+    def is_stored_plan(self, name: str) -> Plan[bool]:
+        """Whether any process of this namespace has used ``name`` (one ``SISMEMBER``)."""
+        key = self._ops.keys.breaker_names()
+        return bool((yield Command(("SISMEMBER", key, name), key)))
 
     def read_calls(self) -> tuple[list[str], list[ScriptCall]]:
         """The configured names and their ``cb_read`` calls (``all_states``: one pipeline)."""
