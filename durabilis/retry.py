@@ -1,10 +1,16 @@
 """Retry: redelivery attempts with exponential backoff, jitter and a fleet-wide budget.
 
-The decisions (classification, backoff, deadline, stop reasons) are pure
-functions in :mod:`durabilis._retry_core`; :class:`RetryEngine` and
-:class:`AsyncRetryEngine` are the two thin loops acting on them (the same
-lines, with and without ``await``). The loop needs no Redis: only a policy
-with a :class:`RetryBudget` makes I/O, one script call per decision:
+The retry loop is ONE plan of steps in the I/O-free core
+(:func:`durabilis.core.retry.retry_plan`: ``Run`` the operation, ``Sleep``
+the backoff, the budget's script call); :class:`RetryEngine` and
+:class:`AsyncRetryEngine` drive it (the same lines, with and without
+``await``), classifying errors with :func:`error_code`
+(:mod:`durabilis._retry_core`). Their drivers are their own, not
+``durabilis._steps.drive``: the engines run ``fn`` on the caller's thread or
+loop, sleep with the injected ``sleep`` and refuse a ``fn`` of the wrong kind,
+and need none of the layer driver's signal gate, lease book or shielding. The
+loop needs no Redis: only a policy with a :class:`RetryBudget` makes I/O, one
+script call per decision:
 
 - one ``retry_budget`` call ("call" mode) before the first attempt;
 - one per planned retry ("retry" mode), which grants or refuses it.
@@ -25,11 +31,8 @@ import time
 import types
 import warnings
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-from durabilis import _codec
-from durabilis._keys import KeySpace
 from durabilis._limits import MAX_RETRY_DEADLINE_MS
 from durabilis._log import get_logger
 from durabilis._retry_core import (
@@ -48,11 +51,12 @@ from durabilis._retry_core import (
     error_code,
     register_error_code,
     retry_after_of,
-    succeeded,
 )
-from durabilis._scripts import ScriptCall
 from durabilis._store import AsyncStore, Store
-from durabilis.errors import ConfigError, CorruptData
+from durabilis.core.retry import BudgetOps, BudgetState, retry_plan, succeeded
+from durabilis.core.retry.defaults import default_policies, gateway_policies
+from durabilis.core.steps import Plan, Run, Sleep
+from durabilis.errors import ConfigError
 from durabilis.events import error_text, redact_error
 
 __all__ = [
@@ -72,6 +76,7 @@ __all__ = [
     "decide",
     "default_policies",
     "error_code",
+    "gateway_policies",
     "register_error_code",
     "retry",
     "retry_after_of",
@@ -83,126 +88,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 _log = get_logger()
 
 
-def gateway_policies() -> list[RetryPolicy]:
-    """What a :class:`~durabilis.DurabilityConfig` retries with unless told otherwise: one
-    ``"*"`` policy for every operation type.
+# --- the shipped policies (default_policies, gateway_policies) and the budget's calls ------
+# live in the core (durabilis.core.retry): imported above, re-exported here.
 
-    3 attempts, 200 ms doubling to 5 s, jitter on; transport trouble is retried
-    (``NETWORK_TIMEOUT``, ``SERVICE_UNAVAILABLE``, ``RATE_LIMITED``: timeouts and
-    connection errors of the standard library, httpx, requests and aiohttp are
-    recognised, see docs/retry.md); ``PERMISSION_DENIED``, ``INVALID_SCHEMA`` and
-    ``NOT_FOUND`` stop at once; anything else is not retried either.
-    """
-    return [
-        RetryPolicy(
-            "*", 3, 200, 5_000,
-            retryable_errors=("NETWORK_TIMEOUT", "SERVICE_UNAVAILABLE", "RATE_LIMITED"),
-            non_retryable_errors=("PERMISSION_DENIED", "INVALID_SCHEMA", "NOT_FOUND"),
-        )
-    ]
-
-
-def default_policies() -> list[RetryPolicy]:
-    """The seed's five policies (multiplier 2.0, jitter on)."""
-    transient = ("NETWORK_TIMEOUT", "SERVICE_UNAVAILABLE")
-    return [
-        RetryPolicy(
-            "mcp_call", 3, 500, 10_000,
-            retryable_errors=(*transient, "RATE_LIMITED"),
-            non_retryable_errors=("PERMISSION_DENIED", "INVALID_SCHEMA", "NOT_FOUND"),
-        ),
-        RetryPolicy(
-            "memory_write", 5, 200, 5_000,
-            retryable_errors=transient,
-            non_retryable_errors=("PERMISSION_DENIED", "INVALID_SCHEMA"),
-        ),
-        RetryPolicy(
-            "wiki_write", 3, 1_000, 30_000,
-            retryable_errors=(*transient, "RATE_LIMITED"),
-            non_retryable_errors=("PERMISSION_DENIED", "INVALID_SCHEMA"),
-        ),
-        RetryPolicy(
-            "message_send", 2, 1_000, 5_000,
-            retryable_errors=("NETWORK_TIMEOUT",),
-            non_retryable_errors=("PERMISSION_DENIED",),
-        ),
-        RetryPolicy(
-            "external_api", 3, 1_000, 60_000,
-            retryable_errors=(*transient, "RATE_LIMITED"),
-            non_retryable_errors=("PERMISSION_DENIED", "INVALID_SCHEMA"),
-        ),
-    ]
-
-
-# --- the budget: pure build/decode of its one script ---------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class BudgetState:
-    """A budget script's answer.
-
-    Attributes:
-        allowed: The call was recorded / the retry was granted.
-        calls: Calls in the window (after this step).
-        retries: Retries in the window (after this step).
-    """
-
-    allowed: bool
-    calls: int
-    retries: int
-
-
-class _BudgetOps:
-    """Builds ``retry_budget`` calls and decodes their replies (no I/O)."""
-
-    __slots__ = ("keys",)
-
-    def __init__(self, keys: KeySpace) -> None:
-        self.keys = keys
-
-    def _call(self, mode: str, operation_type: str, budget: RetryBudget) -> ScriptCall:
-        # The script applies this setting AND every other one used on the
-        # operation type within its window (the strictest binds: docs/retry.md).
-        return ScriptCall(
-            "retry_budget",
-            [self.keys.retry_budget(operation_type)],
-            [
-                mode,
-                max(10, round(budget.window_seconds * 1000)),
-                round(budget.ratio * 1_000_000),
-                budget.min_retries,
-            ],
-        )
-
-    def record_call(self, operation_type: str, budget: RetryBudget) -> ScriptCall:
-        """Count one call (an operation started) in the window."""
-        return self._call("call", operation_type, budget)
-
-    def spend_retry(self, operation_type: str, budget: RetryBudget) -> ScriptCall:
-        """Ask for one retry: granted and counted only if the budget allows it."""
-        return self._call("retry", operation_type, budget)
-
-    def decode(self, operation_type: str, reply: Any) -> BudgetState:
-        """Decode either call's reply.
-
-        Raises:
-            CorruptData: Foreign data at the budget key.
-        """
-        rkey = self.keys.retry_budget(operation_type)
-        try:
-            tag = _codec.as_text(reply[0], key=rkey, field="reply")
-        except (TypeError, IndexError, KeyError) as exc:
-            raise CorruptData(rkey, f"unexpected script reply {reply!r}") from exc
-        if tag in ("ok", "denied") and len(reply) == 3:
-            return BudgetState(
-                tag == "ok",
-                _codec.as_int(reply[1], key=rkey, field="calls"),
-                _codec.as_int(reply[2], key=rkey, field="retries"),
-            )
-        detail = reply[1] if tag == "corrupt" and len(reply) > 1 else reply
-        if isinstance(detail, bytes):
-            detail = detail.decode("utf-8", "replace")
-        raise CorruptData(rkey, str(detail))
+_BudgetOps = BudgetOps
+"""The old private name, still imported by ``durabilis.layer._plans`` (which is
+being reworked elsewhere): use :class:`durabilis.core.retry.BudgetOps`."""
 
 
 # --- events ----------------------------------------------------------------------------
@@ -287,7 +178,7 @@ class _EngineBase:
         rng: Callable[[], float] | None,
     ) -> None:
         self.store = store
-        self._ops = None if store is None else _BudgetOps(store.keys)
+        self._ops = None if store is None else BudgetOps(store.keys)
         self._clock = clock or time.monotonic
         self._rng = rng or random.random
         self._policies: dict[str, RetryPolicy] = {}
@@ -332,45 +223,87 @@ class _EngineBase:
             raise TypeError(f"fn must be callable, got {fn!r}")
         _deadline(deadline_seconds)
 
-    def _decide(
+    def _begin(
+        self, operation_type: str, deadline: float | None
+    ) -> tuple[RetryPolicy | None, float | None, float]:
+        """The call's policy, deadline and start (before its budget's round trip:
+        the deadline counts from the call)."""
+        policy = self._policies.get(operation_type) or self._policies.get("*")
+        if policy is not None and deadline is None:
+            deadline = policy.deadline_seconds
+        return policy, deadline, self._clock() if deadline is not None else 0.0
+
+    def _plan(
         self,
+        operation_type: str,
         policy: RetryPolicy | None,
-        attempt: int,
-        exc: Exception,
+        call: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]],
         *,
         start: float,
-        skipped: float,
         deadline: float | None,
-    ) -> RetryDecision:
-        elapsed = self._clock() - start + skipped if deadline is not None else 0.0
-        return decide(policy, attempt, exc, elapsed=elapsed, deadline=deadline, rng=self._rng)
+        failed: Exception | None,
+    ) -> Plan[RetryOutcome[Any]]:
+        """THE retry plan (:func:`durabilis.core.retry.retry_plan`) of one call;
+        ``failed``: its first attempt already ran and raised this."""
+        return retry_plan(
+            operation_type,
+            policy,
+            Run(_apply, call),
+            classify=error_code,
+            clock=self._clock,
+            start=start,
+            deadline=deadline,
+            rng=self._rng,
+            budget_ops=self._ops,
+            on_retry=functools.partial(emit_retry_attempt, operation_type),
+            on_stop=functools.partial(_stopped, operation_type),
+            failed=failed,
+        )
 
-    @staticmethod
-    def _budget_named(operation_type: str) -> None:
-        """The operation type names its budget's key (a ``"*"`` policy's budget
-        meets types no policy validated)."""
-        try:
-            operation_type.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ConfigError(
-                "operation_type", "must be valid Unicode (no lone surrogates): it names "
-                "the retry budget's key"
-            ) from None
 
-    def _in_time(
-        self, decision: RetryDecision, *, start: float, skipped: float, deadline: float | None
-    ) -> RetryDecision:
-        """A retry the budget granted, checked again against the deadline: its
-        round trip took time too, and a retry is never slept into the deadline
-        (the retry stays charged to the budget, never made)."""
-        if deadline is not None and self._clock() - start + skipped + decision.delay >= deadline:
-            return decision.deny_deadline()
-        return decision
+def _stopped(operation_type: str, decision: RetryDecision, exc: Exception) -> None:
+    emit_retry_stop(operation_type, decision, last_error=error_text(exc))
 
-    @staticmethod
-    def _stop(operation_type: str, decision: RetryDecision, exc: Exception) -> RetryOutcome[Any]:
-        emit_retry_stop(operation_type, decision, last_error=error_text(exc))
-        return RetryOutcome.failed(decision, exc)
+
+def _apply(call: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]) -> Any:
+    fn, args, kwargs = call
+    return fn(*args, **kwargs)
+
+
+def _attempt(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[bool, Any]:
+    """One attempt of a sync ``fn``: ``(True, result)`` or ``(False, exception)``."""
+    try:
+        result = fn(*args, **kwargs)
+    except Exception as exc:  # the failure is the plan's to judge
+        return False, exc
+    if inspect.iscoroutine(result):
+        result.close()  # never started: nothing of it ran
+        raise TypeError(
+            "fn returned a coroutine, which RetryEngine does not await: "
+            "use AsyncRetryEngine for a coroutine function"
+        )
+    return True, result
+
+
+async def _aattempt(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[bool, Any]:
+    """One attempt of an async ``fn``: ``(True, result)`` or ``(False, exception)``."""
+    try:
+        pending = fn(*args, **kwargs)
+        awaitable = inspect.isawaitable(pending)
+        result = (await pending) if awaitable else pending
+    except Exception as exc:  # the failure is the plan's to judge
+        return False, exc
+    if not awaitable:
+        # fn ran (a plain function): its effect happened once; never again.
+        raise TypeError(
+            f"fn returned {type(result).__name__}, not an awaitable: "
+            "AsyncRetryEngine awaits what fn returns; use RetryEngine for a plain function"
+        )
+    return True, result
 
 
 class RetryEngine(_EngineBase):
@@ -452,54 +385,35 @@ class RetryEngine(_EngineBase):
         kwargs: dict[str, Any],
         deadline: float | None,
     ) -> RetryOutcome[T]:
-        policy = self._policies.get(operation_type) or self._policies.get("*")
-        budget = None if policy is None else policy.budget
-        if policy is not None and deadline is None:
-            deadline = policy._deadline_s
-        # The deadline counts from the call, its budget's round trip included.
-        start = self._clock() if deadline is not None else 0.0
-        if budget is not None:
-            self._budget_named(operation_type)
-            self._budget_call(operation_type, budget, spend=False)
-        skipped = 0.0
-        attempt = 0
-        while True:
-            try:
-                result = fn(*args, **kwargs)
-            except Exception as exc:
-                last = exc
-                decision = self._decide(
-                    policy, attempt, exc, start=start, skipped=skipped, deadline=deadline
-                )
-            else:
-                if inspect.iscoroutine(result):
-                    result.close()  # never started: nothing of it ran
-                    raise TypeError(
-                        "fn returned a coroutine, which RetryEngine does not await: "
-                        "use AsyncRetryEngine for a coroutine function"
-                    )
-                return succeeded(result, attempt + 1)
-            if decision.retry and budget is not None:
-                if self._budget_call(operation_type, budget, spend=True):
-                    decision = self._in_time(
-                        decision, start=start, skipped=skipped, deadline=deadline
-                    )
-                else:
-                    decision = decision.deny_budget()
-            if not decision.retry:
-                return self._stop(operation_type, decision, last)
-            emit_retry_attempt(operation_type, decision)
-            if TESTING.instant:
-                skipped += decision.delay
-            else:
-                self._sleep(decision.delay)
-            attempt += 1
-
-    def _budget_call(self, operation_type: str, budget: RetryBudget, *, spend: bool) -> bool:
-        assert self.store is not None and self._ops is not None  # upsert_policy ensures it
-        ops = self._ops
-        call = (ops.spend_retry if spend else ops.record_call)(operation_type, budget)
-        return ops.decode(operation_type, self.store.run(call)).allowed
+        policy, deadline, start = self._begin(operation_type, deadline)
+        failed = None
+        if policy is None or policy.budget is None:
+            # The lean path: no I/O comes first, so the first attempt runs
+            # straight-line; the plan takes over at its failure.
+            ok, value = _attempt(fn, args, kwargs)
+            if ok:
+                return succeeded(value, 1)
+            failed = value
+        plan = self._plan(
+            operation_type, policy, (fn, args, kwargs),
+            start=start, deadline=deadline, failed=failed,
+        )
+        reply: Any = None
+        try:
+            while True:
+                step = plan.send(reply)
+                if type(step) is Run:
+                    reply = _attempt(*step.arg)
+                elif type(step) is Sleep:
+                    if not TESTING.instant:
+                        self._sleep(step.seconds)
+                    reply = None
+                else:  # the budget's ScriptCall (upsert_policy ensured a store)
+                    assert self.store is not None
+                    reply = self.store.run(step)
+        except StopIteration as stop:
+            outcome: RetryOutcome[T] = stop.value
+            return outcome
 
 
 class AsyncRetryEngine(_EngineBase):
@@ -561,58 +475,33 @@ class AsyncRetryEngine(_EngineBase):
         kwargs: dict[str, Any],
         deadline: float | None,
     ) -> RetryOutcome[T]:
-        policy = self._policies.get(operation_type) or self._policies.get("*")
-        budget = None if policy is None else policy.budget
-        if policy is not None and deadline is None:
-            deadline = policy._deadline_s
-        start = self._clock() if deadline is not None else 0.0
-        if budget is not None:
-            self._budget_named(operation_type)
-            await self._budget_call(operation_type, budget, spend=False)
-        skipped = 0.0
-        attempt = 0
-        while True:
-            try:
-                pending: Any = fn(*args, **kwargs)
-                awaitable = inspect.isawaitable(pending)
-                result: T = (await pending) if awaitable else pending
-            except Exception as exc:
-                last = exc
-                decision = self._decide(
-                    policy, attempt, exc, start=start, skipped=skipped, deadline=deadline
-                )
-            else:
-                if not awaitable:
-                    # fn ran (a plain function): its effect happened once; never again.
-                    raise TypeError(
-                        f"fn returned {type(result).__name__}, not an awaitable: "
-                        "AsyncRetryEngine awaits what fn returns; use RetryEngine for a "
-                        "plain function"
-                    )
-                return succeeded(result, attempt + 1)
-            if decision.retry and budget is not None:
-                if await self._budget_call(operation_type, budget, spend=True):
-                    decision = self._in_time(
-                        decision, start=start, skipped=skipped, deadline=deadline
-                    )
-                else:
-                    decision = decision.deny_budget()
-            if not decision.retry:
-                return self._stop(operation_type, decision, last)
-            emit_retry_attempt(operation_type, decision)
-            if TESTING.instant:
-                skipped += decision.delay
-            else:
-                await self._sleep(decision.delay)
-            attempt += 1
-
-    async def _budget_call(
-        self, operation_type: str, budget: RetryBudget, *, spend: bool
-    ) -> bool:
-        assert self.store is not None and self._ops is not None  # upsert_policy ensures it
-        ops = self._ops
-        call = (ops.spend_retry if spend else ops.record_call)(operation_type, budget)
-        return ops.decode(operation_type, await self.store.run(call)).allowed
+        policy, deadline, start = self._begin(operation_type, deadline)
+        failed = None
+        if policy is None or policy.budget is None:
+            ok, value = await _aattempt(fn, args, kwargs)  # the lean path (see RetryEngine._run)
+            if ok:
+                return succeeded(value, 1)
+            failed = value
+        plan = self._plan(
+            operation_type, policy, (fn, args, kwargs),
+            start=start, deadline=deadline, failed=failed,
+        )
+        reply: Any = None
+        try:
+            while True:
+                step = plan.send(reply)
+                if type(step) is Run:
+                    reply = await _aattempt(*step.arg)
+                elif type(step) is Sleep:
+                    if not TESTING.instant:
+                        await self._sleep(step.seconds)
+                    reply = None
+                else:  # the budget's ScriptCall (upsert_policy ensured a store)
+                    assert self.store is not None
+                    reply = await self.store.run(step)
+        except StopIteration as stop:
+            outcome: RetryOutcome[T] = stop.value
+            return outcome
 
 
 # --- the decorator -----------------------------------------------------------------------

@@ -43,9 +43,9 @@ def by_key_records(s: Session, stored: str) -> list[Any]:
 
     dlq = s.layer().dlq
     try:
-        current = s.store().command("HGET", dlq._ops.bykey_key, stored)
+        current = s.store().command("HGET", dlq.bykey_key, stored)
     except CorruptData as exc:  # not a hash: name the key (a plain command cannot)
-        raise CorruptData(dlq._ops.bykey_key, "not the DLQ's by-key index (hash)") from exc
+        raise CorruptData(dlq.bykey_key, "not the DLQ's by-key index (hash)") from exc
     for dlq_id in dict.fromkeys([*_as_id(current), record_id_for(stored)]):
         record = dlq.get(dlq_id)
         if record is not None and record.metadata.get("idempotency_key") == stored:
@@ -198,7 +198,7 @@ def stored_forms(s: Session, key: str, agent: str | None) -> tuple[list[_StoredK
         )
         found += [k for k in (keys.idem_key_of(n) for n in names) if k is not None]
         fields, more = _bounded_hscan(
-            s, s.layer().dlq._ops.bykey_key,
+            s, s.layer().dlq.bykey_key,
             f"{glob_escape(RAW_PREFIX)}*:{glob_escape(key)}", KEY_SCAN_CALLS,
         )
         found += fields

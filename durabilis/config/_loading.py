@@ -15,11 +15,11 @@ from durabilis._acks import DEFAULT_ACKS_TIMEOUT
 from durabilis._retry_core import RetryBudget, RetryPolicy
 from durabilis.breaker import CircuitBreakerConfig
 from durabilis.checkpoint import CheckpointConfig
+from durabilis.config._layer import DurabilityConfig
 from durabilis.config._model import breaker_to_dict, dataclass_fields, plain, policy_to_dict
 from durabilis.dlq import DlqConfig
 from durabilis.errors import ConfigError, ConfigFileError
 from durabilis.idempotency import IdempotencyConfig
-from durabilis.layer import DurabilityConfig
 
 ENV_PREFIX: Final = "DURABILIS__"
 """Environment overrides: ``DURABILIS__<SECTION>__<FIELD>`` (``__`` between parts)."""

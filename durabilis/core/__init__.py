@@ -10,4 +10,6 @@ by the shell that builds it.
 - :mod:`durabilis.core.steps`: the step vocabulary.
 - :mod:`durabilis.core.breaker`: the circuit breaker.
 - :mod:`durabilis.core.checkpoint`: checkpoints.
+- :mod:`durabilis.core.retry`: retry policies, decisions, the budget's calls, the retry plan.
+- :mod:`durabilis.core.lease`: the periodic chores' lease call.
 """

@@ -34,3 +34,13 @@ class DlqShell(Generic[S]):
         self.config = config or DlqConfig()
         self.replayer_id = replayer_id or default_owner()
         self._ops = DlqOps(store.keys, self.config, self.replayer_id)
+
+    @property
+    def bykey_key(self) -> str:
+        """The name of the DLQ's by-key index: a hash from an operation's stored
+        idempotency key to the id of its current record (``<ns>:dlq:{dlq}:bykey``).
+
+        For operators' tools that look a record up by the key its caller knows
+        (``durabilis idem``: ``HGET`` one field, ``HSCAN`` a pattern).
+        """
+        return self._ops.bykey_key

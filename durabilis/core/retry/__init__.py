@@ -1,0 +1,82 @@
+"""The retry pillar's core: policies, backoff, decisions, budget calls, the retry plan.
+
+No I/O, no sleeping, no clock of its own (the shells hand in ``clock``,
+``rng`` and the exception classifier). After each failed attempt ``i``
+(numbered from 0) :func:`decide_coded` applies, in this order (DESIGN
+Appendix, "Retry execute"):
+
+1. no policy for the operation type (and no ``"*"``): stop, ``EXHAUSTED``
+   (exactly one attempt, unclassified);
+2. the error's code is not retryable: stop, ``NON_RETRYABLE`` (no DLQ);
+3. ``i + 1 >= max_attempts``: stop, ``EXHAUSTED`` (never sleep after the last);
+4. the delay would reach the deadline: stop, ``DEADLINE_EXCEEDED``;
+5. otherwise retry after the delay (a budgeted policy then asks the retry
+   budget: a refusal stops with ``RETRY_BUDGET_EXHAUSTED``).
+
+:func:`retry_plan` is that loop as steps (``Run``, ``Sleep``, the budget's
+``ScriptCall``); :class:`~durabilis.retry.RetryEngine` and
+:class:`~durabilis.retry.AsyncRetryEngine` drive it. The composed layer still
+runs its own attempt loop over :func:`decide_coded` (``durabilis.layer._plans``).
+
+- :mod:`durabilis.core.retry.types`: policy, budget, decision, outcome, ``TESTING``.
+- :mod:`durabilis.core.retry.plans`: decisions, the budget's calls, the plan.
+- :mod:`durabilis.core.retry.defaults`: the policies shipped (gateway's and seed's).
+"""
+
+from durabilis.core.retry.defaults import default_policies, gateway_policies
+from durabilis.core.retry.plans import BudgetOps, BudgetState, decide_coded, retry_plan
+from durabilis.core.retry.types import (
+    DEADLINE_EXCEEDED,
+    DEFAULT_DEADLINE_MS,
+    EXHAUSTED,
+    JITTER_SHARE,
+    MAX_DEADLINE_MS,
+    MAX_DELAY_MS,
+    NETWORK_TIMEOUT,
+    NON_RETRYABLE,
+    PERMISSION_DENIED,
+    RATE_LIMITED,
+    RETRY_BUDGET_EXHAUSTED,
+    SERVICE_UNAVAILABLE,
+    TESTING,
+    NotRetried,
+    RetryBudget,
+    RetryDecision,
+    RetryOutcome,
+    RetryPolicy,
+    StopReason,
+    backoff_delay,
+    retry_after_of,
+    succeeded,
+)
+
+__all__ = [
+    "DEADLINE_EXCEEDED",
+    "DEFAULT_DEADLINE_MS",
+    "EXHAUSTED",
+    "JITTER_SHARE",
+    "MAX_DEADLINE_MS",
+    "MAX_DELAY_MS",
+    "NETWORK_TIMEOUT",
+    "NON_RETRYABLE",
+    "PERMISSION_DENIED",
+    "RATE_LIMITED",
+    "RETRY_BUDGET_EXHAUSTED",
+    "SERVICE_UNAVAILABLE",
+    "TESTING",
+    "BudgetOps",
+    "BudgetState",
+    "NotRetried",
+    "RetryBudget",
+    "RetryDecision",
+    "RetryOutcome",
+    "RetryPolicy",
+    "StopReason",
+    "backoff_delay",
+    "decide_coded",
+    "default_policies",
+    "gateway_policies",
+    "retry_after_of",
+    "retry_plan",
+    "succeeded",
+]
