@@ -795,7 +795,7 @@ class _ReadyPool(redis.BlockingConnectionPool):
     def release(self, connection: Any) -> None:
         if (
             self.pid == _fork.pid() and getattr(connection, "pid", None) == self.pid
-            and not self._in_maintenance and self.pool.qsize()
+            and not self._in_maintenance and len(self.pool.queue)  # (no lock taken)
             and not connection.should_reconnect()
         ):
             self._ready.append(connection)
@@ -920,7 +920,15 @@ class Store(_StoreBase):
         try:
             if (_PACK is not None and type(pool) is _ReadyPool
                     and type(conn._command_packer) is _HIREDIS_PACKER):
-                conn.send_packed_command([_PACK(args)], check_health=False)
+                # Numbers become bytes here (the very bytes redis-py's encoder
+                # makes), never inside hiredis: its C packer does not check the
+                # conversion of a number, and a signal handler raising during it
+                # (Ctrl-C, a SIGTERM handler calling sys.exit) crashed the process.
+                encode = conn.encoder.encode
+                packed = _PACK(tuple(
+                    a if type(a) is str or type(a) is bytes else encode(a) for a in args))
+                conn.send_packed_command(
+                    [packed], check_health=bool(conn.health_check_interval))
                 return conn.read_response()  # (EVALSHA: no response callback)
             conn.send_command(*args)
             return self.client.parse_response(conn, args[0])

@@ -149,3 +149,51 @@ def test_max_connections_still_bounds_them_and_waiters_get_one(
         assert failures == []
         assert len(store.client.connection_pool._connections) <= connections
         layer.close()
+
+
+def test_numbers_reach_the_c_packer_as_bytes_never_as_numbers(
+    store: durabilis.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """hiredis' C packer does not check the conversion of a number to text: a
+    signal handler raising during it (Ctrl-C, a SIGTERM handler calling
+    sys.exit) crashed the process (SIGSEGV). The store turns every number into
+    the bytes redis-py's encoder makes before packing: the packer only ever
+    sees str and bytes, and the server gets the same command."""
+    import durabilis._store as store_module
+
+    _ready(store)
+    packer = store_module._PACK
+    if packer is None:
+        pytest.fail("hiredis is part of the test extras: its packer must be in use")
+    seen: list[tuple[type, ...]] = []
+
+    def recording(args: tuple[Any, ...]) -> bytes:
+        seen.append(tuple(type(a) for a in args))
+        return packer(args)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(store_module, "_PACK", recording)
+    layer = DurabilityLayer(store)
+    assert layer.execute("a", "op", {"n": 1}, lambda ctx: 7) == 7
+    assert store._send("ECHO", 12) == b"12"
+    assert store._send("ECHO", 1.5) == b"1.5"
+    layer.close()
+    assert seen and all(t in (str, bytes) for types in seen for t in types), seen
+
+
+def test_health_check_interval_is_honoured_on_a_ready_connection(
+    redis_url: str, namespace: str, raw: Any
+) -> None:
+    """``?health_check_interval=N``: a connection idle longer than N seconds is
+    checked with a PING before its next command, as redis-py does."""
+    import time
+
+    def pings() -> int:
+        return int(raw.info("commandstats").get("cmdstat_ping", {}).get("calls", 0))
+
+    with durabilis.connect(f"{redis_url}?health_check_interval=1", namespace=namespace) as store:
+        _ready(store)
+        assert store._send("ECHO", "warm") == b"warm"
+        before = pings()
+        time.sleep(1.3)  # idle past the interval (the behaviour under test is time itself)
+        assert store._send("ECHO", "again") == b"again"
+        assert pings() > before
