@@ -165,6 +165,11 @@ def _raised_inside_redis_py(exc: BaseException) -> bool:
 
 
 def _options(options: dict[str, Any], *, asyncio: bool) -> dict[str, Any]:
+    if options.get("decode_responses"):
+        # The scripts' replies hold msgpack (binary): decoded as text, every
+        # durable call would fail later with a UnicodeDecodeError.
+        raise ConfigError("decode_responses=True is not supported: durabilis reads "
+                          "binary replies (leave the option out)")
     merged = {**_DEFAULT_OPTIONS, **options}
     if "retry" not in merged:
         # redis-py retries failed commands by default (the cluster client up to

@@ -113,3 +113,16 @@ def test_every_query_option_is_one_redis_py_reads_or_a_connection_argument() -> 
                 redis.connection.Connection):
         accepted |= set(inspect.signature(cls.__init__).parameters)
     assert accepted >= QUERY_OPTIONS, sorted(QUERY_OPTIONS - accepted)
+
+
+def test_connect_refuses_decode_responses_before_any_call() -> None:
+    """The scripts answer in msgpack: a client decoding replies as text made every
+    durable call fail later with a UnicodeDecodeError. Refused at connect()."""
+    with pytest.raises(ConfigError, match="decode_responses"):
+        durabilis.connect("redis://127.0.0.1:1", decode_responses=True)
+
+    async def twin() -> None:
+        durabilis.aio.connect("redis://127.0.0.1:1", decode_responses=True)
+
+    with pytest.raises(ConfigError, match="decode_responses"):
+        asyncio.run(twin())
