@@ -168,7 +168,7 @@ def _options(options: dict[str, Any], *, asyncio: bool) -> dict[str, Any]:
     if options.get("decode_responses"):
         # The scripts' replies hold msgpack (binary): decoded as text, every
         # durable call would fail later with a UnicodeDecodeError.
-        raise ConfigError("decode_responses=True is not supported: durabilis reads "
+        raise ConfigError("decode_responses", "True is not supported: durabilis reads "
                           "binary replies (leave the option out)")
     merged = {**_DEFAULT_OPTIONS, **options}
     if "retry" not in merged:
