@@ -100,6 +100,17 @@ _OFFSET_FIELD = struct.Struct(">q")
 _DECIMAL_STRICT = Context(traps=[InvalidOperation])
 
 
+def _packer() -> msgpack.Packer:
+    # strict_types: tuples and subclasses reach _default instead of being packed as
+    # their base type (a tuple as a list, an IntEnum as an int).
+    return msgpack.Packer(use_bin_type=True, strict_types=True, default=_default)
+
+
+_PACKERS: list[msgpack.Packer] = []
+"""Packers free for reuse (see :func:`pack`)."""
+_SPARE_PACKERS = 16
+
+
 def pack(value: Any, *, what: str = "value", limit: int | None = None) -> bytes:
     """Encode ``value`` as msgpack, with the ext types of the module docstring.
 
@@ -116,12 +127,19 @@ def pack(value: Any, *, what: str = "value", limit: int | None = None) -> bytes:
             an integer outside 64 bits, a lone surrogate, or nesting deeper than 511 levels.
         PayloadTooLarge: The encoding is longer than ``limit`` bytes.
     """
+    # A packer is reused (``msgpack.packb`` builds one per call): taken from a
+    # free list (pop and append are atomic: a thread, or a nested pack from
+    # _default, never shares one in use) and put back only after a clean pack.
     try:
-        # strict_types: tuples and subclasses reach _default instead of being packed as
-        # their base type (a tuple as a list, an IntEnum as an int).
-        data: bytes = msgpack.packb(value, use_bin_type=True, strict_types=True, default=_default)
+        packer = _PACKERS.pop()
+    except IndexError:
+        packer = _packer()
+    try:
+        data: bytes = packer.pack(value)
     except (TypeError, ValueError, OverflowError, BufferError, RecursionError) as exc:
         raise InvalidPayload(f"{what} cannot be stored (msgpack): {exc}") from exc
+    if len(_PACKERS) < _SPARE_PACKERS:
+        _PACKERS.append(packer)
     if limit is not None and len(data) > limit:
         raise PayloadTooLarge(what, len(data), limit)
     return data
@@ -465,6 +483,12 @@ def _dict_with_frozen_keys(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
         return {_frozen(k): v for k, v in pairs}
 
 
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+"""What ``json.dumps`` builds per call with these options (it keeps no state)."""
+
+
 def canonical_json(value: Any) -> bytes:
     """Sorted-key, compact, UTF-8 JSON: the same bytes for equal values.
 
@@ -472,10 +496,7 @@ def canonical_json(value: Any) -> bytes:
         InvalidPayload: The value is not JSON-compatible (or holds NaN/inf).
     """
     try:
-        text = json.dumps(
-            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-        )
-        return text.encode("utf-8")  # a lone surrogate fails here
+        return _CANONICAL.encode(value).encode("utf-8")  # a lone surrogate fails here
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidPayload(f"value is not JSON-compatible: {exc}") from exc
 

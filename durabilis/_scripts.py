@@ -367,12 +367,14 @@ def fuse(calls: Sequence[ScriptCall], gated: Sequence[bool] | None = None) -> Sc
     keys: list[KeyArg] = []
     counts: list[Arg] = [len(calls)]
     args: list[Arg] = []
+    names: list[str] = []
     for i, c in enumerate(calls):
-        counts += [len(c.keys), len(c.args), "1" if gated and gated[i] else "0"]
-        keys.extend(c.keys)
-        args.extend(c.args)
-    name = FUSED_PREFIX + "+".join(c.name for c in calls)
-    return ScriptCall(name, keys, counts + args)
+        counts += (len(c.keys), len(c.args), "1" if gated and gated[i] else "0")
+        keys += c.keys
+        args += c.args
+        names.append(c.name)
+    counts += args
+    return ScriptCall(FUSED_PREFIX + "+".join(names), keys, counts)
 
 
 def unfuse(call: ScriptCall) -> list[ScriptCall]:

@@ -347,9 +347,13 @@ class _SignalGate:
         """Wrap the Python handlers (not SIG_DFL / SIG_IGN) not wrapped yet: at
         every plan's start and after every ``fn`` (or a handler that ran: either
         may install one)."""
+        get = _C_SIGNAL.getsignal
         for signum in _GUARDED:
-            handler = _C_SIGNAL.getsignal(signum)
-            if callable(handler) and not isinstance(handler, _HeldBack):
+            handler = get(signum)
+            # (SIG_DFL / SIG_IGN are ints: no Python handler to wrap)
+            if type(handler) is not int and callable(handler) and not isinstance(
+                handler, _HeldBack
+            ):
                 wrapper = _HeldBack(handler, self)
                 _C_SIGNAL.signal(signum, wrapper)
                 self.installed[signum] = wrapper

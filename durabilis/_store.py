@@ -12,6 +12,7 @@ import atexit
 import contextlib
 import copy
 import os
+import select
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -24,6 +25,8 @@ import redis
 import redis.asyncio
 import redis.asyncio.sentinel
 import redis.sentinel
+from redis._parsers.hiredis import NOT_ENOUGH_DATA as _NOT_ENOUGH_DATA
+from redis._parsers.hiredis import _HiredisParser as _HIREDIS_PARSER
 from redis.backoff import NoBackoff
 from redis.connection import HiredisRespSerializer as _HIREDIS_PACKER
 
@@ -744,17 +747,67 @@ def _drain(redis_node: Any, conn: Any, replies: int = 1) -> None:
         redis_node.connection_pool.release(conn)
 
 
+_POLL = hasattr(select, "poll")
+
+
 def _in_step(conn: Any) -> bool:
     """Whether a connection is connected with nothing unread (the check the pool
     makes before it hands one out, without its reconnecting part: ``False``
     sends it through the pool's own check, which reconnects or raises)."""
     parser = getattr(conn, "_parser", None)
-    if conn._sock is None or parser is None:
+    sock = conn._sock
+    if sock is None or parser is None:
         return False
+    reader = getattr(parser, "_reader", None)
+    if (_POLL and type(parser) is _HIREDIS_PARSER and reader is not None
+            and not hasattr(sock, "pending")):  # (TLS: bytes may wait above the socket)
+        # The parser's own check (can_read) without its poll object made anew
+        # each time: one kept per socket (and its descriptor). Buffered or
+        # readable (data, or the server's close) is not in step.
+        try:
+            fd = sock.fileno()
+            polled = conn.__dict__.get("_durabilis_poll")
+            if polled is None or polled[0] is not sock or polled[1] != fd:
+                poller = select.poll()
+                poller.register(fd, select.POLLIN)
+                polled = conn.__dict__["_durabilis_poll"] = (sock, fd, poller)
+            return fd >= 0 and not reader.has_data() and not polled[2].poll(0)
+        except (ValueError, OSError):
+            return False
     try:
         return not parser.can_read(0)
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
         return False
+
+
+def _read_reply(conn: Any) -> Any:
+    """One reply, read from the connection's hiredis reader directly: what
+    ``Connection.read_response`` does without a health check (push messages
+    handed to the parser's handler, an error reply raised with the connection
+    left in step; a failure raised, the caller drops the connection), minus
+    its wrappers. Another parser goes through ``read_response``."""
+    parser = conn._parser
+    reader = getattr(parser, "_reader", None)
+    if type(parser) is not _HIREDIS_PARSER or reader is None or conn.health_check_interval:
+        return conn.read_response()
+    push = getattr(parser, "_hiredis_PushNotificationType", None)
+    while True:
+        reply = reader.gets()
+        while reply is _NOT_ENOUGH_DATA:
+            # (raises redis-py's TimeoutError / ConnectionError)
+            parser.read_from_socket()  # type: ignore[no-untyped-call]
+            reply = reader.gets()
+        if push is None or not isinstance(reply, push):
+            break
+        parser.handle_push_response(reply)  # type: ignore[no-untyped-call]
+        reader = parser._reader  # (the handler may have dropped the connection)
+        if reader is None:
+            raise redis.exceptions.ConnectionError("Connection closed by server.")
+    if isinstance(reply, (redis.exceptions.ResponseError, redis.exceptions.ConnectionError)):
+        raise reply
+    if type(reply) is list and reply and isinstance(reply[0], redis.exceptions.ConnectionError):
+        raise reply[0]
+    return reply
 
 
 class _ReadyPool(redis.BlockingConnectionPool):
@@ -800,7 +853,7 @@ class _ReadyPool(redis.BlockingConnectionPool):
     def release(self, connection: Any) -> None:
         if (
             self.pid == _fork.pid() and getattr(connection, "pid", None) == self.pid
-            and not self._in_maintenance and len(self.pool.queue)  # (no lock taken)
+            and not self._in_maintenance and len(self.pool.queue)  # (qsize without its lock)
             and not connection.should_reconnect()
         ):
             self._ready.append(connection)
@@ -934,7 +987,7 @@ class Store(_StoreBase):
                     a if type(a) is str or type(a) is bytes else encode(a) for a in args))
                 conn.send_packed_command(
                     [packed], check_health=bool(conn.health_check_interval))
-                return conn.read_response()  # (EVALSHA: no response callback)
+                return _read_reply(conn)  # (EVALSHA: no response callback)
             conn.send_command(*args)
             return self.client.parse_response(conn, args[0])
         except redis.exceptions.ResponseError:

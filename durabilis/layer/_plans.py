@@ -33,8 +33,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import os
 import random
-import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -120,7 +120,7 @@ _KNOWN_PAIRS = 1024  # (agent, operation) pairs whose checked key parts a layer 
 
 
 def _nonce() -> str:
-    return secrets.token_hex(8)
+    return os.urandom(8).hex()  # (secrets.token_hex(8), one call less)
 
 
 def dlq_id_for(key: str, nonce: str) -> str:

@@ -197,3 +197,29 @@ def test_health_check_interval_is_honoured_on_a_ready_connection(
         time.sleep(1.3)  # idle past the interval (the behaviour under test is time itself)
         assert store._send("ECHO", "again") == b"again"
         assert pings() > before
+
+
+def test_an_error_reply_keeps_the_connection_and_a_push_is_not_a_reply(
+    store: durabilis.Store, namespace: str
+) -> None:
+    """The store reads a reply from the parser itself: an error reply is raised
+    and leaves the connection in step (the next command on it gets its own
+    reply), and a push message (RESP3) that comes before a reply is handed to
+    the parser's handler, never taken for the reply."""
+    _ready(store)
+    mine = store._send("CLIENT", "ID")
+    with pytest.raises(Exception, match=r"(?i)unknown command"):
+        store._send("NOSUCHCOMMAND", "x")
+    assert store._send("CLIENT", "ID") == mine  # the same connection, in step
+    conn = store.client.connection_pool._ready[-1]
+    if str(conn.protocol) != "3":
+        pytest.skip("push messages need RESP3")
+    key = f"{namespace}:test:tracked"
+    assert store._send("CLIENT", "TRACKING", "ON") == b"OK"
+    store._send("GET", key)  # tracked by this connection
+    # Our own write invalidates what we read: Redis sends the invalidation (a
+    # push) on this connection, next to the SET's reply. Each command still
+    # gets its own reply (a connection left with a push unread is replaced).
+    assert store._send("SET", key, "v") == b"OK"
+    assert store._send("ECHO", "mine") == b"mine"
+    assert store._send("GET", key) == b"v"

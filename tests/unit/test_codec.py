@@ -8,10 +8,12 @@ No Redis: ``_codec`` is pure.
 from __future__ import annotations
 
 import enum
+import json
 import math
 import re
 import struct
 import sys
+import threading
 import types
 import zoneinfo
 from collections import OrderedDict, defaultdict, namedtuple
@@ -565,3 +567,51 @@ values = st.recursive(
 @given(value=values)
 def test_any_mix_of_supported_types_round_trips_exactly(value: Any) -> None:
     assert shape(round_trip(value)) == shape(value)
+
+
+# --- reused packers and encoder (pack keeps packers for reuse) ---------------------------
+
+
+def test_a_failed_pack_leaves_nothing_behind_for_the_next() -> None:
+    """A pack that fails partway (an object msgpack cannot encode, deep inside)
+    does not leave its bytes in a packer a later pack reuses."""
+    good = {"a": [1, 2, 3], "b": "text", "t": (1, 2)}
+    expected = _codec.pack(good)
+    for _ in range(3):
+        with pytest.raises(InvalidPayload):
+            _codec.pack({"a": [1, 2, {"deep": object()}]})
+        assert _codec.pack(good) == expected
+    assert _codec.unpack(expected, key="k") == good
+
+
+def test_packs_from_many_threads_never_share_a_packer() -> None:
+    values = [{"i": i, "s": "x" * (i % 50), "t": (i, str(i)), "d": Decimal(i)} for i in range(200)]
+    expected = [msgpack.packb(v, use_bin_type=True, strict_types=True, default=_codec._default)
+                for v in values]
+    wrong: list[int] = []
+
+    def work() -> None:
+        for _ in range(20):
+            for i, v in enumerate(values):
+                if _codec.pack(v) != expected[i]:
+                    wrong.append(i)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong
+
+
+@given(st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text() | st.floats(allow_nan=False,
+                                                                       allow_infinity=False),
+    lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner), max_leaves=20,
+))
+@settings(max_examples=200, deadline=None)
+def test_canonical_json_is_what_json_dumps_makes(value: Any) -> None:
+    text = json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+    assert _codec.canonical_json(value) == text.encode("utf-8")
