@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
+import struct
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 from durabilis._log import get_logger
@@ -46,6 +47,7 @@ _NO_BODY_STATUSES = frozenset({204, 304})
 _HIDDEN_EXTENSIONS = ("http.response.pathsend", "http.response.zerocopysend",
                       "http.response.trailers")
 _log = get_logger()
+_LENGTH = struct.Struct(">Q").pack  # a fingerprinted part's length: 8 bytes, big-endian
 
 
 class _AppFailed(NotRetried):
@@ -99,33 +101,44 @@ def _parse_key(value: bytes, limit: int) -> tuple[str | None, str]:
         return None, "more than one key (a list): send one Idempotency-Key"
     if not text:
         return None, "the key is empty"
-    if any(not (0x20 <= ord(c) <= 0x7E) for c in text):
+    if not text.isprintable():  # (ASCII here: printable is 0x20-0x7E)
         return None, "the key must be printable ASCII"
     if len(text) > limit:
         return None, f"the key is {len(text)} characters, over the limit of {limit}"
     return text, ""
 
 
-def _content_length(scope: Scope) -> int | None:
-    """The declared request body length; ``None`` when absent, ``-1`` when
-    malformed (not digits, or several headers that disagree)."""
-    return _declared_length(scope.get("headers", ()))
+def _scan_headers(scope: Scope, header: bytes) -> tuple[list[bytes], list[bytes]]:
+    """The values of the request's ``header`` and of its ``Content-Length``s (one pass)."""
+    values: list[bytes] = []
+    lengths: list[bytes] = []
+    for k, v in scope.get("headers", ()):
+        name = k.lower()
+        if name == header:
+            values.append(v)
+        if name == b"content-length":
+            lengths.append(v)
+    return values, lengths
 
 
-def _declared_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
-    values = {bytes(v).strip() for k, v in headers if bytes(k).lower() == b"content-length"}
+def _length_of(values: list[bytes]) -> int | None:
+    """The length declared by the ``Content-Length`` header values of a request
+    or response: ``None`` when absent, ``-1`` when malformed (not digits, or
+    several headers that disagree)."""
     if not values:
         return None
-    if len(values) > 1 or not all(v.isdigit() for v in values):
-        return -1
-    return int(values.pop())
+    if len(values) > 1:
+        distinct = {bytes(v).strip() for v in values}
+        if len(distinct) > 1:
+            return -1
+        values = list(distinct)
+    value = bytes(values[0]).strip()
+    return int(value) if value.isdigit() else -1
 
 
-def _media_type_of(headers: Iterable[tuple[bytes, bytes]]) -> str:
-    for k, v in headers:
-        if k.lower() == b"content-type":
-            return bytes(v).split(b";", 1)[0].strip().lower().decode("latin-1")
-    return ""
+def _media_type_in(content_type: bytes) -> str:
+    """The media type of a ``Content-Type`` value (lower case, no parameters)."""
+    return bytes(content_type).split(b";", 1)[0].strip().lower().decode("latin-1")
 
 
 def _media_type(field: str, value: object) -> str:
@@ -160,14 +173,19 @@ async def _read_body(receive: Receive, limit: int) -> bytes | int | None:
 def _fingerprint(payload: dict[str, Any]) -> str:
     """SHA-256 over the request's parts, each length-prefixed (no two requests
     share an encoding); ``h``-prefixed so it never equals a payload fingerprint."""
-    digest = hashlib.sha256()
-    parts: list[bytes] = [payload["m"].encode(), payload["rp"], payload["q"]]
+    # The same bytes as ever, in two updates (the body is not copied): each part
+    # after its length (8 bytes, big-endian), the body last.
+    method: bytes = payload["m"].encode()
+    raw_path: bytes = payload["rp"]
+    query: bytes = payload["q"]
+    framed = [_LENGTH(len(method)), method, _LENGTH(len(raw_path)), raw_path,
+              _LENGTH(len(query)), query]
     for k, v in payload["h"]:
-        parts += [k, v]
-    parts.append(payload["b"])
-    for part in parts:
-        digest.update(len(part).to_bytes(8, "big"))
-        digest.update(part)
+        framed += (_LENGTH(len(k)), k, _LENGTH(len(v)), v)
+    body: bytes = payload["b"]
+    framed.append(_LENGTH(len(body)))
+    digest = hashlib.sha256(b"".join(framed))
+    digest.update(body)
     return "h" + digest.hexdigest()[1:]
 
 

@@ -32,8 +32,8 @@ from durabilis.http._common import (
     Scope,
     Send,
     _AppFailed,
-    _content_length,
     _fingerprint,
+    _length_of,
     _log,
     _log_app_end,
     _media_type,
@@ -41,6 +41,7 @@ from durabilis.http._common import (
     _parse_key,
     _problem,
     _read_body,
+    _scan_headers,
     _token,
     _too_large,
 )
@@ -246,7 +247,7 @@ class DurableIdempotencyMiddleware:
             return
         if self.recovery is not None:
             self.recovery.start()
-        values = [v for k, v in scope.get("headers", ()) if k.lower() == self._header]
+        values, lengths = _scan_headers(scope, self._header)
         if not values:
             if self.require_key:
                 await _problem(send, 400, "idempotency-key-missing", "Idempotency-Key missing",
@@ -262,7 +263,7 @@ class DurableIdempotencyMiddleware:
         if raw is None:
             await _problem(send, 400, "idempotency-key-invalid", "Idempotency-Key invalid", why)
             return
-        declared = _content_length(scope)
+        declared = _length_of(lengths)
         if declared == -1:
             await _problem(send, 400, "bad-content-length", "Bad Content-Length",
                            "the Content-Length header is not a number")

@@ -1044,3 +1044,77 @@ def test_a_requeued_request_is_replayed_only_by_the_middleware_that_parked_it(
             await store.close()
 
     asyncio.run(main())
+
+
+def test_a_served_requests_stored_fingerprint_is_the_one_earlier_releases_stored(
+    redis_url: str, namespace: str
+) -> None:
+    # Pinned (tests/unit/test_http_fingerprint.py has more): a claim an earlier
+    # release stored must still match the same request after a rolling upgrade.
+    pinned = "h2fab57e66c27cd2432ba173e6d329abddcb2223a040386e9e5dec2b0213aec6"
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 201,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": b'{"id": 1}'})
+
+    async def body(mw: DurableIdempotencyMiddleware, layer: AsyncDurabilityLayer) -> None:
+        scope = {"type": "http", "method": "POST", "path": "/orders", "raw_path": b"/orders",
+                 "query_string": b"", "headers": [(b"Content-Type", b"application/json"),
+                                                  (b"content-length", b"11"),
+                                                  (b"Idempotency-Key", b"k-1")]}
+        sent: list[dict[str, Any]] = []
+        given = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal given
+            given = True
+            return {"type": "http.request", "body": b'{"item": 7}', "more_body": False}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await mw(scope, receive, send)
+        assert given and sent[0]["status"] == 201
+
+        async def never(ctx: Any) -> None:
+            raise AssertionError("a duplicate does not run")
+
+        # The layer finds the record under the pinned fingerprint: a duplicate.
+        stored = await layer.execute("http", mw.operation_type, {}, never,
+                                     idempotency_key=durabilis.IdempotencyKey("k-1", pinned))
+        assert stored["s"] == 201 and stored["b"] == b'{"id": 1}'
+        with pytest.raises(durabilis.errors.KeyReuseMismatch):
+            await layer.execute("http", mw.operation_type, {}, never,
+                                idempotency_key=durabilis.IdempotencyKey("k-1", "h" + "0" * 63))
+
+    _served(redis_url, namespace, app, body)
+
+
+def test_the_app_runs_in_a_task_of_its_own_that_sees_the_operation(
+    redis_url: str, namespace: str
+) -> None:
+    # Python 3.12+ starts the app's task eagerly (its first step at once): it is
+    # still a task of its own, with the operation's context, and its work after
+    # the response still runs after the record, not before.
+    seen: list[Any] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        seen.append((asyncio.current_task(), durabilis.current_operation()))
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b"done"})
+        seen.append("after the response")  # (no await before: the same step)
+
+    async def body(mw: DurableIdempotencyMiddleware, layer: AsyncDurabilityLayer) -> None:
+        sent = await _call(mw, b"own-task")
+        assert [m.get("status") for m in sent][:1] == [201] and sent[1]["body"] == b"done"
+        (task, operation), after = seen
+        assert task is not asyncio.current_task() and task.done()
+        assert operation is not None and operation.operation_type == mw.operation_type
+        assert after == "after the response"
+        again = await _call(mw, b"own-task")
+        assert (again[0]["status"], again[1]["body"]) == (201, b"done") and len(seen) == 2
+
+    _served(redis_url, namespace, app, body)
