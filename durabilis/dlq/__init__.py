@@ -29,35 +29,33 @@ Nothing leaves silently: a record that reaches its TTL while pending is
 reported by the cleanup that removes it (event ``durability_dlq_expired``, an
 ``expired`` log entry, ``DlqStats.expired``), exactly once.
 
-The package: ``_types`` (the public values), ``_records`` (the record codec),
-``_plan`` (how a replay runs a handler), the call builders, decoders and plans
-both twins share (``_base`` <- ``_enqueue`` <- ``_calls`` <- ``_listing`` <-
-``_replay``: one class, :class:`DlqOps`, built in layers), and the two shells
-(``_sync``, ``_async``) over the state they share (``_shell``).
+The I/O-free part lives in :mod:`durabilis.core.dlq` (no redis, asyncio or
+threading): ``types`` (the public values), ``records`` (the record codec),
+``plan`` (how a replay runs a handler), and the call builders, decoders and
+plans built in layers (``base`` <- ``enqueue`` <- ``calls`` <- ``listing``
+<- ``replay``; events go to the log each is handed). Here: :class:`DlqOps`
+(``_replay``: the core's ``ReplayPlans`` handed the package's logger), and
+the two shells (``_sync``, ``_async``) over the state they share
+(``_shell``). ``_types``, ``_records``, ``_plan``, ``_base``, ``_enqueue``,
+``_calls`` and ``_listing`` re-export the core's names for existing imports.
 """
 
 from __future__ import annotations
 
-# (`X as X`: public names outside __all__, as before the package.)
-from durabilis.dlq._async import AsyncDeadLetterQueue
-from durabilis.dlq._plan import ANSWERED as ANSWERED
-from durabilis.dlq._plan import CONFIG_ERROR_QUIET_SECONDS as CONFIG_ERROR_QUIET_SECONDS
-from durabilis.dlq._plan import FINISHED as FINISHED
-from durabilis.dlq._plan import Handle as Handle
-from durabilis.dlq._plan import ReplayDeclined as ReplayDeclined
-from durabilis.dlq._plan import handler_plan as handler_plan
-from durabilis.dlq._records import KEEP_MS as KEEP_MS
-from durabilis.dlq._records import MAX_METADATA_FIELDS as MAX_METADATA_FIELDS
-from durabilis.dlq._records import Claimed, encode_operation
-from durabilis.dlq._records import Prepared as Prepared
-from durabilis.dlq._records import record_id_for as record_id_for
-from durabilis.dlq._records import sort_key as sort_key
-from durabilis.dlq._records import stream_id_of as stream_id_of
-from durabilis.dlq._replay import DlqOps
-from durabilis.dlq._replay import _Pacer as _Pacer
-from durabilis.dlq._replay import _Tally as _Tally
-from durabilis.dlq._sync import DeadLetterQueue
-from durabilis.dlq._types import (
+from durabilis.core.dlq.plan import ANSWERED as ANSWERED
+from durabilis.core.dlq.plan import CONFIG_ERROR_QUIET_SECONDS as CONFIG_ERROR_QUIET_SECONDS
+from durabilis.core.dlq.plan import FINISHED as FINISHED
+from durabilis.core.dlq.plan import Handle as Handle
+from durabilis.core.dlq.plan import ReplayDeclined as ReplayDeclined
+from durabilis.core.dlq.plan import handler_plan as handler_plan
+from durabilis.core.dlq.records import KEEP_MS as KEEP_MS
+from durabilis.core.dlq.records import MAX_METADATA_FIELDS as MAX_METADATA_FIELDS
+from durabilis.core.dlq.records import Claimed, encode_operation
+from durabilis.core.dlq.records import Prepared as Prepared
+from durabilis.core.dlq.records import record_id_for as record_id_for
+from durabilis.core.dlq.records import sort_key as sort_key
+from durabilis.core.dlq.records import stream_id_of as stream_id_of
+from durabilis.core.dlq.types import (
     CleanupReport,
     DlqConfig,
     DlqListing,
@@ -70,6 +68,13 @@ from durabilis.dlq._types import (
     ReplaySummary,
     RequeueResult,
 )
+
+# (`X as X`: public names outside __all__, as before the package.)
+from durabilis.dlq._async import AsyncDeadLetterQueue
+from durabilis.dlq._replay import DlqOps
+from durabilis.dlq._replay import _Pacer as _Pacer
+from durabilis.dlq._replay import _Tally as _Tally
+from durabilis.dlq._sync import DeadLetterQueue
 from durabilis.events import error_text as error_text
 
 # Their names before the package (tests/unit/test_dlq.py, tests/integration/test_dlq*.py).

@@ -7,9 +7,8 @@ from typing import Any
 
 from durabilis._steps import adrive
 from durabilis._store import AsyncStore
-from durabilis.dlq._plan import handler_plan
-from durabilis.dlq._shell import DlqShell
-from durabilis.dlq._types import (
+from durabilis.core.dlq.plan import handler_plan
+from durabilis.core.dlq.types import (
     CleanupReport,
     DlqListing,
     DlqRecord,
@@ -20,6 +19,7 @@ from durabilis.dlq._types import (
     ReplaySummary,
     RequeueResult,
 )
+from durabilis.dlq._shell import DlqShell
 
 
 class AsyncDeadLetterQueue(DlqShell[AsyncStore]):
@@ -51,7 +51,7 @@ class AsyncDeadLetterQueue(DlqShell[AsyncStore]):
             metadata=metadata,
             dlq_id=dlq_id,
         )
-        return self._ops.decode_enqueue(call, await self.store.run(call)).dlq_id
+        return (await adrive(self._ops.enqueue_plan(call), self.store)).dlq_id
 
     async def get(self, dlq_id: str) -> DlqRecord | None:
         """See :meth:`DeadLetterQueue.get`."""

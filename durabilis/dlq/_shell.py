@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Generic, TypeVar
 
 from durabilis._store import AsyncStore, Store
-from durabilis.dlq._records import default_owner
+from durabilis.core.dlq.records import default_owner
+from durabilis.core.dlq.types import DlqConfig
 from durabilis.dlq._replay import DlqOps
-from durabilis.dlq._types import DlqConfig
 
 S = TypeVar("S", Store, AsyncStore)
 

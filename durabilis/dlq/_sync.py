@@ -7,9 +7,8 @@ from typing import Any
 
 from durabilis._steps import drive
 from durabilis._store import Store
-from durabilis.dlq._plan import handler_plan
-from durabilis.dlq._shell import DlqShell
-from durabilis.dlq._types import (
+from durabilis.core.dlq.plan import handler_plan
+from durabilis.core.dlq.types import (
     CleanupReport,
     DlqListing,
     DlqRecord,
@@ -20,6 +19,7 @@ from durabilis.dlq._types import (
     ReplaySummary,
     RequeueResult,
 )
+from durabilis.dlq._shell import DlqShell
 
 
 class DeadLetterQueue(DlqShell[Store]):
@@ -78,7 +78,7 @@ class DeadLetterQueue(DlqShell[Store]):
             metadata=metadata,
             dlq_id=dlq_id,
         )
-        return self._ops.decode_enqueue(call, self.store.run(call)).dlq_id
+        return drive(self._ops.enqueue_plan(call), self.store).dlq_id
 
     def get(self, dlq_id: str) -> DlqRecord | None:
         """The live record with this id, or ``None`` (unknown, malformed or expired)."""

@@ -68,7 +68,10 @@ ARGV[8]  check                      "1" = compare ARGV[9] with the task's latest
 ARGV[9]  expected                   expected latest id, "" = no checkpoint
 ARGV[10] mode                       "save" | "fork" | "rewind"
 ARGV[11] source_id                  fork/rewind source id
-ARGV[12] hint_n                     how many next-eviction candidates to return
+ARGV[12] hint_n                     how many next-eviction candidates to return (returned
+                                    only while the namespace holds more than max_checkpoints
+                                    - 256 live current checkpoints: far below its cap no save
+                                    evicts, and a later save that does answers "miss" once)
 ARGV[13..] candidates: eviction candidate members ("<id>:<task>") and
           lineage candidate ids (bare ids: ids never hold ":"; the records the
           lineage cap deletes and their children), in any order
@@ -106,14 +109,31 @@ local WALK_MAX, WALK_BUDGET, SCAN = 256, 4096, 256
 local check, expected = ARGV[8] == "1", ARGV[9]
 local mode, source_id = ARGV[10], ARGV[11]
 local hint_n = tonumber(ARGV[12])
+local HINT_NEAR = 256
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 local function kind(k) return redis.call("TYPE", k)["ok"] end
 --@include lib/ckpt_types.lua
-local bad = wrong_type({{cur, "hash"}, {old, "zset"}, {live, "zset"}, {order, "zset"},
-                        {seqk, "string"}, {kids, "hash"}, {kidsx, "zset"}})
+-- The task's current index, live and (with a lineage cap) the replaced ids are
+-- type-checked by their first read, before any write (checked_read below);
+-- the other keys by a TYPE each.
+local type_checks = {{order, "zset"}, {seqk, "string"}, {kids, "hash"}, {kidsx, "zset"}}
+if max_lineage == 0 then type_checks[#type_checks + 1] = {old, "zset"} end
+local bad = wrong_type(type_checks)
 if bad then return bad end
+-- A read that is also its key's type check (no TYPE before it): WRONGTYPE
+-- becomes the reply wrong_type gives.
+local function checked_read(ty, cmd, k, ...)
+  local r = redis.pcall(cmd, k, ...)
+  if type(r) == "table" and r.err then
+    if string.find(r.err, "WRONGTYPE", 1, true) then
+      return nil, {"corrupt", k, "a " .. kind(k) .. " where a checkpoint " .. ty .. " belongs"}
+    end
+    error(r.err)
+  end
+  return r
+end
 if kind(rec) ~= "none" then
   -- Already saved under this id: a step sent again after its reply was lost
   -- (ids are fresh UUIDv7s). Nothing to refuse, nothing to write.
@@ -121,10 +141,17 @@ if kind(rec) ~= "none" then
   return {"exists"}
 end
 
-local function alive(member)
-  local e = redis.call("ZSCORE", live, member)
-  return e ~= false and tonumber(e) > now
+-- The scores of `members` in zset k, in order (false: none): one ZMSCORE per
+-- 1000 members instead of a ZSCORE each.
+local function scores(k, members)
+  local out = {}
+  for i = 1, #members, 1000 do
+    local part = redis.call("ZMSCORE", k, unpack(members, i, math.min(i + 999, #members)))
+    for _, v in ipairs(part) do out[#out + 1] = v end
+  end
+  return out
 end
+local function live_at(e) return e ~= false and tonumber(e) > now end
 
 -- Every check (and refusal) comes before the first write: in a fused step a
 -- refusal must leave nothing written (see ready() in durabilis/_scripts.py).
@@ -154,22 +181,27 @@ local function escape(s)
 end
 local field = escape(agent) .. ":" .. phase
 
-local entries = redis.call("HGETALL", cur)
+local live_n, bad_live = checked_read("zset", "ZCOUNT", live, "(" .. now, "+inf")
+if not live_n then return bad_live end
+local entries, bad_cur = checked_read("hash", "HGETALL", cur)
+if not entries then return bad_cur end
+local cur_members = {}
+for i = 2, #entries, 2 do cur_members[#cur_members + 1] = entries[i] .. ":" .. task end
+local cur_exps, cur_seqs = scores(live, cur_members), scores(order, cur_members)
 local latest, latest_seq, replaced = nil, -1, nil
+local latest_exp, replaced_score = nil, nil
 local live_current = 0
 for i = 1, #entries, 2 do
-  local f, cid = entries[i], entries[i + 1]
-  if alive(cid .. ":" .. task) then
+  local f, cid, e = entries[i], entries[i + 1], cur_exps[(i + 1) / 2]
+  if live_at(e) then
     live_current = live_current + 1
-    local q = tonumber(redis.call("ZSCORE", order, cid .. ":" .. task)) or 0
-    if q > latest_seq then latest, latest_seq = cid, q end
-    if f == field then replaced = cid end
+    local q = tonumber(cur_seqs[(i + 1) / 2]) or 0
+    if q > latest_seq then latest, latest_seq, latest_exp = cid, q, tonumber(e) end
+    if f == field then replaced, replaced_score = cid, e end
   else
     stale_fields[#stale_fields + 1] = f
   end
 end
-
-local latest_exp = latest and tonumber(redis.call("ZSCORE", live, latest .. ":" .. task))
 
 if check and (latest or "") ~= expected then
   return {"conflict", latest or ""}
@@ -181,19 +213,23 @@ if mode == "save" then parent = latest or "" end
 local self_member = id .. ":" .. task
 local replaced_member = replaced and (replaced .. ":" .. task)
 
--- The members of the `want` oldest live current checkpoints, skipping `skip`.
+-- The members of the `want` oldest live current checkpoints, skipping `skip`
+-- (pages of want + 16: expired entries not yet swept are skipped).
 local function oldest(want, skip)
   local out, start = {}, 0
+  local page = math.min(want + 16, 100)
   while #out < want do
-    local batch = redis.call("ZRANGE", order, start, start + 99)
+    local batch = redis.call("ZRANGE", order, start, start + page - 1)
     if #batch == 0 then break end
-    for _, m in ipairs(batch) do
-      if m ~= skip and alive(m) then
+    local exps = scores(live, batch)
+    for i, m in ipairs(batch) do
+      if m ~= skip and live_at(exps[i]) then
         out[#out + 1] = m
         if #out >= want then break end
       end
     end
-    start = start + 100
+    if #batch < page then break end
+    start = start + page
   end
   return out
 end
@@ -213,7 +249,7 @@ for i = 13, #ARGV do
 end
 local missed = false
 
-local n = redis.call("ZCOUNT", live, "(" .. now, "+inf")
+local n = live_n
 if replaced then n = n - 1 end
 local excess = n + 1 - max
 local victims = {}
@@ -246,10 +282,18 @@ local pending = nil
 if parent ~= "" then pending = id .. "/" .. mark(task, field) end
 local function tok_id(tok) return (string.match(tok, "^[^/]+")) end
 local function tok_mark(tok) return string.match(tok, "/(.+)$") end
+-- Entries read once while the index is unchanged (emptied where it changes:
+-- at ready(), whose housekeeping sweeps it, and after the writes below).
+local kids_read = {}
 -- A parent's children (tokens), its own mark (nil: unknown) and whether it
 -- has an entry at all.
 local function children_of(cid)
-  local out, own, v = {}, nil, redis.call("HGET", kids, cid)
+  local v = kids_read[cid]
+  if v == nil then
+    v = redis.call("HGET", kids, cid)
+    kids_read[cid] = v
+  end
+  local out, own = {}, nil
   if v then
     for c in string.gmatch(v, "%S+") do
       if string.sub(c, 1, 1) == "=" then own = string.sub(c, 2) else out[#out + 1] = c end
@@ -356,7 +400,9 @@ end
 local lineage_total = 0
 local lineage_victims, lineage_children = {}, {}
 if max_lineage > 0 then
-  lineage_total = live_current + 1 - evicted_here + redis.call("ZCOUNT", old, "(" .. now, "+inf")
+  local old_n, bad_old = checked_read("zset", "ZCOUNT", old, "(" .. now, "+inf")
+  if not old_n then return bad_old end
+  lineage_total = live_current + 1 - evicted_here + old_n
   local want = math.min(lineage_total - max_lineage, LINEAGE_TRIM)
   if want > 0 then
     local victims_or_nil, children_or_bad = lineage_oldest(want, replaced ~= nil)
@@ -392,11 +438,13 @@ end
 local pa_of = {}        -- declared record id -> parent ("" = none), false = no record
 local function pa(cid)
   if pa_of[cid] == nil then
-    local k = KEYS[lcand[cid]]
-    if kind(k) == "hash" then
-      pa_of[cid] = redis.call("HGET", k, "pa") or ""
-    else
+    -- One read for "is it a record" and its parent: every record has "t";
+    -- anything else at the key (pcall: another type) is no record.
+    local f = redis.pcall("HMGET", KEYS[lcand[cid]], "pa", "t")
+    if f.err or not f[2] then
       pa_of[cid] = false
+    else
+      pa_of[cid] = f[1] or ""
     end
   end
   return pa_of[cid]
@@ -450,6 +498,7 @@ for _, v in ipairs(lineage_victims) do
   if parent == v then parent = up or "" end
 end
 ready()
+kids_read = {}
 pending = nil  -- written below: the index holds it from here on
 -- Entries whose record expired are dropped here (bounded; the rest are
 -- skipped by every reader and dropped by later calls).
@@ -505,7 +554,7 @@ end
 
 local replaced_exp = nil
 if replaced then
-  local re = redis.call("ZSCORE", live, replaced_member)
+  local re = replaced_score
   redis.call("ZREM", live, replaced_member)
   redis.call("ZREM", order, replaced_member)
   if not replaced_deleted then
@@ -520,8 +569,9 @@ end
 
 local seq = redis.call("INCR", seqk)
 local exp = now + ttl
-redis.call("HSET", rec, "t", task, "a", agent, "p", phase, "s", state, "c", now, "e", exp, "q", seq)
-if parent ~= "" then redis.call("HSET", rec, "pa", parent) end
+local fields = {"t", task, "a", agent, "p", phase, "s", state, "c", now, "e", exp, "q", seq}
+if parent ~= "" then fields[#fields + 1] = "pa"; fields[#fields + 1] = parent end
+redis.call("HSET", rec, unpack(fields))
 redis.call("PEXPIREAT", rec, exp)
 
 -- The new record is its parent's child; the entry lives while the parent does.
@@ -534,36 +584,70 @@ if parent ~= "" then
     parent_exp = source_exp
   end
 end
+-- The entries that stay, their expiries read at once (one ZMSCORE), then
+-- written with one HSET and one ZADD (and one HDEL, one ZREM for those that go).
+local kid_keep, kid_drop = {}, {}
 for _, cid in ipairs(kid_dirty_ids) do
-  local l, own = kid_lists[cid], kid_own[cid]
-  if gone[cid] or (#l == 0 and not own) then
-    redis.call("HDEL", kids, cid)
-    redis.call("ZREM", kidsx, cid)
+  if gone[cid] or (#kid_lists[cid] == 0 and not kid_own[cid]) then
+    kid_drop[#kid_drop + 1] = cid
   else
+    kid_keep[#kid_keep + 1] = cid
+  end
+end
+if #kid_drop > 0 then
+  redis.call("HDEL", kids, unpack(kid_drop))
+  redis.call("ZREM", kidsx, unpack(kid_drop))
+end
+local kid_horizon = exp  -- the latest expiry an entry written here has
+if #kid_keep > 0 then
+  local knowns = scores(kidsx, kid_keep)
+  local hset, zadd = {}, {}
+  for i, cid in ipairs(kid_keep) do
+    local l, own = kid_lists[cid], kid_own[cid]
     -- drop children whose record is known to be gone
     local keep = {}
     if own then keep[1] = "=" .. own end
     for _, c in ipairs(l) do if pa_of[tok_id(c)] ~= false then keep[#keep + 1] = c end end
-    redis.call("HSET", kids, cid, table.concat(keep, " "))
-    local known = tonumber(redis.call("ZSCORE", kidsx, cid))
+    hset[#hset + 1] = cid
+    hset[#hset + 1] = table.concat(keep, " ")
+    local known = tonumber(knowns[i])
     local want_exp = known or exp
     if cid == replaced and not known and replaced_exp then want_exp = replaced_exp end
     if cid == parent and parent_exp and parent_exp > want_exp then want_exp = parent_exp end
-    if known ~= want_exp then redis.call("ZADD", kidsx, want_exp, cid) end
+    if known ~= want_exp then
+      zadd[#zadd + 1] = want_exp
+      zadd[#zadd + 1] = cid
+    end
+    if want_exp > kid_horizon then kid_horizon = want_exp end
   end
+  redis.call("HSET", kids, unpack(hset))
+  if #zadd > 0 then redis.call("ZADD", kidsx, unpack(zadd)) end
 end
 redis.call("ZADD", live, exp, self_member)
 redis.call("ZADD", order, seq, self_member)
 redis.call("HSET", cur, field, id)
 
--- Index keys live as long as the longest-lived record they point to.
-local function extend(k)
+-- Index keys live as long as the longest-lived record they point to. Only
+-- the keys this save wrote can point to a record living longer than they do
+-- (every save extends what it writes); a key this save created (the task's
+-- first current index, the first sequence number) has no TTL yet.
+local function extend(k, until_ms, created)
+  if created then redis.call("PEXPIREAT", k, until_ms) return end
   local p = redis.call("PTTL", k)
   if p == -2 then return end
-  if p == -1 or now + p < exp then redis.call("PEXPIREAT", k, exp) end
+  if p == -1 or now + p < until_ms then redis.call("PEXPIREAT", k, until_ms) end
 end
-for _, k in ipairs({cur, old, live, order, seqk, kids, kidsx}) do extend(k) end
+extend(cur, exp, #entries == 0)
+extend(live, exp, false)
+extend(order, exp, false)
+extend(seqk, exp, seq == 1)
+if replaced and not replaced_deleted then extend(old, exp, false) end
+if #kid_keep > 0 then
+  extend(kids, kid_horizon, false)
+  extend(kidsx, kid_horizon, false)
+end
 
+kids_read = {}
 -- The lineage ids the task's next save will need (each save adds one record).
 local lineage_hint = {}
 if max_lineage > 0 then
@@ -577,5 +661,8 @@ end
 
 local returned_state = ""
 if mode ~= "save" then returned_state = state end
-return {"ok", id, now, exp, parent, agent, phase, returned_state, oldest(hint_n, nil), victims,
+-- Next-eviction candidates only near the cap (see ARGV[12]).
+local hint = {}
+if n + 1 - #victims + HINT_NEAR > max then hint = oldest(hint_n, nil) end
+return {"ok", id, now, exp, parent, agent, phase, returned_state, hint, victims,
   lineage_hint, lineage_victims}

@@ -93,7 +93,10 @@ Returns one of
                                     made 1: this very parking created it (a parking sent
                                     again after a lost reply)
   {"miss", dlq_id}                  the merge key names another record: nothing written
-  {"corrupt", key, detail}          a key holds something durabilis did not write
+  {"corrupt", key, detail}          a key holds something durabilis did not write (each key
+                                    is checked before the first write, when this parking
+                                    reads or writes it: a merge checks the by-key hash, the
+                                    records and the log only)
 
 @acks: replicas
 ]]
@@ -115,10 +118,22 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 --@include lib/dlq_types.lua
 --@include lib/dlq_expire.lua
 
-local checks = {S, "stream", E, "zset", P, "zset", PO, "zset", C, "hash", H, "hash",
-                BK, "hash", HC, "hash", LOG, "stream", RQ, "zset"}
-local bad = wrong_type(checks)
+-- Every key is type-checked before the first write, each only when this
+-- parking may write it: first the keys every path reads or writes, the rest
+-- below once the path is known (a merge writes only the record and the log).
+-- kinds: what each checked key holds ("none": absent; no EXISTS needed).
+local bad, kinds = wrong_type({BK, "hash", HC, "hash", LOG, "stream"})
 if bad then return bad end
+local function check_also(more)
+  local todo = {}
+  for i = 1, #more, 2 do
+    if not kinds[more[i]] then todo[#todo + 1] = more[i]; todo[#todo + 1] = more[i + 1] end
+  end
+  local b, k2 = wrong_type(todo)
+  if b then return b end
+  for k, v in pairs(k2) do kinds[k] = v end
+  return nil
+end
 
 -- (purge(member), report_expired and `expired`: lib/dlq_expire.lua, as dlq_cleanup.lua)
 
@@ -158,11 +173,11 @@ local target, TH, merge_into, fill, f = id, H, false, false, {}
 if mkey ~= "" then
   local cur = redis.call("HGET", BK, mkey)
   if cur and cur ~= cand then return {"miss", cur} end
-  if redis.call("EXISTS", HC) == 1 then
-    f = redis.call("HMGET", HC, "st", "exp", "sid", "fp", "np", "op")
+  if kinds[HC] ~= "none" then
+    f = redis.call("HMGET", HC, "st", "exp", "sid", "fp", "np", "op", "pid:" .. id)
     local hexp = tonumber(f[2])
     if cur == cand and f[1] == "pending" and hexp and hexp > now and (f[4] or "") == fpr then
-      local mine = redis.call("HGET", HC, "pid:" .. id)
+      local mine = f[7]
       if mine then return {"exists", f[3], cand, mine == "c" and 1 or 0} end
       merge_into, fill = true, f[5] and f[3] and not nopay
     end
@@ -174,9 +189,27 @@ if mkey ~= "" then
   -- parking's id, so that cleanup, dropping the key's entry only while it names
   -- cand, can never drop the new record's.)
 end
-if not merge_into and redis.call("EXISTS", TH) == 1 then
-  return {"exists", redis.call("HGET", TH, "sid") or "", target,
-          redis.call("HGET", TH, "pid:" .. id) == "c" and 1 or 0}
+if not merge_into then
+  bad = check_also({TH, "hash"})  -- (checked already when it is HC)
+  if bad then return bad end
+  if kinds[TH] ~= "none" then
+    local g = redis.call("HMGET", TH, "sid", "pid:" .. id)
+    return {"exists", g[1] or "", target, g[2] == "c" and 1 or 0}
+  end
+end
+-- A new record, or a fill-in, writes the stream, the indexes and the counts;
+-- a new record first purges expired records (read here, purged after ready()).
+local purging = {}
+if not merge_into or fill then
+  bad = check_also({S, "stream", E, "zset", P, "zset", PO, "zset", C, "hash"})
+  if bad then return bad end
+  if not merge_into and purge_limit > 0 then
+    purging = redis.call("ZRANGEBYSCORE", E, "-inf", now, "LIMIT", 0, purge_limit)
+  end
+  if fill or #purging > 0 then
+    bad = check_also({RQ, "zset"})
+    if bad then return bad end
+  end
 end
 
 -- The readable stream entry of record rid, expiring at e.
@@ -190,20 +223,31 @@ local function entry(rid, e)
   return redis.call("XADD", S, "*", unpack(fields))
 end
 
--- The shared keys live as long as their longest-lived record.
+-- The shared keys live as long as their longest-lived record. A key this
+-- script made (absent before it: kinds) has no TTL yet: no PTTL needed.
+local function extend_to(key, horizon)
+  if kinds[key] == "none" then
+    redis.call("PEXPIREAT", key, horizon)  -- (a no-op if the script did not make it)
+    return
+  end
+  local pttl = redis.call("PTTL", key)
+  if pttl == -1 or (pttl >= 0 and now + pttl < horizon) then
+    redis.call("PEXPIREAT", key, horizon)
+  end
+end
 local function extend_shared(floor)
   local top = tonumber(redis.call("ZRANGE", E, -1, -1, "WITHSCORES")[2] or "")
   local horizon = math.max(top or floor, floor) + GRACE
   for _, key in ipairs({S, E, P, PO, C, BK, LOG}) do
-    local pttl = redis.call("PTTL", key)
-    if pttl == -1 or (pttl >= 0 and now + pttl < horizon) then
-      redis.call("PEXPIREAT", key, horizon)
-    end
+    -- (the by-key hash, absent and unwritten without a merge key, is skipped)
+    if not (key == BK and mkey == "" and kinds[BK] == "none") then extend_to(key, horizon) end
   end
 end
+local function extend_log(floor) extend_to(LOG, floor + GRACE) end
 
 ready()
 if merge_into then
+  local merged_sid, merged_exp = f[3], tonumber(f[2]) or now
   local parkings = redis.call("HINCRBY", HC, "pk", 1)
   redis.call("HSET", HC, "le", ARGV[7], "pat", now, "pid:" .. id, 1)
   local change = "parked_again"
@@ -235,6 +279,7 @@ if merge_into then
     bump("pending|" .. oop, -1)
     redis.call("XDEL", S, osid)
     redis.call("HSET", HC, "sid", sid, "op", op, "ts", now, "exp", hexp)
+    merged_sid, merged_exp = sid, hexp
     -- A replay holding the record keeps its claim (a hand replay stays alone);
     -- its failure, about a record without payload, is then not noted (dlq_fail "np").
     redis.call("HDEL", HC, "np")
@@ -243,14 +288,16 @@ if merge_into then
   end
   redis.call("XADD", LOG, "MAXLEN", "~", LOG_MAX, "*", "dlq_id", cand, "change", change,
     "error", ARGV[7], "parkings", parkings)
-  extend_shared(tonumber(redis.call("HGET", HC, "exp")) or now)
-  return {"merged", redis.call("HGET", HC, "sid"), cand, parkings}
-end
-if purge_limit > 0 then
-  for _, member in ipairs(redis.call("ZRANGEBYSCORE", E, "-inf", now, "LIMIT", 0, purge_limit)) do
-    purge(member)
+  if fill then
+    extend_shared(merged_exp)
+  else
+    -- Only the log was written: the record's expiry and its index entries are
+    -- unchanged, so the other keys' TTLs (set when it was parked) still cover it.
+    extend_log(tonumber(f[2]) or now)
   end
+  return {"merged", merged_sid, cand, parkings}
 end
+for _, member in ipairs(purging) do purge(member) end
 
 id = target
 local exp, kept = now + ttl, 0
@@ -258,15 +305,17 @@ if keep_cap > 0 and redis.call("ZCARD", P) < keep_cap then exp, kept = KEEP, 1 e
 local sid = entry(id, exp)
 local pm = sortkey(sid) .. "|" .. id
 
-redis.call("HSET", TH, "st", "pending", "op", op, "sid", sid, "ts", now, "exp", exp, "ra", 0,
-  "pk", 1, "pid:" .. ARGV[1], "c")
-if nopay then redis.call("HSET", TH, "np", 1) end
-if kept == 1 then redis.call("HSET", TH, "kt", ttl) end
+local rec = {"st", "pending", "op", op, "sid", sid, "ts", now, "exp", exp, "ra", 0,
+  "pk", 1, "pid:" .. ARGV[1], "c"}
+local function put(k, v) rec[#rec + 1] = k; rec[#rec + 1] = v end
+if nopay then put("np", 1) end
+if kept == 1 then put("kt", ttl) end
 if mkey ~= "" then
-  redis.call("HSET", TH, "ik", mkey)
-  if fpr ~= "" then redis.call("HSET", TH, "fp", fpr) end
-  redis.call("HSET", BK, mkey, id)
+  put("ik", mkey)
+  if fpr ~= "" then put("fp", fpr) end
 end
+redis.call("HSET", TH, unpack(rec))
+if mkey ~= "" then redis.call("HSET", BK, mkey, id) end
 redis.call("PEXPIREAT", TH, exp)
 redis.call("XADD", LOG, "MAXLEN", "~", LOG_MAX, "*", "dlq_id", id, "change", "parked",
   "operation_type", op, "error", ARGV[7])
