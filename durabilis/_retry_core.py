@@ -301,16 +301,34 @@ def error_code(exc: BaseException) -> str:
 
     Rules 2, 3 and 5 depend on the class alone and are cached per class; rules
     4 and 6 read the instance. Attributes are read defensively: a foreign
-    property that raises (an ``Exception``) only makes its rule not apply.
+    property that raises (an ``Exception``) only makes its rule not apply. A
+    ``code`` of a ``str`` subclass is used as a plain ``str`` (its own
+    ``__len__``, ``__hash__`` or ``__eq__`` never run). Should anything else
+    raise (a class whose metaclass is unhashable), the code is the class name,
+    else ``"Exception"``.
     """
+    try:
+        return _error_code(exc)
+    except Exception:  # a foreign class or attribute the rules could not read
+        try:
+            name = type(exc).__name__
+        except Exception:  # a metaclass hiding __name__
+            return "Exception"
+        return name if type(name) is str and name else "Exception"
+
+
+def _error_code(exc: BaseException) -> str:
+    """:func:`error_code`'s rules (may raise on a hostile class: its caller catches)."""
     try:
         code = getattr(exc, "code", None)  # getattr's default: no AttributeError is built
     except Exception:  # a property that raised
         code = None
     if isinstance(code, Enum):
         code = code.value
-    if isinstance(code, str) and code:
-        return code
+    if isinstance(code, str):
+        code = str.__str__(code)  # a plain copy of a str subclass: none of its methods run
+        if code:
+            return code
     cls = type(exc)
     entry = _CLASS_CACHE.get(cls)
     if entry is None:

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from durabilis._fork import reset_in_child
 from durabilis._retry_core import TESTING
 from durabilis._scripts import ScriptCall
+from durabilis._store import _cancels
 from durabilis.core.steps import IO as IO  # noqa: PLC0414  (the vocabulary is the core's)
 from durabilis.core.steps import MAX_SLEEP_SECONDS as MAX_SLEEP_SECONDS  # noqa: PLC0414
 from durabilis.core.steps import Command as Command  # noqa: PLC0414
@@ -623,6 +624,16 @@ async def adrive(plan: Plan[T], store: AsyncStore, *, leases: LeaseBook | None =
                 kind = type(step)
                 if kind is Run and not is_async_callable(step.fn):
                     reply = await _in_thread(run, step)
+                elif kind is Run:  # an async fn: not shielded
+                    before = _cancels()
+                    reply = await aperform(store, step, leases, held)
+                    if _cancels() > before:
+                        # fn turned the caller's cancellation into a result or an
+                        # error (a client mapping it to its own; redis-py's wait_for
+                        # loses one on 3.11): the plan gets fn's outcome, then the
+                        # cancellation, at its next unshielded step (never another
+                        # attempt) or its end, as if it had come just after fn.
+                        run.defer(asyncio.CancelledError())
                 elif kind is Hold or kind is Defer or not async_shielded(step):
                     reply = await aperform(store, step, leases, held)  # (those two never wait)
                 else:

@@ -165,6 +165,8 @@ def error_text(exc: BaseException) -> str:
         code = getattr(exc, "code", None)
     except Exception:  # a property of the user's that raises
         code = None
+    if isinstance(code, str):
+        code = str.__str__(code)  # a plain copy: a str subclass's own methods never run
     if isinstance(code, str) and code and text.startswith(code):
         return text.rstrip(": \t") or name  # "NETWORK_TIMEOUT: " -> "NETWORK_TIMEOUT"
     return f"{name}: {text}" if text else name

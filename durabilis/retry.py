@@ -23,6 +23,7 @@ Events (logger ``"durabilis"``, docs/production.md), none on success:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import random
@@ -52,7 +53,7 @@ from durabilis._retry_core import (
     register_error_code,
     retry_after_of,
 )
-from durabilis._store import AsyncStore, Store
+from durabilis._store import AsyncStore, Store, _cancels, _resurface
 from durabilis.core.retry import BudgetOps, BudgetState, retry_plan, succeeded
 from durabilis.core.retry.defaults import default_policies, gateway_policies
 from durabilis.core.steps import Plan, Run, Sleep
@@ -98,21 +99,39 @@ being reworked elsewhere): use :class:`durabilis.core.retry.BudgetOps`."""
 
 # --- events ----------------------------------------------------------------------------
 
+_EMIT_FAILED: set[str] = set()  # the events whose logging raised (told once each)
+
+
+def _emit(level: str, event: str, fields: dict[str, Any]) -> None:
+    """Log ``event``; a logging hook that raises (a filter, a handler, a structlog
+    processor) never reaches the call: the event is lost, and the failure is
+    logged once per event and process (``durability_event_failed``, the error's
+    type only), if logging that does not raise too."""
+    try:
+        getattr(_log, level)(event, **fields)
+    except Exception as exc:
+        if event not in _EMIT_FAILED:
+            _EMIT_FAILED.add(event)
+            with contextlib.suppress(Exception):
+                _log.warning(
+                    "durability_event_failed", lost_event=event, error=type(exc).__qualname__
+                )
+
 
 def emit_retry_attempt(operation_type: str, decision: RetryDecision, **context: Any) -> None:
     """Log ``durability_retry_attempt``: attempt ``attempt_number`` (1-based) failed, retrying.
 
-    ``context`` adds fields (the composed layer adds ``agent_id``).
+    ``context`` adds fields (the composed layer adds ``agent_id``). Never
+    raises: a logging hook's error is logged once (``durability_event_failed``).
     """
-    _log.warning(
-        "durability_retry_attempt",
-        operation_type=operation_type,
-        attempt_number=decision.attempts,
-        max_attempts=decision.max_attempts,
-        delay_ms=round(decision.delay * 1000.0, 3),
-        error_code=decision.error_code,
+    _emit("warning", "durability_retry_attempt", {
+        "operation_type": operation_type,
+        "attempt_number": decision.attempts,
+        "max_attempts": decision.max_attempts,
+        "delay_ms": round(decision.delay * 1000.0, 3),
+        "error_code": decision.error_code,
         **context,
-    )
+    })
 
 
 def emit_retry_stop(
@@ -130,25 +149,25 @@ def emit_retry_stop(
     ``DEADLINE_EXCEEDED`` or ``RETRY_BUDGET_EXHAUSTED``). ``last_error`` is
     logged redacted unless redaction is off (:mod:`durabilis.events`);
     ``dlq_id`` is the record the operation was parked in, if any; ``context``
-    adds fields (the composed layer adds ``agent_id``).
+    adds fields (the composed layer adds ``agent_id``). Never raises, as
+    :func:`emit_retry_attempt`.
     """
     event = (
         "durability_retry_non_retryable"
         if decision.stop_reason == NON_RETRYABLE
         else "durability_retry_exhausted"
     )
-    _log.error(
-        event,
-        operation_type=operation_type,
-        attempts=decision.attempts,
-        max_attempts=decision.max_attempts,
-        error_code=decision.error_code,
-        reason=decision.stop_reason,
-        sent_to_dlq=decision.sent_to_dlq,
-        dlq_id=dlq_id,
-        last_error=redact_error(last_error),
+    _emit("error", event, {
+        "operation_type": operation_type,
+        "attempts": decision.attempts,
+        "max_attempts": decision.max_attempts,
+        "error_code": decision.error_code,
+        "reason": decision.stop_reason,
+        "sent_to_dlq": decision.sent_to_dlq,
+        "dlq_id": dlq_id,
+        "last_error": redact_error(last_error),
         **context,
-    )
+    })
 
 
 # --- the engines -------------------------------------------------------------------------
@@ -290,13 +309,24 @@ def _attempt(
 async def _aattempt(
     fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[bool, Any]:
-    """One attempt of an async ``fn``: ``(True, result)`` or ``(False, exception)``."""
+    """One attempt of an async ``fn``: ``(True, result)`` or ``(False, exception)``.
+
+    A cancellation of the caller's task that ``fn`` turned into a result or an
+    error (a client mapping it to its own error; redis-py's ``wait_for`` loses
+    one on Python 3.11) is raised here, as if it came just after ``fn``: the
+    caller asked to stop, so no other attempt is made (``asyncio.timeout`` then
+    fires as it should).
+    """
+    before = _cancels()
     try:
         pending = fn(*args, **kwargs)
         awaitable = inspect.isawaitable(pending)
         result = (await pending) if awaitable else pending
     except Exception as exc:  # the failure is the plan's to judge
+        if _cancels() > before:
+            raise asyncio.CancelledError from exc
         return False, exc
+    _resurface(before)
     if not awaitable:
         # fn ran (a plain function): its effect happened once; never again.
         raise TypeError(
@@ -521,6 +551,13 @@ def _default_engine(is_async: bool) -> RetryEngine | AsyncRetryEngine:
     return _default_sync
 
 
+def _name(fn: Callable[..., Any]) -> str:
+    """What to call ``fn`` in an error: its ``__qualname__``, else (a
+    ``functools.partial``, a callable object) its ``repr``."""
+    name = getattr(fn, "__qualname__", None)
+    return name if isinstance(name, str) else repr(fn)
+
+
 def retry(
     operation_type: str,
     *,
@@ -551,7 +588,7 @@ def retry(
     def decorate(fn: F) -> F:
         if inspect.iscoroutinefunction(fn):
             if engine is not None and not isinstance(engine, AsyncRetryEngine):
-                raise TypeError(f"{fn.__qualname__} is async: decorate it with an AsyncRetryEngine")
+                raise TypeError(f"{_name(fn)} is async: decorate it with an AsyncRetryEngine")
 
             @functools.wraps(fn)
             async def run_async(*args: Any, **kwargs: Any) -> Any:
@@ -561,7 +598,7 @@ def retry(
 
             return cast(F, run_async)
         if engine is not None and not isinstance(engine, RetryEngine):
-            raise TypeError(f"{fn.__qualname__} is not async: decorate it with a RetryEngine")
+            raise TypeError(f"{_name(fn)} is not async: decorate it with a RetryEngine")
 
         @functools.wraps(fn)
         def run(*args: Any, **kwargs: Any) -> Any:

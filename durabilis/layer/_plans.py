@@ -45,7 +45,15 @@ from durabilis import _codec, _fork, otel
 from durabilis._fork import reset_in_child
 from durabilis._keys import CLUSTER_SLOTS, bucket_tag, hash_slot
 from durabilis._log import get_logger
-from durabilis._retry_core import MAX_DEADLINE_MS, NON_RETRYABLE, TESTING, RetryDecision, decide
+from durabilis._retry_core import (
+    EXHAUSTED,
+    MAX_DEADLINE_MS,
+    NON_RETRYABLE,
+    TESTING,
+    RetryDecision,
+    decide,
+    error_code,
+)
 from durabilis._scripts import Replies, ScriptCall, fuse
 from durabilis._steps import INTERRUPTS, IO, Defer, Deferred, Hold, LeaseBook, Plan, Run, Sleep
 from durabilis._store import AsyncStore, Store
@@ -1413,9 +1421,18 @@ class _LayerCore:
             if ok:
                 return (yield from self._succeeded(req, cl, permit, value, took_ms))
             exc: BaseException = value
-            decision = decide(
-                policy, attempt, exc, elapsed=self.clock() - start + slept, deadline=deadline,
-            )
+            try:
+                decision = decide(
+                    policy, attempt, exc, elapsed=self.clock() - start + slept, deadline=deadline,
+                )
+            except Exception as bug:  # a policy's own code raised (a subclass's bug)
+                # An attempt ran: park it (never hold the claim for the lease).
+                with contextlib.suppress(Exception):
+                    _log.error("durability_retry_decision_failed", agent_id=req.agent_id,
+                               operation_type=req.operation_type, error=type(bug).__qualname__)
+                decision = RetryDecision(
+                    False, 0.0, attempt, attempt + 1, error_code(exc), EXHAUSTED,
+                )
             if decision.stop_reason == NON_RETRYABLE:
                 # Not a dependency failure: free a probe slot without a verdict.
                 yield from self._abandon(req, cl, permit, probe, started=1, non_retryable=1)

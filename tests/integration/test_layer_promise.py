@@ -17,7 +17,9 @@ Each failed on the main branch before the plans were rewritten.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -1344,3 +1346,114 @@ def test_a_replay_whose_result_cannot_be_stored_is_replayed_not_lost(
     assert result.outcome.value == "replayed" and len(replayer.calls) == 1
     record = layer.dlq.get(parked.value.dlq_id)
     assert record is not None and record.status.value == "replayed"
+
+
+# --- 8. the retry review: a swallowed cancellation, classification and events that raise --------
+
+
+@pytest.mark.skipif(
+    sys.version_info < (3, 11), reason="Task.cancelling() (how a lost one is seen) is 3.11+"
+)
+@pytest.mark.parametrize("ending", ["raises", "returns"])
+def test_an_async_fn_that_swallows_the_caller_s_cancellation_is_not_retried(
+    redis_url: str, namespace: str, ending: str
+) -> None:
+    """fn turns the caller's cancellation into an ordinary outcome (a client maps
+    it to its own error; redis-py's wait_for loses it on 3.11): the call ends
+    cancelled, with no further attempt. A failure gives the claim back touched;
+    a result is recorded first."""
+
+    async def body(layer: AsyncDurabilityLayer, store: durabilis.aio.Store) -> None:
+        calls: list[int] = []
+
+        async def fn(ctx: OperationContext) -> str:
+            calls.append(ctx.attempt)
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()  # the caller's cancellation, arriving while fn waits
+            try:
+                await asyncio.sleep(0)
+            except asyncio.CancelledError:
+                if ending == "raises":
+                    raise ConnectionError("connection aborted") from None
+            return "swallowed"
+
+        with pytest.raises(asyncio.CancelledError):
+            await layer.execute("a1", "job", "p", fn)
+        assert calls == [0]
+        after = Counter(result="next")
+        got = await layer.execute("a1", "job", "p", after)
+        if ending == "raises":
+            assert got == "next" and after.calls[0].recovered  # given back touched
+        else:
+            assert got == "swallowed" and after.calls == []  # its result was recorded
+
+    run_async(redis_url, namespace, body)
+
+
+def test_a_retry_after_too_large_for_a_float_is_capped_and_the_operation_retried(
+    store: durabilis.Store,
+) -> None:
+    layer = layer_on(store)
+    calls: list[int] = []
+
+    def fn(ctx: OperationContext) -> str:
+        calls.append(ctx.attempt)
+        if ctx.attempt == 0:  # int(a 400-digit Retry-After header)
+            raise OperationError("NETWORK_TIMEOUT", "slow", retry_after=10**400)
+        return "ok"
+
+    assert layer.execute("a1", "job", "p", fn) == "ok"
+    assert calls == [0, 1]
+    layer.close()
+
+
+class _PolicyThatRaises(RetryPolicy):
+    """A policy whose decision raises (a subclass's bug): the decision fails."""
+
+    def is_retryable(self, code: str) -> bool:
+        raise RuntimeError("a policy bug")
+
+
+def test_a_decision_that_raises_parks_the_operation_instead_of_holding_its_claim(
+    store: durabilis.Store,
+) -> None:
+    policy = _PolicyThatRaises("job", 3, 1, 2, jitter=False)
+    layer = layer_on(store, retry_policies=(policy,))
+    with pytest.raises(RetryExhausted) as info:
+        layer.execute("a1", "job", "p", Counter(["NETWORK_TIMEOUT"]))
+    assert isinstance(info.value.__cause__, OperationError)
+    assert layer.dlq.get(info.value.dlq_id) is not None  # parked, for an operator
+    state = layer.idempotency.check(IdempotencyKey.new("a1", "job", "p"))
+    assert state is None or not state.in_progress  # not held for the lease
+    layer.close()
+
+
+def test_a_logging_filter_that_raises_on_the_retry_event_never_holds_the_claim(
+    store: durabilis.Store,
+) -> None:
+    class Raising(logging.Filter):
+        seen = 0
+
+        def filter(self, record: logging.LogRecord) -> bool:
+            if record.getMessage().startswith("durability_retry"):
+                Raising.seen += 1
+                raise RuntimeError("a buggy logging filter")
+            return True
+
+    bad = Raising()
+    logger = logging.getLogger("durabilis")
+    logger.addFilter(bad)
+    try:
+        layer = layer_on(store)
+        op = Counter(["NETWORK_TIMEOUT"])
+        assert layer.execute("a1", "job", "p", op) == "done"
+        assert len(op.calls) == 2
+        with pytest.raises(RetryExhausted):  # the stop event raises too: parked all the same
+            layer.execute("a1", "job", "q", Counter(["NETWORK_TIMEOUT"] * 3))
+    finally:
+        logger.removeFilter(bad)
+    assert Raising.seen >= 2  # the filter ran, and raised
+    state = layer.idempotency.check(IdempotencyKey.new("a1", "job", "q"))
+    assert state is None or not state.in_progress
+    layer.close()

@@ -147,3 +147,35 @@ def test_a_refusal_met_inside_a_script_is_storage_unavailable() -> None:
         "attempt to compare nil with number"
     )
     assert not isinstance(map_error(bug), StorageUnavailable)
+
+
+class _UnhashableMeta(type):
+    __hash__ = None  # type: ignore[assignment]
+
+    def __eq__(cls, other: object) -> bool:
+        return cls is other
+
+
+class _LenRaises(str):
+    def __len__(self) -> int:
+        raise RuntimeError("len")
+
+    def __hash__(self) -> int:
+        raise RuntimeError("hash")
+
+
+def test_error_code_never_raises_on_a_hostile_class_or_code() -> None:
+    unhashable = _UnhashableMeta("Unhashable", (ConnectionError,), {})
+    assert error_code(unhashable()) == "Unhashable"  # the class name: no rule could read it
+    odd = type("Odd", (Exception,), {"code": _LenRaises("RATE_LIMITED")})
+    code = error_code(odd())
+    assert (code, type(code)) == ("RATE_LIMITED", str)  # a plain str: safe to hash and compare
+
+
+def test_a_retry_after_too_large_for_a_float_is_the_largest_float() -> None:
+    import sys
+
+    from durabilis.retry import retry_after_of
+
+    assert retry_after_of(OperationError("RATE_LIMITED", retry_after=10**400)) == sys.float_info.max
+    assert retry_after_of(OperationError("RATE_LIMITED", retry_after=-(10**400))) is None

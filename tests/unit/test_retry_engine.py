@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
+import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -484,3 +487,137 @@ def test_an_engine_refuses_a_store_of_the_other_kind() -> None:
             AsyncRetryEngine(sync_store)  # type: ignore[arg-type]
     finally:
         sync_store.close()
+
+
+# --- what fn, a classifier or a logging hook may do wrong (review: retry findings 3, 4, 8) ---
+
+
+@pytest.mark.skipif(
+    sys.version_info < (3, 11), reason="Task.cancelling() (how a lost one is seen) is 3.11+"
+)
+@pytest.mark.parametrize("ending", ["raises", "returns"])
+def test_an_async_fn_that_turns_its_cancellation_into_an_outcome_is_not_retried(
+    ending: str,
+) -> None:
+    """fn swallows the caller's cancellation (a client maps it to its own error, as
+    redis-py's wait_for loses it on 3.11): the engine raises it, never retries."""
+    calls: list[int] = []
+
+    async def fn() -> str:
+        calls.append(1)
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()  # the caller's cancellation, arriving while fn waits
+        try:
+            await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            if ending == "raises":
+                raise ConnectionError("connection aborted") from None
+        return "swallowed"
+
+    engine = AsyncRetryEngine(policies=[RetryPolicy("op", 5, 1, 1, jitter=False)])
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(engine.execute("op", fn))
+    assert calls == [1]
+
+
+def test_fn_s_own_timeout_stays_an_ordinary_failure_and_is_retried() -> None:
+    """A timeout fn sets itself (a cancellation it asked for, and took back) is
+    its failure, not the caller's cancellation."""
+    calls: list[int] = []
+
+    async def fn() -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            await asyncio.wait_for(asyncio.Event().wait(), 0.001)
+        return "ok"
+
+    engine = AsyncRetryEngine(policies=[RetryPolicy("op", 3, 1, 1, jitter=False)])
+    outcome = asyncio.run(engine.execute("op", fn))
+    assert (outcome.success, outcome.attempts) == (True, 2)
+
+
+@MODES
+def test_a_retry_after_too_large_for_a_float_is_capped_at_max_delay(mode: str) -> None:
+    t = FakeTime()
+    huge = OperationError("RATE_LIMITED", retry_after=10**400)  # int(a 400-digit header)
+    outcome = run(mode, "mcp_call", script(huge, "ok"), time=t, policies=NO_JITTER)
+    assert (outcome.success, outcome.attempts) == (True, 2)
+    assert t.sleeps == [10.0]
+
+
+class _UnhashableMeta(type):
+    __hash__ = None  # type: ignore[assignment]
+
+    def __eq__(cls, other: object) -> bool:
+        return cls is other
+
+
+class _UnhashableClass(Exception, metaclass=_UnhashableMeta):
+    pass
+
+
+class _LenRaises(str):
+    def __len__(self) -> int:
+        raise RuntimeError("len")
+
+
+class _OddCode(Exception):
+    code = _LenRaises("NETWORK_TIMEOUT")
+
+
+@MODES
+@pytest.mark.parametrize(
+    ("make", "code"),
+    [(_UnhashableClass, "_UnhashableClass"), (_OddCode, "NETWORK_TIMEOUT")],
+    ids=["unhashable-class", "code-len-raises"],
+)
+def test_an_error_the_classifier_cannot_hash_or_measure_is_reported_not_raised(
+    mode: str, make: type[Exception], code: str
+) -> None:
+    star = [RetryPolicy("*", 2, 1, 1, jitter=False)]
+    outcome = run(mode, "op", script(make(), make()), time=FakeTime(), policies=star)
+    assert (outcome.success, outcome.attempts, outcome.final_error) == (False, 2, code)
+
+
+class _RaisingFilter(logging.Filter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.seen.append(record.getMessage().split()[0])
+        raise RuntimeError("a buggy logging filter")
+
+
+@MODES
+def test_a_logging_filter_that_raises_on_a_retry_event_never_breaks_the_call(mode: str) -> None:
+    bad = _RaisingFilter()
+    logger = logging.getLogger("durabilis")
+    logger.addFilter(bad)
+    try:
+        t = FakeTime()
+        outcome = run(mode, "mcp_call", script(NT, "ok"), time=t, policies=NO_JITTER)
+        assert (outcome.success, outcome.attempts) == (True, 2)
+        stopped = run(mode, "mcp_call", script(NT, NT, NT), time=t, policies=NO_JITTER)
+        assert (stopped.success, stopped.stop_reason) == (False, EXHAUSTED)
+    finally:
+        logger.removeFilter(bad)
+    assert "durability_retry_attempt" in bad.seen  # the filter did run, and raised
+    assert "durability_retry_exhausted" in bad.seen
+
+
+def test_the_decorator_names_a_partial_in_its_type_error_and_wraps_a_sync_one() -> None:
+    async def fetch(url: str) -> str:
+        return url
+
+    with pytest.raises(TypeError, match="AsyncRetryEngine"):
+        retry("mcp_call", engine=RetryEngine())(functools.partial(fetch, "u"))
+
+    def get(url: str) -> str:
+        return url
+
+    with pytest.raises(TypeError, match="RetryEngine"):
+        retry("mcp_call", engine=AsyncRetryEngine())(functools.partial(get, "u"))
+    wrapped = retry("mcp_call", engine=RetryEngine())(functools.partial(get, "u"))
+    assert wrapped() == "u"

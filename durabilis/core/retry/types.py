@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -69,7 +70,9 @@ def retry_after_of(exc: BaseException) -> float | None:
     """The ``retry_after`` hint of an exception in seconds, if it has a usable one.
 
     Accepts a non-negative finite number of seconds or a ``timedelta``; anything
-    else (absent, negative, NaN, another type) is ignored.
+    else (absent, negative, NaN, another type) is ignored. An integer too large
+    for a float (``int`` of a 400-digit ``Retry-After`` header) is the largest
+    float: the decision caps every hint at the policy's ``max_delay_ms``.
     """
     try:
         hint = getattr(exc, "retry_after", None)
@@ -81,7 +84,13 @@ def retry_after_of(exc: BaseException) -> float | None:
         hint = hint.total_seconds()
     if isinstance(hint, bool) or not isinstance(hint, (int, float)):
         return None
-    hint = float(hint)
+    try:
+        try:
+            hint = float(hint)
+        except OverflowError:  # an int past the float range: "a very long time"
+            hint = sys.float_info.max if hint > 0 else -1.0
+    except Exception:  # a foreign number type's __float__ / __gt__ that raised: no hint
+        return None
     return hint if math.isfinite(hint) and hint >= 0 else None
 
 
