@@ -51,7 +51,7 @@ def validate_namespace(namespace: str) -> str:
     Raises:
         ConfigError: Otherwise (field ``namespace``).
     """
-    if not isinstance(namespace, str) or not _NAMESPACE_RE.match(namespace):
+    if not isinstance(namespace, str) or not _NAMESPACE_RE.fullmatch(namespace):
         raise ConfigError(
             "namespace", f"must be 1-64 characters of [A-Za-z0-9_.-], got {namespace!r}"
         )

@@ -163,7 +163,7 @@ def _host_port(url: str, where: str, scheme: str, *, port_required: bool = False
             )
         host, colon, port_text = where.partition(":")
         port = port_text if colon else None
-        if not _HOST.match(host):
+        if not _HOST.fullmatch(host):
             raise UnsupportedUrl(url, f"bad host {host!r}: not a host name or address")
         if port_required and not host:
             raise UnsupportedUrl(url, f"bad host: {scheme}:// needs host:port[,host:port...]")

@@ -65,7 +65,7 @@ def _dlq_ls(s: Session) -> int:
     limit = a.limit or None
     dlq = s.layer().dlq
     after = a.after
-    if after and not _STREAM_ID.match(after):  # a dlq_id: continue after its stream entry
+    if after and not _STREAM_ID.fullmatch(after):  # a dlq_id: continue after its stream entry
         found = dlq.get(after)
         if found is None:
             s.check_namespace()

@@ -153,10 +153,11 @@ class AsyncDeadLetterQueue(DlqShell[AsyncStore]):
         return await adrive(self._ops.cleanup_due_steps(every_seconds, holder), self.store)
 
     async def requeue(
-        self, dlq_ids: Sequence[str], *, by: str | None = None
+        self, dlq_ids: Sequence[str], *, by: str | None = None,
+        expected: Mapping[str, tuple[str, int]] | None = None,
     ) -> list[RequeueResult]:
         """See :meth:`DeadLetterQueue.requeue`."""
-        return await adrive(self._ops.requeue_steps(dlq_ids, by), self.store)
+        return await adrive(self._ops.requeue_steps(dlq_ids, by, expected), self.store)
 
     async def list_requeued(
         self, operation_type: str | None = None, *, limit: int | None = None
@@ -183,7 +184,8 @@ class AsyncDeadLetterQueue(DlqShell[AsyncStore]):
         return await adrive(self._ops.abandon_steps(dlq_ids, by), self.store)
 
     async def purge(
-        self, dlq_ids: Sequence[str], *, by: str | None = None, status: str | None = None
+        self, dlq_ids: Sequence[str], *, by: str | None = None, status: str | None = None,
+        expected: Mapping[str, tuple[str, int]] | None = None,
     ) -> dict[str, str]:
         """See :meth:`DeadLetterQueue.purge`."""
-        return await adrive(self._ops.purge_steps(dlq_ids, by, status), self.store)
+        return await adrive(self._ops.purge_steps(dlq_ids, by, status, expected), self.store)

@@ -255,7 +255,10 @@ class DeadLetterQueue(DlqShell[Store]):
         """
         return drive(self._ops.cleanup_due_steps(every_seconds, holder), self.store)
 
-    def requeue(self, dlq_ids: Sequence[str], *, by: str | None = None) -> list[RequeueResult]:
+    def requeue(
+        self, dlq_ids: Sequence[str], *, by: str | None = None,
+        expected: Mapping[str, tuple[str, int]] | None = None,
+    ) -> list[RequeueResult]:
         """Mark pending records for redelivery by the fleet: no handler needed here.
 
         Each record gets a ``requeued`` mark (who, when), an entry in the
@@ -266,14 +269,21 @@ class DeadLetterQueue(DlqShell[Store]):
         any replay. Marking twice changes nothing (``already``); replayed or
         abandoned records are refused (``final``).
 
+        ``expected`` (dlq_id -> ``(stream_id, parkings)``, as a
+        :class:`DlqRecord` read earlier shows them): such a record is marked
+        only while it is still that one, checked in the same script; one
+        parked again since, under the same id (purged or expired, then the
+        operation failed again) or into it (a merge), is ``changed`` and
+        left as it is. The web console's confirmations pass what they showed.
+
         Returns:
             One :class:`RequeueResult` per id, in order.
 
         Raises:
-            ConfigError: ``by`` is not a string (nothing sent).
+            ConfigError: ``by`` is not a string, a bad ``expected`` (nothing sent).
             InvalidKey: An id that is not a string.
         """
-        return drive(self._ops.requeue_steps(dlq_ids, by), self.store)
+        return drive(self._ops.requeue_steps(dlq_ids, by, expected), self.store)
 
     def list_requeued(
         self, operation_type: str | None = None, *, limit: int | None = None
@@ -304,19 +314,23 @@ class DeadLetterQueue(DlqShell[Store]):
         return drive(self._ops.abandon_steps(dlq_ids, by), self.store)
 
     def purge(
-        self, dlq_ids: Sequence[str], *, by: str | None = None, status: str | None = None
+        self, dlq_ids: Sequence[str], *, by: str | None = None, status: str | None = None,
+        expected: Mapping[str, tuple[str, int]] | None = None,
     ) -> dict[str, str]:
         """Remove records for good (stream entry, hash, indexes, count), a
         ``purged`` log entry each, one Lua script per batch of 100.
 
         A record a replay holds (live claim) is kept (``"busy"``); with
         ``status`` (``pending``, ``requeued``, ``replayed``, ``abandoned``)
-        a record in another status is kept (``"other:<status>"``).
+        a record in another status is kept (``"other:<status>"``); with
+        ``expected`` (dlq_id -> ``(stream_id, parkings)``, as :meth:`requeue`
+        takes it) a record that is no longer that one is kept (``"changed"``).
 
         Returns:
-            id -> ``"purged"``, ``"not_found"``, ``"busy"`` or ``"other:<status>"``.
+            id -> ``"purged"``, ``"not_found"``, ``"busy"``, ``"other:<status>"``
+            or ``"changed"``.
 
         Raises:
-            ConfigError: A bad ``by`` or ``status`` (nothing sent).
+            ConfigError: A bad ``by``, ``status`` or ``expected`` (nothing sent).
         """
-        return drive(self._ops.purge_steps(dlq_ids, by, status), self.store)
+        return drive(self._ops.purge_steps(dlq_ids, by, status, expected), self.store)

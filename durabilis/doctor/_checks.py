@@ -341,7 +341,7 @@ def namespace_of(key: str) -> str | None:
     ``<ns>:cb-names``, ``<ns>:idem:{...}``...): a namespace never contains ``:``.
     """
     namespace, sep, rest = key.partition(":")
-    if not sep or not _NAMESPACE.match(namespace) or not _MARKER.match(rest):
+    if not sep or not _NAMESPACE.fullmatch(namespace) or not _MARKER.match(rest):
         return None
     return namespace
 

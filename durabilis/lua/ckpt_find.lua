@@ -8,9 +8,19 @@ KEYS[2]  live                       (zset "<id>:<task>" -> expires ms)
 KEYS[3]  order                      (zset "<id>:<task>" -> sequence)
 ARGV[1]  field prefix               "<escaped agent>:" to keep one agent, "" = every agent
 ARGV[2]  task_id
+ARGV[3]  limit (optional)           most entries to return (integer >= 1): the index is
+                                    read with HSCAN (COUNT ARGV[3]) from its start; for
+                                    every agent (ARGV[1] ""), at most 4 * ARGV[3] entries
+                                    examined in at most 8 HSCAN calls (a bounded read,
+                                    the web console's); for one agent, until that many
+                                    of its entries are found (the scan may go through the
+                                    whole index, as without ARGV[3], but at most ARGV[3]
+                                    entries are returned); absent: the whole index (HGETALL)
 
 Returns one of
   {"ok", {field, id, sequence, field, id, sequence, ...}}
+  {"ok", {...}, more}               (with ARGV[3]) more = 1 when the index may hold
+                                    entries not returned, else 0
   {"corrupt", key, detail}
 
 @acks: none   (a read, at most dropping stale index entries: a replica down
@@ -25,9 +35,8 @@ local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 local out = {}
-local entries = redis.call("HGETALL", cur)
-for i = 1, #entries, 2 do
-  local f, cid = entries[i], entries[i + 1]
+-- One index entry: listed when live (and the agent's), dropped when stale.
+local function visit(f, cid)
   local member = cid .. ":" .. task
   local e = redis.call("ZSCORE", live, member)
   if e and tonumber(e) > now then
@@ -40,4 +49,27 @@ for i = 1, #entries, 2 do
     redis.call("HDEL", cur, f)
   end
 end
-return {"ok", out}
+
+local limit = tonumber(ARGV[3] or "")
+if not limit then
+  local entries = redis.call("HGETALL", cur)
+  for i = 1, #entries, 2 do visit(entries[i], entries[i + 1]) end
+  return {"ok", out}
+end
+limit = math.max(1, math.floor(limit))
+local cursor, examined, more, calls = "0", 0, 0, 0
+local capped = prefix == ""  -- one agent: scan on until its entries are found
+repeat
+  calls = calls + 1
+  local page = redis.call("HSCAN", cur, cursor, "COUNT", limit)
+  cursor = page[2] and page[1] or "0"
+  local entries = page[2] or {}
+  for i = 1, #entries, 2 do
+    if #out >= 3 * limit or (capped and examined >= 4 * limit) then more = 1; break end
+    examined = examined + 1
+    visit(entries[i], entries[i + 1])
+  end
+until more == 1 or cursor == "0" or #out >= 3 * limit
+  or (capped and (examined >= 4 * limit or calls >= 8))
+if cursor ~= "0" then more = 1 end
+return {"ok", out, more}

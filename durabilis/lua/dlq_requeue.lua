@@ -27,13 +27,19 @@ KEYS[2]  log stream                 (<ns>:dlq:{dlq}:log), capped
 KEYS[2+i] the record hash of the i-th id (member)
 ARGV[1]  mode                       "mark" | "prune"
 ARGV[2]  by                         who requeues ("" = unknown; mode "mark")
-ARGV[2+i] mode "mark": a dlq_id; mode "prune": an index member
+ARGV[2+i] mode "mark": a dlq_id, or "<dlq_id> <stream id> <parkings>": the
+                                    record as the caller saw it (the console's
+                                    confirmation), marked only while its stream id and
+                                    parking count ("pk") are those (else {"changed"}: it
+                                    was parked again since, under its id or into it);
+          mode "prune": an index member
 
 Returns (mode "mark") {"ok", reply_1, reply_2, ...}, one per id, each one of
   {"ok", requeued_ms}               marked now
   {"already", requeued_ms, by}      marked before: nothing changed
   {"final", status}                 replayed or abandoned: refused
   {"none"}                          no live record (unknown id or expired)
+  {"changed"}                       not the record the caller saw: nothing changed
 (mode "prune") {"ok", removed}; or {"corrupt", key, detail}.
 
 @acks: replicas
@@ -55,14 +61,14 @@ local function read(H)
   local kind = redis.call("TYPE", H)["ok"]
   if kind == "none" then return nil end
   if kind ~= "hash" then return false, {"corrupt", H, "a " .. kind .. " where a DLQ record (hash) belongs"} end
-  local f = redis.call("HMGET", H, "st", "op", "sid", "exp", "rq", "rqb")
+  local f = redis.call("HMGET", H, "st", "op", "sid", "exp", "rq", "rqb", "pk")
   local exp = tonumber(f[4])
   if (f[1] ~= "pending" and f[1] ~= "replayed" and f[1] ~= "abandoned") or not f[2]
       or not exp or not f[3] or not string.match(f[3], "^%d+%-%d+$") then
     return false, {"corrupt", H, "record hash without a valid status, operation type, expiry or stream id"}
   end
   if exp <= now then return nil end
-  return {st = f[1], op = f[2], sid = f[3], exp = exp, rq = f[5], rqb = f[6]}
+  return {st = f[1], op = f[2], sid = f[3], exp = exp, rq = f[5], rqb = f[6], pk = f[7] or "1"}
 end
 
 if mode == "prune" then
@@ -81,19 +87,24 @@ end
 if mode ~= "mark" then return {"corrupt", IDX, "unknown mode " .. tostring(mode)} end
 
 -- Checks first (a foreign key refuses the whole batch, nothing written).
-local recs = {}
+local recs, ids, seen = {}, {}, {}
 for i = 3, #ARGV do
   local r, err = read(KEYS[i])
   if r == false then return err end
   recs[i] = r
+  local id, esid, epk = string.match(ARGV[i], "^(%S+) (%d+%-%d+) (%d+)$")
+  ids[i] = id or ARGV[i]
+  if id then seen[i] = {sid = esid, pk = epk} end
 end
 ready()
 local fresh = redis.call("ZCARD", IDX) == 0
 local out, horizon = {"ok"}, nil
 for i = 3, #ARGV do
-  local r, id, H = recs[i], ARGV[i], KEYS[i]
+  local r, id, H, e = recs[i], ids[i], KEYS[i], seen[i]
   if not r then
     out[#out + 1] = {"none"}
+  elseif e and (e.sid ~= r.sid or e.pk ~= r.pk) then
+    out[#out + 1] = {"changed"}
   elseif r.st ~= "pending" then
     out[#out + 1] = {"final", r.st}
   elseif r.rq then

@@ -16,6 +16,7 @@ import hmac
 import inspect
 import re
 import secrets
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -95,10 +96,24 @@ CSRF_COOKIE = "durabilis_csrf"
 CSRF_FIELD = "csrf_token"
 SELECTION_FIELD = "selection"
 IDS_FIELD = "dlq_ids"
-MAX_FORM_BYTES = ACTION_MAX * 202 + 16 * 1024  # a bulk confirmation's ids (<= 200 chars each)
+VERSIONS_FIELD = "versions"
+ISSUED_FIELD = "issued"
+NONCE_FIELD = "nonce"
+CONFIRM_MAX_AGE_SECONDS = 900
+"""A confirmation (its signed issue time) is refused once older than this."""
+_NONCE_TTL_MS = (CONFIRM_MAX_AGE_SECONDS + 3600) * 1000  # kept well past that age
+_NONCE = re.compile(r"[A-Za-z0-9_-]{22,64}")
+_VERSION = re.compile(r"(\d{1,20}-\d{1,20}):(\d{1,20})")
+# a bulk confirmation's ids (<= 200 chars each) and versions (<= 63 chars each)
+MAX_FORM_BYTES = ACTION_MAX * (202 + 65) + 16 * 1024
 _COOKIE_VALUE = re.compile(r"^[A-Za-z0-9_-]{20,100}$")
 ACTIONS = ("requeue", "abandon", "purge")
 _HERE = Path(__file__).resolve().parent
+
+
+def _now() -> float:
+    """The clock a confirmation's issue time is read from (seconds)."""
+    return time.time()
 _CSS = (_HERE / "static" / "console.css").read_bytes()
 
 
@@ -291,7 +306,7 @@ class _Pages:
         agent = request.query_params.get("agent", "").strip() or None
         found = await self.run(self.console.checkpoints, task, agent)
         return self.render(request, "checkpoints.html", title="Checkpoints", task_id=task,
-                           agent=agent, found=found)
+                           agent=agent, found=found, checkpoint_limit=_data.CHECKPOINT_LIMIT)
 
     async def inflight(self, request: Request) -> Response:
         found = await self.run(self.console.inflight)
@@ -326,7 +341,7 @@ class _Pages:
     def _csrf_cookie(self, request: Request) -> tuple[str, bool]:
         """This browser's CSRF cookie value, and whether it must be set now."""
         value = request.cookies.get(CSRF_COOKIE, "")
-        if _COOKIE_VALUE.match(value):
+        if _COOKIE_VALUE.fullmatch(value):
             return value, False
         return secrets.token_urlsafe(32), True
 
@@ -337,16 +352,23 @@ class _Pages:
         """403 unless the form's token is the signature of this browser's cookie."""
         cookie = request.cookies.get(CSRF_COOKIE, "")
         sent = fields.get(CSRF_FIELD, "")
-        if not _COOKIE_VALUE.match(cookie) or not sent or not hmac.compare_digest(
+        if not _COOKIE_VALUE.fullmatch(cookie) or not sent or not hmac.compare_digest(
                 sent.encode("utf-8", "surrogatepass"), self._token(cookie).encode()):
             raise HTTPException(403, "missing or wrong CSRF token: reload the confirmation "
                                 "page and try again")
 
-    def _selection(self, action: str, token: str, flt: DlqFilter, ids: tuple[str, ...]
-                   ) -> str:
-        """The signature of a bulk confirmation's frozen selection: bound to this
-        browser's CSRF token, the action, the filter and the exact ids shown."""
-        text = "\x00".join(["bulk", action, token, flt.describe(), " ".join(ids)])
+    def _selection(self, action: str, token: str, flt: DlqFilter | None,
+                   ids: tuple[str, ...], fields: Mapping[str, str]) -> str:
+        """The signature of a confirmation's frozen selection: bound to this
+        browser's CSRF token, the action, the filter (canonical JSON; ``None``:
+        one record's confirmation), the exact ids shown, each one's identity
+        (stream id and parking count), the issue time and the nonce."""
+        text = "\x00".join([
+            "bulk" if flt is not None else "one", action, token,
+            flt.canonical() if flt is not None else "", " ".join(ids),
+            fields.get(VERSIONS_FIELD, ""), fields.get(ISSUED_FIELD, ""),
+            fields.get(NONCE_FIELD, ""),
+        ])
         return hmac.new(self.secret, text.encode("utf-8", "surrogatepass"),
                         hashlib.sha256).hexdigest()
 
@@ -354,13 +376,20 @@ class _Pages:
                  **context: Any) -> Response:
         cookie, fresh = self._csrf_cookie(request)
         token = self._token(cookie)
-        selection = None
+        records: list[DlqRecord] = context["records"]
+        ids = tuple(r.dlq_id for r in records)
+        fields = {
+            VERSIONS_FIELD: " ".join(f"{r.stream_id}:{r.parkings}" for r in records),
+            ISSUED_FIELD: str(int(_now())),
+            NONCE_FIELD: secrets.token_urlsafe(24),
+        }
         if context.get("flt") is not None:
-            ids = tuple(r.dlq_id for r in context["records"])
-            selection = (" ".join(ids), self._selection(action, token, context["flt"], ids))
+            fields = {IDS_FIELD: " ".join(ids), **fields}
+        fields[SELECTION_FIELD] = self._selection(action, token, context.get("flt"), ids,
+                                                  fields)
         response = self.render(request, "confirm.html", title=f"Confirm: {action}",
                                action=action, target=target, csrf=token,
-                               post_url=post_url, selection=selection, **context)
+                               post_url=post_url, selection=fields, **context)
         if fresh:
             response.set_cookie(
                 CSRF_COOKIE, cookie, httponly=True, samesite="strict",
@@ -368,6 +397,34 @@ class _Pages:
                 path=(request.scope.get("root_path", "") or "/"),
             )
         return response
+
+    async def _check_selection(self, request: Request, action: str, flt: DlqFilter | None,
+                               ids: tuple[str, ...], fields: Mapping[str, str]
+                               ) -> dict[str, tuple[str, int]]:
+        """403 unless the form is a confirmation this console signed for this
+        browser, action, filter and ids, issued at most
+        :data:`CONFIRM_MAX_AGE_SECONDS` ago and never used before (its nonce
+        spent now). Returns each id's identity as the confirmation showed it."""
+        token = self._token(request.cookies.get(CSRF_COOKIE, ""))
+        sent = fields.get(SELECTION_FIELD, "")
+        if not hmac.compare_digest(sent.encode("utf-8", "surrogatepass"),
+                                   self._selection(action, token, flt, ids, fields).encode()):
+            raise HTTPException(403, "the selection is not the one the confirmation page "
+                                "showed: reload the confirmation page and try again")
+        # Signed by this console: well formed (checked anyway, as cheap as it is).
+        issued, nonce = fields.get(ISSUED_FIELD, ""), fields.get(NONCE_FIELD, "")
+        versions = [_VERSION.fullmatch(v) for v in fields.get(VERSIONS_FIELD, "").split()]
+        if (not issued.isdigit() or not _NONCE.fullmatch(nonce) or len(versions) != len(ids)
+                or not all(versions)):
+            raise HTTPException(403, "a malformed confirmation: reload the confirmation page")
+        if _now() - int(issued) > CONFIRM_MAX_AGE_SECONDS:
+            raise HTTPException(403, f"this confirmation is too old (more than "
+                                f"{CONFIRM_MAX_AGE_SECONDS // 60} minutes): reload the "
+                                "confirmation page and try again")
+        if not await self.run(self.console.spend_nonce, nonce, _NONCE_TTL_MS):
+            raise HTTPException(403, "this confirmation was used already (each one acts "
+                                "once): reload the confirmation page to act again")
+        return {i: (m[1], int(m[2])) for i, m in zip(ids, versions, strict=True) if m}
 
     def _enabled(self) -> None:
         """403 before anything else (even a 400 or 404) when actions are off."""
@@ -392,13 +449,16 @@ class _Pages:
                 self.url(request, "dlq_action", dlq_id=dlq_id, action=action),
                 records=[record], count=1, more=False, flt=None, actor=actor,
                 back=self.url(request, "dlq_record", dlq_id=dlq_id))
-        self._check_csrf(request, await _read_form(request))
+        fields = await _read_form(request)
+        self._check_csrf(request, fields)
+        expected = await self._check_selection(request, action, None, (dlq_id,), fields)
         if action == "requeue":
-            outcome = await self.run(self.console.requeue, dlq_id, actor)
+            outcome = await self.run(self.console.requeue, dlq_id, actor, expected)
         elif action == "abandon":
             outcome = await self.run(self.console.abandon, dlq_id, actor)
         else:
-            outcome = (await self.run(self.console.purge, [dlq_id], actor, None))[dlq_id]
+            outcome = (await self.run(self.console.purge, [dlq_id], actor, None,
+                                      expected))[dlq_id]
         return self.render(request, "result.html", title=f"Done: {action}", action=action,
                            outcomes={dlq_id: outcome}, actor=actor, skipped=None,
                            back=self.url(request, "dlq_record", dlq_id=dlq_id)
@@ -432,19 +492,14 @@ class _Pages:
             raise BadInput(f"at most {ACTION_MAX} records per confirmation")
         actor = await self._actor(request, action, BulkTarget.of(flt, ids))
         self._check_csrf(request, fields)
-        token = self._token(request.cookies.get(CSRF_COOKIE, ""))
-        sent = fields.get(SELECTION_FIELD, "")
-        if not hmac.compare_digest(sent.encode("utf-8", "surrogatepass"),
-                                   self._selection(action, token, flt, ids).encode()):
-            raise HTTPException(403, "the selection is not the one the confirmation page "
-                                "showed: reload the confirmation page and try again")
-        if action == "requeue":
-            results = await self.run(_requeue_many, self.console, list(ids), actor)
-            done = "requeued"
-        else:
+        expected = await self._check_selection(request, action, flt, ids, fields)
+        results: dict[str, str] = {}
+        done = "requeued" if action == "requeue" else "purged"
+        if ids and action == "requeue":
+            results = await self.run(self.console.requeue_many, ids, actor, expected)
+        elif ids:
             status = None if flt.status == "all" else flt.status
-            results = await self.run(self.console.purge, ids, actor, status) if ids else {}
-            done = "purged"
+            results = await self.run(self.console.purge, ids, actor, status, expected)
         skipped = sum(1 for outcome in results.values() if outcome != done)
         return self.render(request, "result.html", title=f"Done: {action}", action=action,
                            outcomes=results, actor=actor, skipped=skipped,
@@ -474,11 +529,6 @@ class _Pages:
 def _not_allowed() -> Response:
     """HEAD on an action route: 405 (it neither confirms nor acts; the hook is not asked)."""
     return Response(status_code=405, headers={"allow": "GET, POST"})
-
-
-def _requeue_many(console: Console, ids: list[str], actor: str) -> dict[str, str]:
-    results = console.layer.dlq.requeue(ids, by=actor) if ids else []
-    return {r.dlq_id: r.outcome for r in results}
 
 
 async def _read_form(request: Request) -> dict[str, str]:

@@ -8,12 +8,13 @@ with autoescape on.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import socket
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -28,6 +29,7 @@ from durabilis.breaker import (
 )
 from durabilis.checkpoint import Checkpoint
 from durabilis.config import ConfigSync, FleetConfig
+from durabilis.core.checkpoint.plans import CheckpointOps
 from durabilis.dlq import DlqRecord, DlqStats, DlqStatus
 from durabilis.errors import ConfigError, CorruptData, DependencyNotFound, InvalidKey
 from durabilis.layer import DurabilityConfig, DurabilityLayer, LayerStats
@@ -47,6 +49,9 @@ HISTORY_SCAN = 5000
 INFLIGHT_LIMIT = 200
 BREAKER_LIMIT = 500
 AGENT_LIMIT = 20
+CHECKPOINT_LIMIT = 200
+"""Most current checkpoints of a task the checkpoint page reads and shows (a
+bounded ``ckpt_find``: "more" is shown past it)."""
 LINEAGE_LIMIT = 50
 TRANSITION_LIMIT = 200
 
@@ -73,7 +78,7 @@ def _text_param(params: Any, name: str) -> str | None:
 
 def parse_age(text: str) -> float:
     """``90s``, ``15m``, ``2h``, ``7d`` (a bare number: seconds) -> seconds."""
-    match = _AGE.match(text.strip())
+    match = _AGE.fullmatch(text.strip())
     if match is None:
         raise BadInput(f"older_than must be a number with s, m, h or d, got {text!r}")
     return float(match[1]) * _AGE_UNIT[match[2]]
@@ -118,6 +123,11 @@ class DlqFilter:
     @property
     def pending_only(self) -> bool:
         return self.status in ("pending", "requeued")
+
+    def canonical(self) -> str:
+        """The filter as a confirmation signs it: canonical JSON (unambiguous,
+        unlike :meth:`describe`, whose ``k=v, k=v`` a value can imitate)."""
+        return json.dumps(self.query(), sort_keys=True, separators=(",", ":"))
 
     def describe(self) -> str:
         parts = [f"status={self.status}"]
@@ -204,6 +214,7 @@ class InFlight:
 class Checkpoints:
     current: list[Checkpoint]
     lineage: dict[str, list[Checkpoint]] = field(default_factory=dict)
+    more: bool = False  # the task has current checkpoints not read (CHECKPOINT_LIMIT)
 
 
 def _text(value: Any) -> str:
@@ -333,7 +344,7 @@ class Console:
         return out, cursor, True
 
     def dlq_page(self, flt: DlqFilter, after: str | None, limit: int) -> DlqPage:
-        if after is not None and not _STREAM_ID.match(after):
+        if after is not None and not _STREAM_ID.fullmatch(after):
             raise BadInput("after must be a stream id (as the next-page link gives)")
         records, cursor, bounded = self._walk(flt, after, limit, SCAN_BOUND)
         return DlqPage(records, cursor, bounded, self.layer.dlq.stats())
@@ -379,15 +390,33 @@ class Console:
         records, cursor, bounded = self._walk(flt, None, ACTION_MAX, SCAN_BOUND * 5)
         return records, bounded or cursor is not None
 
-    def requeue(self, dlq_id: str, by: str) -> str:
-        results = self.layer.dlq.requeue([dlq_id], by=by)
+    def requeue(self, dlq_id: str, by: str,
+                expected: Mapping[str, tuple[str, int]] | None = None) -> str:
+        results = self.layer.dlq.requeue([dlq_id], by=by, expected=expected)
         return results[0].outcome if results else "not_found"
+
+    def requeue_many(self, dlq_ids: Sequence[str], by: str,
+                     expected: Mapping[str, tuple[str, int]] | None = None
+                     ) -> dict[str, str]:
+        results = self.layer.dlq.requeue(list(dlq_ids), by=by, expected=expected)
+        return {r.dlq_id: r.outcome for r in results}
+
+    def spend_nonce(self, nonce: str, ttl_ms: int) -> bool:
+        """Spend a confirmation's nonce (``console_nonce``): ``True`` the first
+        time, ``False`` ever after (within ``ttl_ms``)."""
+        key = self.store.keys.layer("console-nonce", nonce)
+        reply = self.store.run(ScriptCall("console_nonce", [key], [ttl_ms]))
+        if not isinstance(reply, list) or _text(reply[0]) != "ok" or len(reply) != 2:
+            raise CorruptData(key, _text(reply[2]) if isinstance(reply, list)
+                              and len(reply) > 2 else f"unexpected reply {reply!r}")
+        return int(reply[1]) == 1
 
     def abandon(self, dlq_id: str, by: str) -> str:
         return "abandoned" if self.layer.dlq.abandon(dlq_id, by=by) else "not abandoned"
 
-    def purge(self, dlq_ids: Sequence[str], by: str, status: str | None) -> dict[str, str]:
-        return self.layer.dlq.purge(list(dlq_ids), by=by, status=status)
+    def purge(self, dlq_ids: Sequence[str], by: str, status: str | None,
+              expected: Mapping[str, tuple[str, int]] | None = None) -> dict[str, str]:
+        return self.layer.dlq.purge(list(dlq_ids), by=by, status=status, expected=expected)
 
     # -- breakers ---------------------------------------------------------------------
 
@@ -450,8 +479,12 @@ class Console:
 
     def checkpoints(self, task_id: str, agent: str | None) -> Checkpoints:
         manager = self.layer.checkpoints
-        current = manager.list_current(task_id, agent)
-        out = Checkpoints(current)
+        ops = CheckpointOps(self.store.keys, manager.config)
+        find = ops.find(task_id, agent, CHECKPOINT_LIMIT)
+        reply = self.store.run(find)
+        entries, gets = ops.located(find, task_id, reply)
+        current = ops.current(entries, self.store.run_many(gets) if gets else [])
+        out = Checkpoints(current, more=ops.find_more(reply))
         agents: list[str] = []
         for cp in current:
             if cp.agent_id not in agents:

@@ -448,3 +448,46 @@ def test_a_replica_lacking_config_logs_each_requeued_record_once_and_backs_it_of
         assert record.requeued_at is not None and record.claimed_by is None
         assert record.last_replay_error is not None and "no policy" in record.last_replay_error
     assert DeadLetterQueue(store).replay_requeued({"charge": lambda record: None}).replayed == 3
+
+
+def test_requeue_and_purge_with_expected_act_only_on_the_record_the_caller_saw(
+    redis_url: str, namespace: str, store: durabilis.Store, raw: Any,
+) -> None:
+    # An id derives from the operation's key: purged and parked again, or parked
+    # again into the record (a merge), it is the same id but another record.
+    layer = DurabilityLayer(store, fleet_config())
+    reparked, merged, same = _park(layer, 1, 2, 3)
+    seen = {r.dlq_id: (r.stream_id, r.parkings) for r in layer.dlq.list_pending()}
+    assert layer.dlq.purge([reparked]) == {reparked: "purged"}
+    assert _park(layer, 1, 2) == [reparked, merged]
+    assert [r.outcome for r in layer.dlq.requeue([reparked, merged, same], by="ann",
+                                                 expected=seen)] == [
+        "changed", "changed", "requeued"]
+    assert layer.dlq.purge([reparked, merged, same], expected=seen) == {
+        reparked: "changed", merged: "changed", same: "purged"}
+    for dlq_id in (reparked, merged):
+        record = layer.dlq.get(dlq_id)
+        assert record is not None and record.requeued_at is None
+        assert _changes(raw, layer, dlq_id)[-1][0] in ("parked", "parked_again")
+    # Without an expectation (the CLI, old callers) they act as before.
+    assert [r.outcome for r in layer.dlq.requeue([merged])] == ["requeued"]
+    fresh = {merged: (layer.dlq.get(merged).stream_id, 2)}  # type: ignore[union-attr]
+    assert layer.dlq.purge([merged, reparked], expected=fresh) == {
+        merged: "purged", reparked: "purged"}
+    with pytest.raises(durabilis.ConfigError):
+        layer.dlq.purge([same], expected={same: ("not-a-stream-id", 1)})
+
+    async def main() -> tuple[str, dict[str, str]]:
+        astore = durabilis.aio.connect(redis_url, namespace=namespace)
+        dlq = durabilis.aio.DeadLetterQueue(astore)
+        dlq_id = await dlq.enqueue("agent-1", "job", {"n": 1}, 1, "NETWORK_TIMEOUT: x")
+        record = await dlq.get(dlq_id)
+        assert record is not None
+        stale = {dlq_id: (record.stream_id, record.parkings + 1)}
+        (result,) = await dlq.requeue([dlq_id], expected=stale)
+        purged = await dlq.purge([dlq_id], expected=stale)
+        await astore.close()
+        return result.outcome, purged
+
+    outcome, purged = asyncio.run(main())
+    assert outcome == "changed" and list(purged.values()) == ["changed"]

@@ -353,8 +353,7 @@ def test_mounted_under_a_prefix_every_link_and_form_points_under_it(
         token = re.search(r'name="csrf_token" value="([0-9a-f]+)"', page.text)
         assert token is not None
         assert client.cookies.get("durabilis_csrf")
-        done = client.post(f"/ops/durabilis/dlq/{dlq_id}/requeue",
-                           data={"csrf_token": token[1]})
+        done = client.post(f"/ops/durabilis/dlq/{dlq_id}/requeue", data=_hidden(page.text))
         assert "requeued" in done.text
         assert layer.dlq.get(dlq_id).requeued_by == "bob"  # type: ignore[union-attr]
         assert client.get("/ops/durabilis/static/console.css").headers[
@@ -826,3 +825,130 @@ def test_the_breakers_pages_read_a_bounded_part_of_a_large_names_set_and_find_an
     for name in ("dep-0000", "dep-0599"):  # any stored one has its page, first or last
         assert client.get(f"/breakers/{name}").status_code == 200, name
     assert client.get("/breakers/dep-9999").status_code == 404
+
+
+def _outcomes(html: str) -> dict[str, str]:
+    return dict(re.findall(
+        r'<code>([^<]*)</code></td><td data-testid="action-outcome">([^<]*)<', html))
+
+
+def test_an_old_confirmation_skips_a_record_parked_again_under_the_same_id_since(
+    store: durabilis.Store, raw: Any, layer: DurabilityLayer,
+    consoles: Callable[..., TestClient],
+) -> None:
+    # An id derives from the operation's key: purged then parked again, or parked
+    # again into the listed record (a merge), it is the same id but not the
+    # record the operator saw. The old confirmation skips it ("changed").
+    (purged_again, merged, kept) = _park(layer, 3)
+    client = consoles(actions=True, authorize=yes("alice"))
+    bulk = {action: _hidden(client.get(f"/dlq-bulk/{action}?status=pending").text)
+            for action in ("purge", "requeue")}
+    single = {action: _hidden(client.get(f"/dlq/{merged}/{action}").text)
+              for action in ("purge", "requeue")}
+    assert layer.dlq.purge([purged_again], by="bob") == {purged_again: "purged"}
+    assert _park(layer, 2) == [purged_again, merged]  # the same operations fail again
+    assert layer.dlq.get(merged).parkings == 2  # type: ignore[union-attr]
+    for action in ("requeue", "purge"):
+        done = client.post(f"/dlq/{merged}/{action}", data=single[action])
+        assert done.status_code == 200, done.text[:1000]
+        assert _outcomes(done.text) == {merged: "changed"}
+    done = client.post("/dlq-bulk/requeue", data=bulk["requeue"])
+    assert _outcomes(done.text) == {purged_again: "changed", merged: "changed",
+                                    kept: "requeued"}
+    assert re.search(r'data-testid="action-skipped">2<', done.text)
+    done = client.post("/dlq-bulk/purge", data=bulk["purge"])
+    assert _outcomes(done.text) == {purged_again: "changed", merged: "changed",
+                                    kept: "purged"}
+    for dlq_id in (purged_again, merged):  # the newer parkings are all still there
+        record = layer.dlq.get(dlq_id)
+        assert record is not None and record.requeued_at is None
+        assert _log(raw, store, dlq_id)[-1][0] in ("parked", "parked_again")
+
+
+def test_a_confirmation_acts_once_and_is_refused_once_it_is_too_old(
+    store: durabilis.Store, raw: Any, layer: DurabilityLayer,
+    consoles: Callable[..., TestClient], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from durabilis.web import _app as web_app
+
+    (one, two, three) = _park(layer, 3)
+    client = consoles(actions=True, authorize=yes("alice"))
+    bulk = _hidden(client.get("/dlq-bulk/requeue?status=pending").text)
+    single = _hidden(client.get(f"/dlq/{one}/requeue").text)
+    assert client.post(f"/dlq/{one}/requeue", data=single).status_code == 200
+    assert client.post("/dlq-bulk/requeue", data=bulk).status_code == 200
+    # The fleet's replay fails: the marks go. The same forms, posted again, are
+    # refused (each confirmation acts once) and mark nothing.
+    assert layer.replay_requeued({"job": lambda ctx: 1 / 0}).failed == 3
+    assert layer.dlq.list_requeued() == []
+    again = client.post(f"/dlq/{one}/requeue", data=single)
+    assert again.status_code == 403 and "used" in again.text
+    again = client.post("/dlq-bulk/requeue", data=bulk)
+    assert again.status_code == 403 and "used" in again.text
+    assert layer.dlq.list_requeued() == []
+    # A confirmation older than its bound is refused, even unused.
+    bulk = _hidden(client.get("/dlq-bulk/purge?status=pending").text)
+    single = _hidden(client.get(f"/dlq/{two}/purge").text)
+    now = web_app._now()
+    monkeypatch.setattr(web_app, "_now", lambda: now + web_app.CONFIRM_MAX_AGE_SECONDS + 60)
+    for path, form in ((f"/dlq/{two}/purge", single), ("/dlq-bulk/purge", bulk)):
+        late = client.post(path, data=form)
+        assert late.status_code == 403 and "too old" in late.text
+    assert all(layer.dlq.get(i) is not None for i in (one, two, three))
+    # A forged issue time or nonce breaks the signature.
+    monkeypatch.setattr(web_app, "_now", lambda: now)
+    for path, form in ((f"/dlq/{two}/purge", single), ("/dlq-bulk/purge", bulk)):
+        for name in ("issued", "nonce"):
+            forged = {**form, name: form[name] + "1"}
+            assert client.post(path, data=forged).status_code == 403
+    assert all(layer.dlq.get(i) is not None for i in (one, two, three))
+
+
+def test_a_confirmation_signed_for_one_filter_is_refused_for_another_that_reads_alike(
+    store: durabilis.Store, layer: DurabilityLayer, consoles: Callable[..., TestClient],
+) -> None:
+    (dlq_id,) = _park(layer, 1)
+    client = consoles(actions=True, authorize=yes("alice"))
+    confirm = client.get("/dlq-bulk/purge",
+                         params={"reason": "NETWORK_TIMEOUT, agent=agent-1"}).text
+    form = _hidden(confirm)
+    assert form["dlq_ids"] == ""  # the reason matches nothing
+    forged = {**form, "reason": "NETWORK_TIMEOUT", "agent": "agent-1"}
+    assert client.post("/dlq-bulk/purge", data=forged).status_code == 403
+    assert layer.dlq.get(dlq_id) is not None
+
+
+@pytest.mark.standalone_only  # (validation before any I/O: no topology involved)
+def test_an_id_ending_in_a_newline_is_refused_everywhere(
+    store: durabilis.Store, layer: DurabilityLayer, consoles: Callable[..., TestClient],
+) -> None:
+    with pytest.raises(durabilis.errors.DurabilisError):
+        layer.dlq.enqueue("agent", "job", {"p": 1}, 1, "X: y", dlq_id="abc\n")
+    assert layer.dlq.get("abc\n") is None
+    assert layer.dlq.purge(["abc\n"]) == {"abc\n": "not_found"}
+    client = consoles()
+    assert client.get("/dlq", params={"after": "1-1\n"}).status_code == 400
+
+
+def test_the_checkpoint_page_reads_and_shows_a_bounded_number_of_a_tasks_checkpoints(
+    store: durabilis.Store, consoles: Callable[..., TestClient],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(web_data, "CHECKPOINT_LIMIT", 3, raising=False)
+    manager = CheckpointManager(store)
+    for i in range(200):  # a hash past the small-hash encoding: HSCAN pages it
+        manager.save("big-task", f"agent-{i:03}", "p1", {"i": i})
+    manager.save("small-task", "a1", "p1", {"x": 1})
+    client = consoles()
+    page = client.get("/checkpoints/big-task").text
+    assert len(re.findall(r'data-testid="checkpoint-row"', page)) == 3
+    assert 'data-testid="checkpoints-more"' in page
+    assert len(re.findall(r'<h3>Agent ', page)) == 3
+    small = client.get("/checkpoints/small-task").text
+    assert len(re.findall(r'data-testid="checkpoint-row"', small)) == 1
+    assert 'data-testid="checkpoints-more"' not in small
+    one = client.get("/checkpoints/big-task", params={"agent": "agent-007"}).text
+    assert len(re.findall(r'data-testid="checkpoint-row"', one)) == 1
+    assert 'data-testid="checkpoints-more"' not in one
+    # The library's own callers still get every checkpoint.
+    assert len(manager.list_current("big-task")) == 200

@@ -74,3 +74,24 @@ def test_a_bulk_targets_fields_are_the_filters_and_the_ids_and_its_str_names_the
     assert str(target) == "filter:status=all, reason=RATE_LIMITED, older_than=2h"
     with pytest.raises(AttributeError):
         target.dlq_ids = ()  # type: ignore[misc]  # frozen: the hook cannot change it
+
+
+def test_identifiers_ending_in_a_newline_are_refused_where_they_are_validated() -> None:
+    # ``^...$`` with ``re.match`` lets "x\n" through (``$`` matches before a final
+    # newline): every such check uses ``fullmatch``.
+    from durabilis._keys import validate_namespace
+    from durabilis._url import check_url
+    from durabilis.core.dlq.records import sort_key
+    from durabilis.doctor._checks import namespace_of
+    from durabilis.errors import DurabilisError
+
+    with pytest.raises(DurabilisError):
+        validate_namespace("ns\n")
+    with pytest.raises(DurabilisError):
+        sort_key("1-1\n")
+    with pytest.raises(DurabilisError):
+        check_url("redis://localhost\n:6379/0")
+    assert namespace_of("ns\n:cb-names") is None
+    assert namespace_of("ns:cb-names") == "ns"
+    assert DlqFilter("pending", reason="X, agent=bob").canonical() != DlqFilter(
+        "pending", reason="X", agent="bob").canonical()

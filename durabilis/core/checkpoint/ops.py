@@ -390,13 +390,26 @@ class CheckpointCalls:
 
     # -- reads (ckpt_find, ckpt_get) --
 
-    def find(self, task_id: str, agent_id: str | None = None) -> ScriptCall:
-        """The ``ckpt_find`` call listing live current checkpoints of a task (or one agent)."""
+    def find(self, task_id: str, agent_id: str | None = None, limit: int | None = None
+             ) -> ScriptCall:
+        """The ``ckpt_find`` call listing live current checkpoints of a task (or one
+        agent); with ``limit``, a bounded read of at most that many (its reply's
+        third item says whether there may be more: :meth:`find_more`)."""
         part("task_id", task_id)
         prefix = "" if agent_id is None else escape_part(part("agent_id", agent_id)) + ":"
+        args: list[Any] = [prefix, task_id]
+        if limit is not None:
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+                raise ConfigError("limit", f"must be an integer >= 1 or None, got {limit!r}")
+            args.append(limit)
         return ScriptCall(
-            "ckpt_find", [self.current_index(task_id), self.live, self.order], [prefix, task_id]
+            "ckpt_find", [self.current_index(task_id), self.live, self.order], args
         )
+
+    @staticmethod
+    def find_more(reply: Any) -> bool:
+        """Whether a bounded ``ckpt_find`` (with a limit) left entries unread."""
+        return isinstance(reply, list) and len(reply) > 2 and int(reply[2]) == 1
 
     def decode_find(self, call: ScriptCall, reply: Any) -> list[CheckpointEntry]:
         rkey = str(call.keys[0])

@@ -108,7 +108,7 @@ class OpsBase:
         """
         if not isinstance(dlq_id, str):
             raise InvalidKey(repr(dlq_id), "a dlq_id must be a string")
-        return ID_RE.match(dlq_id) is not None
+        return ID_RE.fullmatch(dlq_id) is not None
 
     def ttl_ms(self, ttl_seconds: float | None) -> int:
         ttl = self.config.default_ttl_seconds if ttl_seconds is None else ttl_seconds

@@ -22,6 +22,7 @@ from durabilis.core.dlq.records import (
     Member,
     clean,
     corrupt_error,
+    expected_args,
     field_text,
     flat_to_dict,
     reply_tag,
@@ -360,14 +361,16 @@ class DlqCalls(EnqueueOps):
 
     # requeue (redelivery by the fleet) -----------------------------------------
 
-    def requeue(self, dlq_ids: Sequence[str], by: str | None) -> ScriptCall:
-        """Mark up to a batch of records for redelivery (``dlq_requeue`` "mark")."""
+    def requeue(self, dlq_ids: Sequence[str], by: str | None,
+                expected: Mapping[str, tuple[str, int]] | None = None) -> ScriptCall:
+        """Mark up to a batch of records for redelivery (``dlq_requeue`` "mark");
+        ``expected``: dlq_id -> (stream id, parkings) of the record to mark."""
         if by is not None and not isinstance(by, str):
             raise ConfigError("by", f"must be a string or None, got {type(by).__name__}")
         return ScriptCall(
             "dlq_requeue",
             [self.requeue_key, self.log_key, *(self.record_key(i) for i in dlq_ids)],
-            ["mark", truncate(clean(by or ""), BY_BYTES), *dlq_ids],
+            ["mark", truncate(clean(by or ""), BY_BYTES), *expected_args(dlq_ids, expected)],
         )
 
     def decode_requeue(self, dlq_ids: Sequence[str], reply: Any) -> list[RequeueResult]:
@@ -388,6 +391,8 @@ class DlqCalls(EnqueueOps):
                 out.append(RequeueResult(dlq_id, "final", status=self._status(item[1], key)))
             elif tag == "none":
                 out.append(RequeueResult(dlq_id, "not_found"))
+            elif tag == "changed":
+                out.append(RequeueResult(dlq_id, "changed"))
             else:
                 raise corrupt_error(item, key)
         return out
@@ -430,8 +435,10 @@ class DlqCalls(EnqueueOps):
 
     # operators' bulk actions -----------------------------------------------------
 
-    def purge(self, dlq_ids: Sequence[str], by: str | None, status: str | None) -> ScriptCall:
-        """Remove up to a batch of records for good (``dlq_purge``)."""
+    def purge(self, dlq_ids: Sequence[str], by: str | None, status: str | None,
+              expected: Mapping[str, tuple[str, int]] | None = None) -> ScriptCall:
+        """Remove up to a batch of records for good (``dlq_purge``); ``expected``:
+        dlq_id -> (stream id, parkings) of the record to remove."""
         if by is not None and not isinstance(by, str):
             raise ConfigError("by", f"must be a string or None, got {type(by).__name__}")
         if status not in (None, "pending", "requeued", "replayed", "abandoned"):
@@ -442,7 +449,8 @@ class DlqCalls(EnqueueOps):
             [self.stream_key, self.expiry_key, self.pending_key, self.pending_by_op_key,
              self.counts_key, self.bykey_key, self.log_key, self.requeue_key,
              *(self.record_key(i) for i in dlq_ids)],
-            [truncate(clean(by or ""), BY_BYTES), status or "", *dlq_ids],
+            [truncate(clean(by or ""), BY_BYTES), status or "",
+             *expected_args(dlq_ids, expected)],
         )
 
     # stats -----------------------------------------------------------------

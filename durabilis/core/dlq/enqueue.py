@@ -211,7 +211,7 @@ class EnqueueOps(OpsBase):
             raise InvalidPayload(f"last_error must be a string, got {type(last_error).__name__}")
         if dlq_id is None:
             dlq_id = uuid.uuid4().hex
-        elif not isinstance(dlq_id, str) or not ID_RE.match(dlq_id):
+        elif not isinstance(dlq_id, str) or not ID_RE.fullmatch(dlq_id):
             raise InvalidKey(str(dlq_id), "a dlq_id must be 1-200 chars of [A-Za-z0-9_.:%-]")
         self.ttl_ms(ttl_seconds)
         return self.enqueue_prepared(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from durabilis import _codec
 from durabilis.core.dlq.calls import DlqCalls
@@ -35,15 +35,20 @@ class ListingPlans(DlqCalls):
 
     __slots__ = ()
 
-    def requeue_steps(self, dlq_ids: Sequence[str], by: str | None) -> Plan[list[RequeueResult]]:
+    def requeue_steps(
+        self, dlq_ids: Sequence[str], by: str | None,
+        expected: Mapping[str, tuple[str, int]] | None = None,
+    ) -> Plan[list[RequeueResult]]:
         """Mark records for redelivery, a bounded batch (one script) at a time;
-        unknown and malformed ids are ``not_found`` without a call."""
+        unknown and malformed ids are ``not_found`` without a call; a record
+        that is not the one ``expected`` names is ``changed``."""
         ids = list(dlq_ids)
         known = [i for i in ids if self.known_id(i)]
+        self.requeue(known, by, expected)  # checks the arguments before any I/O
         found: dict[str, RequeueResult] = {}
         for start in range(0, len(known), PAGE):
             batch = known[start:start + PAGE]
-            call = self.requeue(batch, by)
+            call = self.requeue(batch, by, expected)
             for r in self.decode_requeue(batch, (yield call)):
                 found[r.dlq_id] = r
                 if r.outcome == "requeued":
@@ -76,19 +81,21 @@ class ListingPlans(DlqCalls):
         return out
 
     def purge_steps(
-        self, dlq_ids: Sequence[str], by: str | None, status: str | None
+        self, dlq_ids: Sequence[str], by: str | None, status: str | None,
+        expected: Mapping[str, tuple[str, int]] | None = None,
     ) -> Plan[dict[str, str]]:
         """Purge records a bounded batch (one script) at a time: dlq_id ->
-        ``"purged"``, ``"not_found"``, ``"busy"`` (a replay holds it) or
-        ``"other:<status>"`` (kept: not in ``status``)."""
+        ``"purged"``, ``"not_found"``, ``"busy"`` (a replay holds it),
+        ``"other:<status>"`` (kept: not in ``status``) or ``"changed"`` (kept:
+        not the record ``expected`` names)."""
         ids = list(dlq_ids)
         known = [i for i in ids if self.known_id(i)]
-        self.purge([], by, status)  # checks the arguments before any I/O
+        self.purge(known, by, status, expected)  # checks the arguments before any I/O
         out: dict[str, str] = {i: "not_found" for i in ids}
         key = self.stream_key
         for start in range(0, len(known), PAGE):
             batch = known[start:start + PAGE]
-            reply = yield self.purge(batch, by, status)
+            reply = yield self.purge(batch, by, status, expected)
             if reply_tag(reply, key) != "ok" or len(reply) != len(batch) + 1:
                 raise corrupt_error(reply, key)
             for dlq_id, item in zip(batch, reply[1:], strict=True):
@@ -98,6 +105,8 @@ class ListingPlans(DlqCalls):
                     self.log.info("durability_dlq_purged", dlq_id=dlq_id, by=by)
                 elif tag == "other":
                     out[dlq_id] = "other:" + field_text(item[1], key, "status")
+                elif tag == "changed":
+                    out[dlq_id] = "changed"
                 elif tag in ("busy", "none"):
                     out[dlq_id] = "busy" if tag == "busy" else "not_found"
                 else:

@@ -9,12 +9,14 @@ import os
 import re
 import socket
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from durabilis import _codec
 from durabilis.core.dlq.types import DlqRecord
 from durabilis.errors import (
+    ConfigError,
     CorruptData,
     InvalidKey,
 )
@@ -28,6 +30,33 @@ MAX_METADATA_FIELDS = 1000
 # Caller-chosen ids end up inside index members separated by "|": keep them plain.
 ID_RE = re.compile(r"^[A-Za-z0-9_.:%\-]{1,200}$")
 _SID_RE = re.compile(r"^(\d{1,20})-(\d{1,20})$")
+
+
+def expected_args(
+    dlq_ids: Sequence[str], expected: Mapping[str, tuple[str, int]] | None
+) -> list[str]:
+    """The ids as ``dlq_purge`` / ``dlq_requeue`` take them: ``"<dlq_id> <stream id>
+    <parkings>"`` for an id in ``expected`` (acted on only while the record is
+    that one), the bare id otherwise.
+
+    Raises:
+        ConfigError: An expectation that is not (stream id, parking count >= 1).
+    """
+    if not expected:
+        return list(dlq_ids)
+    out = []
+    for dlq_id in dlq_ids:
+        seen = expected.get(dlq_id)
+        if seen is None:
+            out.append(dlq_id)
+            continue
+        if (not isinstance(seen, tuple) or len(seen) != 2 or not isinstance(seen[0], str)
+                or _SID_RE.fullmatch(seen[0]) is None or not isinstance(seen[1], int)
+                or isinstance(seen[1], bool) or seen[1] < 1):
+            raise ConfigError("expected", f"{dlq_id}: must be (stream_id, parkings >= 1), "
+                              f"got {seen!r}")
+        out.append(f"{dlq_id} {seen[0]} {seen[1]}")
+    return out
 
 
 def record_id_for(merge_key: str) -> str:
@@ -46,7 +75,7 @@ def sort_key(stream_id: str) -> str:
     Raises:
         InvalidKey: ``stream_id`` is not a stream entry id.
     """
-    match = _SID_RE.match(stream_id) if isinstance(stream_id, str) else None
+    match = _SID_RE.fullmatch(stream_id) if isinstance(stream_id, str) else None
     if match is None:
         raise InvalidKey(str(stream_id), "not a stream entry id (<ms>-<seq>)")
     ms, seq = str(int(match[1])), str(int(match[2]))

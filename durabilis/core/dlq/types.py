@@ -390,8 +390,9 @@ class RequeueResult:
     Attributes:
         dlq_id: The record.
         outcome: ``"requeued"`` (marked now), ``"already"`` (marked before:
-            nothing changed), ``"final"`` (replayed or abandoned: refused) or
-            ``"not_found"`` (unknown, malformed or expired).
+            nothing changed), ``"final"`` (replayed or abandoned: refused),
+            ``"not_found"`` (unknown, malformed or expired) or ``"changed"``
+            (not the record ``expected`` named: parked again since; refused).
         requeued_at: When it was marked (``requeued`` / ``already``).
         requeued_by: Who marked it (``already``: the earlier mark's).
         status: The record's status (``final``: which).
