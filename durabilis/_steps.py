@@ -46,10 +46,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from durabilis._cancel import cancels as _cancels
 from durabilis._fork import reset_in_child
 from durabilis._retry_core import TESTING
 from durabilis._scripts import ScriptCall
-from durabilis._store import _cancels
 from durabilis.core.steps import IO as IO  # noqa: PLC0414  (the vocabulary is the core's)
 from durabilis.core.steps import MAX_SLEEP_SECONDS as MAX_SLEEP_SECONDS  # noqa: PLC0414
 from durabilis.core.steps import Command as Command  # noqa: PLC0414

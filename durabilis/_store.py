@@ -33,6 +33,8 @@ from redis.connection import HiredisRespSerializer as _HIREDIS_PACKER
 from durabilis import _fork
 from durabilis._acks import DEFAULT_ACKS_TIMEOUT, PRIMARY, Acks, as_acks
 from durabilis._autopipe import AutoPipeline
+from durabilis._cancel import cancels as _cancels
+from durabilis._cancel import resurface as _resurface
 from durabilis._fork import on_fork_in_child, reset_in_child
 from durabilis._keys import KeySpace
 from durabilis._mask import mask_url
@@ -360,28 +362,6 @@ def _credentials(netloc: str) -> dict[str, str]:
     if sep:
         found["password"] = unquote(password)
     return found
-
-
-def _cancels() -> int:
-    """How many times the running task was asked to cancel (0 before Python 3.11)."""
-    task = asyncio.current_task()
-    cancelling = getattr(task, "cancelling", None)
-    return int(cancelling()) if cancelling is not None else 0
-
-
-def _resurface(before: int) -> None:
-    """Raise the cancellation a redis-py call swallowed, if one did.
-
-    redis-py sends through ``asyncio.wait_for``, which on Python 3.11 returns
-    the inner result when a ``cancel()`` arrives as the send completes, and the
-    cancellation is lost: a poller's ``stop()`` then waited forever (seen under
-    CPU load on Cluster), and a caller's ``asyncio.timeout`` would not fire. A
-    cancellation asked for during the call and not raised is raised here, as if
-    it had come just after the reply (the outcome is then unknown to the caller,
-    as for any cancellation in flight).
-    """
-    if _cancels() > before:
-        raise asyncio.CancelledError
 
 
 def _cluster_max_connections(client: Any) -> int:

@@ -34,6 +34,8 @@ import warnings
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar, cast
 
+from durabilis._cancel import cancels as _cancels
+from durabilis._cancel import resurface as _resurface
 from durabilis._limits import MAX_RETRY_DEADLINE_MS
 from durabilis._log import get_logger
 from durabilis._retry_core import (
@@ -53,7 +55,7 @@ from durabilis._retry_core import (
     register_error_code,
     retry_after_of,
 )
-from durabilis._store import AsyncStore, Store, _cancels, _resurface
+from durabilis._store import AsyncStore, Store
 from durabilis.core.retry import BudgetOps, BudgetState, retry_plan, succeeded
 from durabilis.core.retry.defaults import default_policies, gateway_policies
 from durabilis.core.steps import Plan, Run, Sleep
