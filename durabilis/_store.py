@@ -962,9 +962,13 @@ class Store(_StoreBase):
                 # makes), never inside hiredis: its C packer does not check the
                 # conversion of a number, and a signal handler raising during it
                 # (Ctrl-C, a SIGTERM handler calling sys.exit) crashed the process.
+                # (An int's bytes made here as that encoder makes them: its repr.)
                 encode = conn.encoder.encode
-                packed = _PACK(tuple(
-                    a if type(a) is str or type(a) is bytes else encode(a) for a in args))
+                packed = _PACK(tuple([
+                    a if (t := type(a)) is str or t is bytes
+                    else b"%d" % a if t is int else encode(a)
+                    for a in args
+                ]))
                 conn.send_packed_command(
                     [packed], check_health=bool(conn.health_check_interval))
                 return _read_reply(conn)  # (EVALSHA: no response callback)
