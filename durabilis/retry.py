@@ -282,6 +282,12 @@ class _EngineBase:
         )
 
 
+def _lean(policy: RetryPolicy | None) -> bool:
+    """Whether a call's first attempt may run before any step (no budget:
+    nothing to ask Redis first); the engines run it straight-line."""
+    return policy is None or policy.budget is None
+
+
 def _stopped(operation_type: str, decision: RetryDecision, exc: Exception) -> None:
     emit_retry_stop(operation_type, decision, last_error=error_text(exc))
 
@@ -419,17 +425,20 @@ class RetryEngine(_EngineBase):
     ) -> RetryOutcome[T]:
         policy, deadline, start = self._begin(operation_type, deadline)
         failed = None
-        if policy is None or policy.budget is None:
+        if _lean(policy):
             # The lean path: no I/O comes first, so the first attempt runs
             # straight-line; the plan takes over at its failure.
             ok, value = _attempt(fn, args, kwargs)
             if ok:
                 return succeeded(value, 1)
             failed = value
-        plan = self._plan(
+        return self._drive(self._plan(
             operation_type, policy, (fn, args, kwargs),
             start=start, deadline=deadline, failed=failed,
-        )
+        ))
+
+    def _drive(self, plan: Plan[RetryOutcome[T]]) -> RetryOutcome[T]:
+        """Runs ``plan``'s steps (:meth:`AsyncRetryEngine._adrive` awaits them)."""
         reply: Any = None
         try:
             while True:
@@ -509,15 +518,18 @@ class AsyncRetryEngine(_EngineBase):
     ) -> RetryOutcome[T]:
         policy, deadline, start = self._begin(operation_type, deadline)
         failed = None
-        if policy is None or policy.budget is None:
+        if _lean(policy):
             ok, value = await _aattempt(fn, args, kwargs)  # the lean path (see RetryEngine._run)
             if ok:
                 return succeeded(value, 1)
             failed = value
-        plan = self._plan(
+        return await self._adrive(self._plan(
             operation_type, policy, (fn, args, kwargs),
             start=start, deadline=deadline, failed=failed,
-        )
+        ))
+
+    async def _adrive(self, plan: Plan[RetryOutcome[T]]) -> RetryOutcome[T]:
+        """Awaits ``plan``'s steps (see :meth:`RetryEngine._drive`)."""
         reply: Any = None
         try:
             while True:

@@ -161,7 +161,62 @@ class _SyncCore:
             _log.info("durability_config_sync_recovered", replica_id=self.replica_id)
 
 
-class ConfigSync:
+class _Poller:
+    """What both twins share that does no I/O: construction (the arguments: see
+    :class:`ConfigSync`) and the accessors of the applied config."""
+
+    store: Any
+
+    def __init__(
+        self,
+        source: Any,
+        *,
+        retry: Any = None,
+        breakers: Any = None,
+        interval_seconds: float = 1.0,
+        replica_id: str | None = None,
+        log_maxlen: int = 1000,
+    ) -> None:
+        self._core = _SyncCore(
+            source, retry=retry, breakers=breakers, interval_seconds=interval_seconds,
+            replica_id=replica_id, log_maxlen=log_maxlen,
+        )
+        self.store = self._core.store
+        self._idle()
+        reset_in_child(self)
+
+    def _idle(self) -> None:
+        """Sets the twin's poller state to "not started" (a new or forked one)."""
+        raise NotImplementedError
+
+    def after_fork_in_child(self) -> None:  # each twin's own
+        raise NotImplementedError
+
+    @property
+    def interval_seconds(self) -> float:
+        return self._core.interval
+
+    @property
+    def version(self) -> int | None:
+        """The fleet config version this replica has applied (``None`` before the first refresh)."""
+        return self._core.applier.version
+
+    def on_reload(self, callback: ReloadCallback) -> ReloadCallback:
+        """Call ``callback(reload)`` after each refresh that applied something (and the first)."""
+        self._core.callbacks.append(callback)
+        return callback
+
+    @property
+    def rejected(self) -> dict[str, str]:
+        """Entries of the fleet config this replica refused to apply: field -> reason.
+
+        Each was logged once (``durability_config_entry_rejected``); the
+        replica keeps its config for it (its own, or the last valid one).
+        """
+        return self._core.applier.rejections()
+
+
+class ConfigSync(_Poller):
     """Fleet-wide hot reload of retry policies and breaker configs, through Redis.
 
     ``publish_policy`` / ``publish_breaker`` on one replica store the config
@@ -187,53 +242,16 @@ class ConfigSync:
         ConfigError: An invalid interval or cap.
     """
 
-    def __init__(
-        self,
-        source: Any,
-        *,
-        retry: Any = None,
-        breakers: Any = None,
-        interval_seconds: float = 1.0,
-        replica_id: str | None = None,
-        log_maxlen: int = 1000,
-    ) -> None:
-        self._core = _SyncCore(
-            source, retry=retry, breakers=breakers, interval_seconds=interval_seconds,
-            replica_id=replica_id, log_maxlen=log_maxlen,
-        )
-        self.store: Store = self._core.store
+    store: Store
+
+    def _idle(self) -> None:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        reset_in_child(self)
 
     def after_fork_in_child(self) -> None:
         """A forked child does not poll (the parent's thread is not copied) until
         :meth:`start` is called in it; it keeps the configs applied so far."""
-        self._stop = threading.Event()
-        self._thread = None
-
-    @property
-    def interval_seconds(self) -> float:
-        return self._core.interval
-
-    @property
-    def version(self) -> int | None:
-        """The fleet config version this replica has applied (``None`` before the first refresh)."""
-        return self._core.applier.version
-
-    def on_reload(self, callback: ReloadCallback) -> ReloadCallback:
-        """Call ``callback(reload)`` after each refresh that applied something (and the first)."""
-        self._core.callbacks.append(callback)
-        return callback
-
-    @property
-    def rejected(self) -> dict[str, str]:
-        """Entries of the fleet config this replica refused to apply: field -> reason.
-
-        Each was logged once (``durability_config_entry_rejected``); the
-        replica keeps its config for it (its own, or the last valid one).
-        """
-        return self._core.applier.rejections()
+        self._idle()
 
     def refresh(self) -> Reload | None:
         """Check the version now; apply what changed (1 round trip, 2 when it moved).
@@ -357,7 +375,7 @@ class ConfigSync:
         )
 
 
-class AsyncConfigSync:
+class AsyncConfigSync(_Poller):
     """The asyncio twin of :class:`ConfigSync` (polls in a task; same methods, awaited).
 
     Args:
@@ -365,48 +383,16 @@ class AsyncConfigSync:
             :class:`~durabilis.aio.Store` with ``retry=`` / ``breakers=``.
     """
 
-    def __init__(
-        self,
-        source: Any,
-        *,
-        retry: Any = None,
-        breakers: Any = None,
-        interval_seconds: float = 1.0,
-        replica_id: str | None = None,
-        log_maxlen: int = 1000,
-    ) -> None:
-        self._core = _SyncCore(
-            source, retry=retry, breakers=breakers, interval_seconds=interval_seconds,
-            replica_id=replica_id, log_maxlen=log_maxlen,
-        )
-        self.store: AsyncStore = self._core.store
+    store: AsyncStore
+
+    def _idle(self) -> None:
         self._task: asyncio.Task[None] | None = None
         self._run = 0  # bumped by start() and stop(): a poller runs while it is its own
-        reset_in_child(self)
 
     def after_fork_in_child(self) -> None:
         """See :meth:`ConfigSync.after_fork_in_child` (the task is the parent loop's)."""
         self._task = None
         self._run += 1
-
-    @property
-    def interval_seconds(self) -> float:
-        return self._core.interval
-
-    @property
-    def version(self) -> int | None:
-        """See :attr:`ConfigSync.version`."""
-        return self._core.applier.version
-
-    @property
-    def rejected(self) -> dict[str, str]:
-        """See :attr:`ConfigSync.rejected`."""
-        return self._core.applier.rejections()
-
-    def on_reload(self, callback: ReloadCallback) -> ReloadCallback:
-        """See :meth:`ConfigSync.on_reload`."""
-        self._core.callbacks.append(callback)
-        return callback
 
     async def refresh(self) -> Reload | None:
         """See :meth:`ConfigSync.refresh`."""

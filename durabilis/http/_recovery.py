@@ -7,7 +7,7 @@ import dataclasses
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from durabilis.core.lease import lease_taken, period_lease
@@ -21,6 +21,17 @@ from durabilis.http._common import (
     _number,
 )
 from durabilis.layer import AsyncDurabilityLayer, OperationContext
+
+
+async def _period(once: Callable[[], Awaitable[object]], failed_event: str) -> str | None:
+    """One period's pass: ``None`` when it ran, else its error (``"Type: message"``),
+    logged as ``failed_event``; Redis down (or a bug) is tried again next period."""
+    try:
+        await once()
+    except Exception as exc:
+        _log.warning(failed_event, error=type(exc).__name__)
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 class OrphanRecovery:
@@ -198,28 +209,15 @@ class OrphanRecovery:
         next_recover = next_clean = next_requeue = time.monotonic()
         while not self._stopped:  # (stop() stays final should a cancellation be lost)
             if time.monotonic() >= next_recover:
-                try:
-                    await self.run_once()
-                    self.last_error = None
-                except Exception as exc:  # Redis down (or a bug): try again next period
-                    self.last_error = f"{type(exc).__name__}: {exc}"
-                    _log.warning("durability_recovery_failed", error=type(exc).__name__)
+                self.last_error = await _period(self.run_once, "durability_recovery_failed")
                 next_recover = time.monotonic() + self.every_seconds
             if clean_every is not None and time.monotonic() >= next_clean:
-                try:
-                    await self.cleanup_once()
-                    self.cleanup_error = None
-                except Exception as exc:  # the same: next period
-                    self.cleanup_error = f"{type(exc).__name__}: {exc}"
-                    _log.warning("durability_dlq_cleanup_failed", error=type(exc).__name__)
+                self.cleanup_error = await _period(
+                    self.cleanup_once, "durability_dlq_cleanup_failed")
                 next_clean = time.monotonic() + clean_every
             if requeue_every is not None and time.monotonic() >= next_requeue:
-                try:
-                    await self.requeue_once()
-                    self.requeue_error = None
-                except Exception as exc:  # the same: next period
-                    self.requeue_error = f"{type(exc).__name__}: {exc}"
-                    _log.warning("durability_dlq_requeue_pass_failed", error=type(exc).__name__)
+                self.requeue_error = await _period(
+                    self.requeue_once, "durability_dlq_requeue_pass_failed")
                 next_requeue = time.monotonic() + requeue_every
             wake = next_recover if clean_every is None else min(next_recover, next_clean)
             if requeue_every is not None:

@@ -40,20 +40,9 @@ record reported.
 
 @acks: replicas
 ]]
-local S, E, P, PO, C, BK, LOG, RQ = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6],
-  KEYS[7], KEYS[8]
 local keep_ms = tonumber(ARGV[1]) or 86400000
-local LOG_MAX = 10000
-local t = redis.call("TIME")
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-
---@include lib/dlq_types.lua
+--@include lib/dlq_keys.lua
 --@include lib/dlq_expire.lua
-
-local checks = {S, "stream", E, "zset", P, "zset", PO, "zset", C, "hash", BK, "hash",
-                LOG, "stream", RQ, "zset"}
-local bad = wrong_type(checks)
-if bad then return bad end
 
 local removed = 0
 for i = 2, #ARGV do

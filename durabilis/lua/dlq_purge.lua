@@ -36,19 +36,8 @@ or {"corrupt", key, detail} (nothing removed).
 
 @acks: replicas
 ]]
-local S, E, P, PO, C, BK, LOG, RQ = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6],
-  KEYS[7], KEYS[8]
 local by, want = ARGV[1] or "", ARGV[2] or ""
-local LOG_MAX = 10000
-local t = redis.call("TIME")
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-
---@include lib/dlq_types.lua
-
-local checks = {S, "stream", E, "zset", P, "zset", PO, "zset", C, "hash", BK, "hash",
-                LOG, "stream", RQ, "zset"}
-local bad = wrong_type(checks)
-if bad then return bad end
+--@include lib/dlq_keys.lua
 local recs, ids, seen = {}, {}, {}
 for i = 3, #ARGV do
   local id, esid, epk = string.match(ARGV[i], "^(%S+) (%d+%-%d+) (%d+)$")

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from typing import Any
 
 from durabilis import _codec
 from durabilis.core.dlq.calls import DlqCalls
@@ -28,6 +29,8 @@ from durabilis.errors import (
     ConfigError,
     CorruptData,
 )
+
+_Rows = Generator[tuple[str, "DlqRecord | None"], None, None]
 
 
 class ListingPlans(DlqCalls):
@@ -161,40 +164,32 @@ class ListingPlans(DlqCalls):
         """Pending records in enqueue order after ``after``: at most ``limit``,
         looking at most at ``max_examined`` index entries (expired records
         awaiting cleanup included; ``None``: no bound)."""
-        if operation_type is not None:
-            self.name("operation_type", operation_type)
-        self._limit(limit)
-        self._examined(max_examined)
+        last = self._scan_start(operation_type, limit, max_examined, after)
         bound = self.cursor(after)
         key = self.pending_key if operation_type is None else self.pending_by_op_key
-        out: list[DlqRecord] = []
-        examined = 0
-        last = after.stream_id if isinstance(after, DlqRecord) else after
-        while limit is None or len(out) < limit:
-            count = PAGE if max_examined is None else min(PAGE, max_examined - examined)
-            if count <= 0:
-                return DlqScan(out, last, examined)
+
+        def rows(page: list[Any], records: list[DlqRecord | None]) -> _Rows:
+            for member, record in zip(page, records, strict=True):
+                sid = stream_id_of(member.sort_key)
+                if not sid:
+                    raise CorruptData(key, f"index member {member.raw!r} has no stream id")
+                # Expired (None) and just-finished records are not pending.
+                yield sid, (
+                    record if record is not None and record.status is DlqStatus.PENDING else None)
+
+        def fetch(count: int) -> Plan[tuple[int, Iterable[tuple[str, DlqRecord | None]]]]:
+            nonlocal bound
             page = self.decode_members(
                 operation_type, (yield self.pending_range(operation_type, bound, count))
             )
             if not page:
-                break
+                return 0, ()
             ids = [m.dlq_id for m in page]
             records = self.decode_get(ids, (yield self.get(ids)))
-            for member, record in zip(page, records, strict=True):
-                examined += 1
-                last = stream_id_of(member.sort_key)
-                if not last:
-                    raise CorruptData(key, f"index member {member.raw!r} has no stream id")
-                # Expired (None) and just-finished records are not pending.
-                if record is not None and record.status is DlqStatus.PENDING:
-                    out.append(record)
-                    if limit is not None and len(out) >= limit:
-                        return DlqScan(out, last, examined)
-            if len(page) < count:
-                break
             bound = page[-1].raw
-        return DlqScan(out, None if limit is None or len(out) < limit else last, examined)
+            return len(page), rows(page, records)
+
+        return (yield from self._scan(limit, max_examined, last, fetch))
 
     def list_all_steps(
         self,
@@ -217,22 +212,15 @@ class ListingPlans(DlqCalls):
         """Live records (any status) in enqueue order after ``after``: at most
         ``limit``, looking at most at ``max_examined`` stream entries (other
         types' and expired ones included; ``None``: no bound)."""
-        if operation_type is not None:
-            self.name("operation_type", operation_type)
-        self._limit(limit)
-        self._examined(max_examined)
-        cursor = after.stream_id if isinstance(after, DlqRecord) else after
+        cursor = self._scan_start(operation_type, limit, max_examined, after)
         if cursor is not None:
             sort_key(cursor)  # validates before any I/O
-        out: list[DlqRecord] = []
-        examined = 0
-        while limit is None or len(out) < limit:
-            count = PAGE if max_examined is None else min(PAGE, max_examined - examined)
-            if count <= 0:
-                return DlqScan(out, cursor, examined)
+
+        def fetch(count: int) -> Plan[tuple[int, Iterable[tuple[str, DlqRecord | None]]]]:
+            nonlocal cursor
             entries = self.decode_entries((yield self.stream_range(cursor, count)))
             if not entries:
-                break
+                return 0, ()
             wanted = [
                 (sid, fields)
                 for sid, fields in entries
@@ -250,17 +238,54 @@ class ListingPlans(DlqCalls):
                 reply = yield self.get(ids, with_stream=False)
                 records = self.decode_get(ids, reply, [f for _, f in wanted])
                 found = {sid: r for (sid, _), r in zip(wanted, records, strict=True)}
-            for sid, _ in entries:
+            cursor = entries[-1][0]
+            return len(entries), [(sid, found.get(sid)) for sid, _ in entries]
+
+        return (yield from self._scan(limit, max_examined, cursor, fetch))
+
+    def _scan_start(
+        self,
+        operation_type: str | None,
+        limit: int | None,
+        max_examined: int | None,
+        after: str | DlqRecord | None,
+    ) -> str | None:
+        """Checks a scan's arguments; returns the stream id it starts after."""
+        if operation_type is not None:
+            self.name("operation_type", operation_type)
+        self._limit(limit)
+        self._examined(max_examined)
+        return after.stream_id if isinstance(after, DlqRecord) else after
+
+    @staticmethod
+    def _scan(
+        limit: int | None,
+        max_examined: int | None,
+        last: str | None,
+        fetch: Callable[[int], Plan[tuple[int, Iterable[tuple[str, DlqRecord | None]]]]],
+    ) -> Plan[DlqScan]:
+        """The paging both scans share: ``fetch(count)`` reads the next page of
+        at most ``count`` entries and answers how many it read and, per entry in
+        order, its stream id and the record it shows (``None``: not listed)."""
+        out: list[DlqRecord] = []
+        examined = 0
+        while limit is None or len(out) < limit:
+            count = PAGE if max_examined is None else min(PAGE, max_examined - examined)
+            if count <= 0:
+                return DlqScan(out, last, examined)
+            read, rows = yield from fetch(count)
+            if not read:
+                break
+            for sid, record in rows:
                 examined += 1
-                cursor = sid
-                record = found.get(sid)
+                last = sid
                 if record is not None:
                     out.append(record)
                     if limit is not None and len(out) >= limit:
-                        return DlqScan(out, cursor, examined)
-            if len(entries) < count:
+                        return DlqScan(out, last, examined)
+            if read < count:
                 break
-        return DlqScan(out, None if limit is None or len(out) < limit else cursor, examined)
+        return DlqScan(out, None if limit is None or len(out) < limit else last, examined)
 
     def cleanup_steps(self, max_batches: int | None = None) -> Plan[int]:
         """Remove expired records, one bounded batch (one script) at a time (at
