@@ -113,11 +113,12 @@ class AsyncDeadLetterQueue(DlqShell[AsyncStore]):
         call = self._ops.finish(dlq_id, DlqStatus.REPLAYED, by=replayed_by)
         return self._ops.decode_finish(dlq_id, DlqStatus.REPLAYED, await self.store.run(call))
 
-    async def abandon(self, dlq_id: str, *, by: str | None = None) -> bool:
+    async def abandon(self, dlq_id: str, *, by: str | None = None,
+                      expected: Mapping[str, tuple[str, int]] | None = None) -> bool:
         """See :meth:`DeadLetterQueue.abandon`."""
         if not self._ops.known_id(dlq_id):
             return False
-        call = self._ops.finish(dlq_id, DlqStatus.ABANDONED, by=by)
+        call = self._ops.finish(dlq_id, DlqStatus.ABANDONED, by=by, expected=expected)
         return self._ops.decode_finish(dlq_id, DlqStatus.ABANDONED, await self.store.run(call))
 
     async def replay(

@@ -177,13 +177,21 @@ class DeadLetterQueue(DlqShell[Store]):
         call = self._ops.finish(dlq_id, DlqStatus.REPLAYED, by=replayed_by)
         return self._ops.decode_finish(dlq_id, DlqStatus.REPLAYED, self.store.run(call))
 
-    def abandon(self, dlq_id: str, *, by: str | None = None) -> bool:
+    def abandon(self, dlq_id: str, *, by: str | None = None,
+                expected: Mapping[str, tuple[str, int]] | None = None) -> bool:
         """Give up on a pending record (final). Same returns as :meth:`mark_replayed`;
         a record a running replay holds (live claim) is not abandoned (``False``,
-        as :meth:`purge` answers ``"busy"``): try again once that replay ends."""
+        as :meth:`purge` answers ``"busy"``): try again once that replay ends.
+        With ``dlq_id`` in ``expected`` (dlq_id -> ``(stream_id, parkings)``, as
+        :meth:`purge` takes it: the record the caller saw), a record parked again
+        since under the same id, or into it, is not abandoned (``False``).
+
+        Raises:
+            ConfigError: ``by`` is not a string, a bad ``expected`` (nothing sent).
+        """
         if not self._ops.known_id(dlq_id):
             return False
-        call = self._ops.finish(dlq_id, DlqStatus.ABANDONED, by=by)
+        call = self._ops.finish(dlq_id, DlqStatus.ABANDONED, by=by, expected=expected)
         return self._ops.decode_finish(dlq_id, DlqStatus.ABANDONED, self.store.run(call))
 
     def replay(self, dlq_id: str, handler: Callable[[DlqRecord], object]) -> ReplayResult:

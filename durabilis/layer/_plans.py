@@ -1473,13 +1473,15 @@ class _LayerCore:
             failed = (exc, decision)
             if not decision.retry:
                 return (yield from self._park_failed(req, cl, failed, None))
-            emit_retry_attempt(req.operation_type, decision, agent_id=req.agent_id)
-            otel.retried(decision.attempts, decision.delay, decision.error_code)  # otel hook
             try:
                 yield Sleep(decision.delay)
             except INTERRUPTS:
                 yield from self._abandon(req, cl, None, None, touched=True, started=1)
                 raise
+            # announced once the backoff is over: a cancellation held back until
+            # the sleep announced a retry that never ran
+            emit_retry_attempt(req.operation_type, decision, agent_id=req.agent_id)
+            otel.retried(decision.attempts, decision.delay, decision.error_code)  # otel hook
             slept += decision.delay if TESTING.instant else 0.0
             attempt += 1
 

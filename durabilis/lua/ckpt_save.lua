@@ -143,10 +143,18 @@ end
 
 -- The scores of `members` in zset k, in order (false: none): one ZMSCORE per
 -- 1000 members instead of a ZSCORE each.
+-- A user whose ACL predates ZMSCORE (the line documented before this release
+-- had no +zmscore) gets a ZSCORE each: the save must not fail mid-upgrade.
 local function scores(k, members)
   local out = {}
   for i = 1, #members, 1000 do
-    local part = redis.call("ZMSCORE", k, unpack(members, i, math.min(i + 999, #members)))
+    local last = math.min(i + 999, #members)
+    local part = redis.pcall("ZMSCORE", k, unpack(members, i, last))
+    if type(part) == "table" and part.err then
+      if string.find(part.err, "WRONGTYPE", 1, true) then error(part) end
+      part = {}
+      for j = i, last do part[#part + 1] = redis.call("ZSCORE", k, members[j]) end
+    end
     for _, v in ipairs(part) do out[#out + 1] = v end
   end
   return out
@@ -641,7 +649,10 @@ extend(cur, exp, #entries == 0)
 extend(live, exp, false)
 extend(order, exp, false)
 extend(seqk, exp, seq == 1)
-if replaced and not replaced_deleted then extend(old, exp, false) end
+if replaced and not replaced_deleted then
+  -- the replaced-ids index lives as long as the longest-lived record it lists
+  extend(old, math.max(exp, replaced_exp or exp), false)
+end
 if #kid_keep > 0 then
   extend(kids, kid_horizon, false)
   extend(kidsx, kid_horizon, false)

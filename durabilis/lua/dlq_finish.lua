@@ -27,6 +27,12 @@ ARGV[4]  by                         who finished it, "" = unknown
 ARGV[5]  merge key                  "" = none; else finish only if the by-key hash
                                     names this record for that key (an operation
                                     that completed settles its own parked record)
+ARGV[6]  expected                   (optional) "" = none; else "<stream id> <parkings>":
+                                    the record as the caller saw it (the console's
+                                    confirmation); finished only while its stream id
+                                    and parking count ("pk") are those: a record
+                                    parked again since under the same id (new stream
+                                    id) or into it (a merge: pk + 1) is {"changed"}
 
 Returns one of
   {"ok", finished_ms}
@@ -36,6 +42,8 @@ Returns one of
                                     claim on it: nothing changed
   {"lost"}                          the token does not hold the claim
   {"miss", dlq_id}                  with a merge key: the key's record is another
+  {"changed"}                       with an expectation: not the record the caller
+                                    saw: nothing changed
   {"corrupt", key, detail}
 
 @acks: replicas
@@ -43,6 +51,7 @@ Returns one of
 local E, P, PO, C, H, BK, LOG = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local RQ = KEYS[8]
 local id, target, token, by, mk = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5] or ""
+local esid, epk = string.match(ARGV[6] or "", "^(%d+%-%d+) (%d+)$")
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
@@ -59,14 +68,15 @@ if mk ~= "" then
 end
 if redis.call("EXISTS", H) == 0 then return {"none"} end
 
-local f = redis.call("HMGET", H, "st", "op", "sid", "exp", "ct", "co", "ce")
+local f = redis.call("HMGET", H, "st", "op", "sid", "exp", "ct", "co", "ce", "pk")
 local st, op, sid, exp, ct = f[1], f[2], f[3], tonumber(f[4]), f[5]
-local co, ce = f[6], tonumber(f[7])
+local co, ce, pk = f[6], tonumber(f[7]), f[8] or "1"
 if (st ~= "pending" and st ~= "replayed" and st ~= "abandoned") or not op or not exp
     or not sid or not string.match(sid, "^%d+%-%d+$") then
   return {"corrupt", H, "record hash without a valid status, operation type, expiry or stream id"}
 end
 if exp <= now then return {"none"} end
+if esid and (esid ~= sid or epk ~= pk) then return {"changed"} end
 if st ~= "pending" then return {"final", st} end
 if token ~= "" and ct ~= token then return {"lost"} end
 if token == "" and target == "abandoned" and co and ce and ce > now then

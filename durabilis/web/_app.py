@@ -455,7 +455,7 @@ class _Pages:
         if action == "requeue":
             outcome = await self.run(self.console.requeue, dlq_id, actor, expected)
         elif action == "abandon":
-            outcome = await self.run(self.console.abandon, dlq_id, actor)
+            outcome = await self.run(self.console.abandon, dlq_id, actor, expected)
         else:
             outcome = (await self.run(self.console.purge, [dlq_id], actor, None,
                                       expected))[dlq_id]

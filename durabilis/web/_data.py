@@ -411,8 +411,10 @@ class Console:
                               and len(reply) > 2 else f"unexpected reply {reply!r}")
         return int(reply[1]) == 1
 
-    def abandon(self, dlq_id: str, by: str) -> str:
-        return "abandoned" if self.layer.dlq.abandon(dlq_id, by=by) else "not abandoned"
+    def abandon(self, dlq_id: str, by: str,
+                expected: Mapping[str, tuple[str, int]] | None = None) -> str:
+        abandoned = self.layer.dlq.abandon(dlq_id, by=by, expected=expected)
+        return "abandoned" if abandoned else "not abandoned"
 
     def purge(self, dlq_ids: Sequence[str], by: str, status: str | None,
               expected: Mapping[str, tuple[str, int]] | None = None) -> dict[str, str]:

@@ -23,6 +23,7 @@ from durabilis.errors import (
     InvalidTtl,
 )
 from tests.support.lossy import lose_replies
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.topologies("cluster")
 
@@ -844,3 +845,63 @@ def test_a_fork_of_a_fork_keeps_its_phase_when_only_the_second_copy_saved_it_aga
     assert second.parent_checkpoint_id == first.checkpoint_id
     assert _resume_reruns(small, "one", ["cur", "p0"]) == []
     assert _resume_reruns(small, "two", ["cur", "p0"]) == []
+
+
+# --- the review's regressions ---------------------------------------------------------------
+
+
+def test_a_user_whose_acl_predates_zmscore_saves_every_phase_and_runs_a_call_once(
+    redis_url: str, raw: Any, namespace: str
+) -> None:
+    # The line docs/operations.md gave before this release had no +zmscore: a
+    # save must not fail mid-upgrade (the layer re-ran the operation each time).
+    from durabilis.layer import DurabilityLayer, OperationContext
+    from tests.support.acl import rules_for
+
+    rules = rules_for(namespace, "pw")
+    assert "+zmscore" in rules
+    older = [r for r in rules if r != "+zmscore"]
+    nodes = ([raw.get_redis_connection(n) for n in raw.get_nodes()]
+             if isinstance(raw, redis.cluster.RedisCluster) else [raw])
+    user = f"old-{namespace}"
+    for node in nodes:
+        node.execute_command("ACL", "SETUSER", user, *older)
+    try:
+        url = redis_url.replace("://", f"://{user}:pw@", 1)
+        with durabilis.connect(url, namespace=namespace) as store:
+            mgr = CheckpointManager(store)
+            for i, phase in enumerate(("p1", "p2", "p3", "p1", "p2")):
+                mgr.save("t", "a", phase, i)
+            assert [mgr.restore("t", "a", p).state for p in ("p1", "p2", "p3")] == [3, 4, 2]
+            layer = DurabilityLayer(store)
+            runs: list[str] = []
+
+            def fn(ctx: OperationContext) -> Any:
+                runs.append(ctx.payload["phase"])
+                return {"done": ctx.payload["phase"]}
+
+            for phase in ("q1", "q2", "q2", "q1"):  # the last two: deliveries again
+                assert layer.execute("a", "op", {"phase": phase}, fn, idempotency_key=phase,
+                                     task_id="u", phase=phase) == {"done": phase}
+            assert runs == ["q1", "q2"]
+    finally:
+        for node in nodes:
+            node.execute_command("ACL", "DELUSER", user)
+
+
+def test_a_replaced_record_never_outlives_the_replaced_ids_index_and_clear_task_removes_it(
+    mgr: CheckpointManager, raw: redis.Redis, namespace: str
+) -> None:
+    old = mgr.save("t", "a", "p", 1, ttl_seconds=600)
+    new = mgr.save("t", "a", "p", 2, ttl_seconds=0.3)
+    index = f"{namespace}:ckpt:{{ckpt}}:task:t:replaced"
+    record = f"{namespace}:ckpt:{{ckpt}}:rec:{old.checkpoint_id}"
+    assert raw.zscore(index, old.checkpoint_id) is not None
+    assert raw.pttl(index) >= raw.pttl(record) > 300_000
+    # once the current record expired, the index still lists the replaced one
+    wait_until(lambda: not raw.exists(f"{namespace}:ckpt:{{ckpt}}:rec:{new.checkpoint_id}"),
+               timeout=10)
+    mgr.clear_task("t")
+    assert not raw.exists(record)
+    with pytest.raises(CheckpointNotFound):
+        mgr.get_by_id(old.checkpoint_id)

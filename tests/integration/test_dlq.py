@@ -865,3 +865,19 @@ def test_a_script_error_is_raised_at_once_never_sent_again_for_the_resend_limit(
         dlq.replay(dlq_id, lambda r: None)
     assert not isinstance(failed.value, durabilis.StorageUnavailable)
     assert time.monotonic() - began < 5  # not 30 s of tries
+
+
+def test_an_id_given_twice_to_purge_or_requeue_counts_once(
+    dlq: DeadLetterQueue, raw: redis.Redis, namespace: str
+) -> None:
+    gone, kept, marked = park(dlq, 3)
+    assert dlq.purge([gone, gone]) == {gone: "purged"}
+    stats = dlq.stats()
+    assert (stats.total, stats.by_status[DlqStatus.PENDING]) == (2, 2)
+    assert [r.outcome for r in dlq.requeue([marked, marked], by="ann")] == ["requeued"] * 2
+    stats = dlq.stats()
+    assert (stats.total, stats.by_status[DlqStatus.PENDING]) == (2, 2)
+    changes = [(f[b"dlq_id"].decode(), f[b"change"].decode())
+               for _, f in raw.xrange(key(namespace, "log"))]
+    assert changes.count((gone, "purged")) == 1 and changes.count((marked, "requeued")) == 1
+    assert dlq.get(kept) is not None

@@ -491,3 +491,34 @@ def test_requeue_and_purge_with_expected_act_only_on_the_record_the_caller_saw(
 
     outcome, purged = asyncio.run(main())
     assert outcome == "changed" and list(purged.values()) == ["changed"]
+
+
+@pytest.mark.topologies("cluster")
+def test_abandon_with_expected_acts_only_on_the_record_the_caller_saw(
+    redis_url: str, namespace: str, store: durabilis.Store, raw: Any,
+) -> None:
+    layer = DurabilityLayer(store, fleet_config())
+    merged, same = _park(layer, 1, 2)
+    seen = {r.dlq_id: (r.stream_id, r.parkings) for r in layer.dlq.list_pending()}
+    assert _park(layer, 1) == [merged]  # parked again into the record: parkings + 1
+    assert layer.dlq.abandon(merged, by="ann", expected=seen) is False
+    record = layer.dlq.get(merged)
+    assert record is not None and record.status is DlqStatus.PENDING
+    assert _changes(raw, layer, merged)[-1][0] == "parked_again"
+    assert layer.dlq.abandon(same, by="ann", expected=seen) is True
+    assert layer.dlq.abandon(merged, by="ann") is True  # without one: as before
+    with pytest.raises(durabilis.ConfigError):
+        layer.dlq.abandon(same, expected={same: ("not-a-stream-id", 1)})
+
+    async def main() -> tuple[bool, bool]:
+        astore = durabilis.aio.connect(redis_url, namespace=namespace)
+        dlq = durabilis.aio.DeadLetterQueue(astore)
+        dlq_id = await dlq.enqueue("agent-1", "job", {"n": 1}, 1, "NETWORK_TIMEOUT: x")
+        record = await dlq.get(dlq_id)
+        assert record is not None
+        stale = await dlq.abandon(dlq_id, expected={dlq_id: (record.stream_id, 2)})
+        fresh = await dlq.abandon(dlq_id, expected={dlq_id: (record.stream_id, 1)})
+        await astore.close()
+        return stale, fresh
+
+    assert asyncio.run(main()) == (False, True)

@@ -176,3 +176,51 @@ def test_a_worker_stopped_by_sigterm_inside_fn_flags_the_next_delivery(
     assert _layer(store).execute("a1", "job", payload, again) == "second"
     (then,) = again.calls
     assert then.recovered and then.idempotency_key == key and int(then.token or 0) > int(token)
+
+
+def test_a_cancellation_held_back_until_the_backoff_announces_no_retry(
+    redis_url: str, namespace: str
+) -> None:
+    # fn swallows the caller's cancellation and fails retryably: the layer holds
+    # the cancellation back until the backoff's sleep, where it ends the call. A
+    # retry announced before that sleep would never have run.
+    import contextlib
+
+    from structlog.testing import capture_logs
+
+    from durabilis import OperationError
+    from durabilis.retry import RetryPolicy
+
+    slow = RetryPolicy("job", max_attempts=3, initial_delay_ms=5000, max_delay_ms=5000,
+                       jitter=False, retryable_errors=("NETWORK_TIMEOUT",))
+
+    async def main() -> tuple[int, list[str]]:
+        store = durabilis.aio.connect(redis_url, namespace=namespace)
+        layer = AsyncDurabilityLayer(store, fast_config(retry_policies=(slow,),
+                                                        dependencies={}))
+        started = asyncio.Event()
+        calls = 0
+
+        async def fn(ctx: OperationContext) -> Any:
+            nonlocal calls
+            calls += 1
+            started.set()
+            with contextlib.suppress(asyncio.CancelledError):  # swallowed: the layer
+                await asyncio.sleep(60)  # holds the cancellation back
+            raise OperationError("NETWORK_TIMEOUT", "ledger down")
+
+        try:
+            with capture_logs() as logs:
+                task = asyncio.ensure_future(layer.execute("a1", "job", {"n": 9}, fn))
+                await asyncio.wait_for(started.wait(), 10)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await asyncio.wait_for(task, 10)
+        finally:
+            await layer.close()
+            await store.close()
+        return calls, [e["event"] for e in logs]
+
+    calls, events = asyncio.run(main())
+    assert calls == 1
+    assert "durability_retry_attempt" not in events

@@ -844,7 +844,7 @@ def test_an_old_confirmation_skips_a_record_parked_again_under_the_same_id_since
     bulk = {action: _hidden(client.get(f"/dlq-bulk/{action}?status=pending").text)
             for action in ("purge", "requeue")}
     single = {action: _hidden(client.get(f"/dlq/{merged}/{action}").text)
-              for action in ("purge", "requeue")}
+              for action in ("purge", "requeue", "abandon")}
     assert layer.dlq.purge([purged_again], by="bob") == {purged_again: "purged"}
     assert _park(layer, 2) == [purged_again, merged]  # the same operations fail again
     assert layer.dlq.get(merged).parkings == 2  # type: ignore[union-attr]
@@ -852,6 +852,10 @@ def test_an_old_confirmation_skips_a_record_parked_again_under_the_same_id_since
         done = client.post(f"/dlq/{merged}/{action}", data=single[action])
         assert done.status_code == 200, done.text[:1000]
         assert _outcomes(done.text) == {merged: "changed"}
+    done = client.post(f"/dlq/{merged}/abandon", data=single["abandon"])
+    assert done.status_code == 200, done.text[:1000]
+    assert _outcomes(done.text) == {merged: "not abandoned"}
+    assert layer.dlq.get(merged).status is DlqStatus.PENDING  # type: ignore[union-attr]
     done = client.post("/dlq-bulk/requeue", data=bulk["requeue"])
     assert _outcomes(done.text) == {purged_again: "changed", merged: "changed",
                                     kept: "requeued"}

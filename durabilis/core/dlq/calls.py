@@ -277,15 +277,23 @@ class DlqCalls(EnqueueOps):
 
     def finish(
         self, dlq_id: str, target: DlqStatus, token: str = "", by: str | None = None,
-        merge_key: str | None = None,
+        merge_key: str | None = None, *,
+        expected: Mapping[str, tuple[str, int]] | None = None,
     ) -> ScriptCall:
         """The finish call of a record; with ``merge_key``, only if it is that
         key's current record (else a ``"miss"`` reply names the current one,
-        see :meth:`settle_miss`, or ``"none"`` when the key has none)."""
+        see :meth:`settle_miss`, or ``"none"`` when the key has none); with
+        ``dlq_id`` in ``expected`` (``(stream id, parkings)``), only while it
+        is that record (else ``"changed"``).
+
+        Raises:
+            ConfigError: A bad ``by`` or ``expected``.
+        """
         if target is DlqStatus.PENDING:
             raise ValueError("a record can only be finished as replayed or abandoned")
         if by is not None and not isinstance(by, str):
             raise ConfigError("by", f"must be a string or None, got {type(by).__name__}")
+        seen = expected_args([dlq_id], expected)[0].split(" ", 1)[1:]  # checks it
         return ScriptCall(
             "dlq_finish",
             [
@@ -298,7 +306,8 @@ class DlqCalls(EnqueueOps):
                 self.log_key,
                 self.requeue_key,
             ],
-            [dlq_id, target.value, token, truncate(clean(by or ""), BY_BYTES), merge_key or ""],
+            [dlq_id, target.value, token, truncate(clean(by or ""), BY_BYTES), merge_key or "",
+             *seen],
         )
 
     def settle_miss(self, reply: Any) -> str | None:
@@ -320,6 +329,9 @@ class DlqCalls(EnqueueOps):
             self.log.info(event, dlq_id=dlq_id)
             return True
         if tag in ("none", "final", "lost", "miss"):
+            return False
+        if tag == "changed":  # not the record the caller saw (its expectation)
+            self.log.info("durability_dlq_abandon_refused_changed", dlq_id=dlq_id)
             return False
         if tag == "busy":  # (abandon) a running replay holds it: its outcome lands first
             self.log.info("durability_dlq_abandon_refused_busy", dlq_id=dlq_id,

@@ -46,7 +46,9 @@ class ListingPlans(DlqCalls):
         unknown and malformed ids are ``not_found`` without a call; a record
         that is not the one ``expected`` names is ``changed``."""
         ids = list(dlq_ids)
-        known = [i for i in ids if self.known_id(i)]
+        # each id once: the script reads before it writes, so an id given twice
+        # was counted twice (the pending count went below the truth)
+        known = list(dict.fromkeys(i for i in ids if self.known_id(i)))
         self.requeue(known, by, expected)  # checks the arguments before any I/O
         found: dict[str, RequeueResult] = {}
         for start in range(0, len(known), PAGE):
@@ -92,7 +94,7 @@ class ListingPlans(DlqCalls):
         ``"other:<status>"`` (kept: not in ``status``) or ``"changed"`` (kept:
         not the record ``expected`` names)."""
         ids = list(dlq_ids)
-        known = [i for i in ids if self.known_id(i)]
+        known = list(dict.fromkeys(i for i in ids if self.known_id(i)))  # each once
         self.purge(known, by, status, expected)  # checks the arguments before any I/O
         out: dict[str, str] = {i: "not_found" for i in ids}
         key = self.stream_key
