@@ -132,7 +132,8 @@ class DurabilisMetrics:
             "durabilis_events", "durabilis structlog events, by name and level", ("event", "level")
         )
         self.retry_attempts = counter(
-            "durabilis_retry_attempts", "Retries scheduled after a failed attempt",
+            "durabilis_retry_attempts",
+            "Retries begun after a failed attempt (counted when the backoff ends)",
             ("operation_type",),
         )
         self.retry_stops = counter(
