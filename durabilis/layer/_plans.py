@@ -1398,8 +1398,15 @@ class _LayerCore:
                 failed = (failed[0], failed[1].deny_deadline())
                 return (yield from self._park_failed(req, cl, failed, None))
             if attempt > 0:
-                # Counted as it starts (never one denied after its decision), in
+                # Counted and announced as it starts (never one denied after its
+                # decision: a cancellation held back until the backoff, a lease
+                # lost, a breaker opened or the deadline reached meanwhile), in
                 # this process's batch of counts, like the other counters.
+                assert failed is not None
+                announced = failed[1]
+                emit_retry_attempt(req.operation_type, announced, agent_id=req.agent_id)
+                otel.retried(  # otel hook
+                    announced.attempts, announced.delay, announced.error_code)
                 self._leave([], {"retries": 1})
             if first is not None:  # (attempt 0, run by the lean path)
                 ok, value, took_ms, first = False, first[0], first[2], None
@@ -1478,10 +1485,6 @@ class _LayerCore:
             except INTERRUPTS:
                 yield from self._abandon(req, cl, None, None, touched=True, started=1)
                 raise
-            # announced once the backoff is over: a cancellation held back until
-            # the sleep announced a retry that never ran
-            emit_retry_attempt(req.operation_type, decision, agent_id=req.agent_id)
-            otel.retried(decision.attempts, decision.delay, decision.error_code)  # otel hook
             slept += decision.delay if TESTING.instant else 0.0
             attempt += 1
 

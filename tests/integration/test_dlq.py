@@ -881,3 +881,12 @@ def test_an_id_given_twice_to_purge_or_requeue_counts_once(
                for _, f in raw.xrange(key(namespace, "log"))]
     assert changes.count((gone, "purged")) == 1 and changes.count((marked, "requeued")) == 1
     assert dlq.get(kept) is not None
+
+
+def test_an_id_given_twice_to_abandon_many_is_abandoned_once_and_reported_so(
+    dlq: DeadLetterQueue,
+) -> None:
+    (gone,) = park(dlq, 1)
+    assert dlq.abandon_many([gone, gone]) == {gone: True}
+    record = dlq.get(gone)
+    assert record is not None and record.status is DlqStatus.ABANDONED

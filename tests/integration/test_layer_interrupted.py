@@ -224,3 +224,33 @@ def test_a_cancellation_held_back_until_the_backoff_announces_no_retry(
     calls, events = asyncio.run(main())
     assert calls == 1
     assert "durability_retry_attempt" not in events
+
+
+def test_a_breaker_opened_during_the_backoff_announces_no_retry(store: durabilis.Store) -> None:
+    # The retry's event (and metric, and OTel event) is emitted as the retry
+    # starts: a breaker opened by another replica during the backoff parks the
+    # operation as CIRCUIT_OPEN, and no retry was announced that never ran.
+    from structlog.testing import capture_logs
+
+    from durabilis import OperationError, RetryExhausted
+    from durabilis.retry import RetryPolicy
+
+    slow = RetryPolicy("job", max_attempts=3, initial_delay_ms=300, max_delay_ms=300,
+                       jitter=False, retryable_errors=("NETWORK_TIMEOUT",))
+    layer = DurabilityLayer(store, fast_config(retry_policies=(slow,)))
+    calls = 0
+
+    def fn(ctx: OperationContext) -> Any:
+        nonlocal calls
+        calls += 1
+        layer.breakers.force_open("svc")  # as another replica would, during the backoff
+        raise OperationError("NETWORK_TIMEOUT", "ledger down")
+
+    try:
+        with capture_logs() as logs, pytest.raises(RetryExhausted) as parked:
+            layer.execute("a1", "job", {"n": 10}, fn)
+    finally:
+        layer.close()
+    assert calls == 1
+    assert "CIRCUIT_OPEN" in str(parked.value) and parked.value.dlq_id
+    assert "durability_retry_attempt" not in [e["event"] for e in logs]

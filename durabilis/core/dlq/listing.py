@@ -124,7 +124,7 @@ class ListingPlans(DlqCalls):
         ids = list(dlq_ids)
         self.finish("_", DlqStatus.ABANDONED, by=by)  # checks ``by`` before any I/O
         out = dict.fromkeys(ids, False)
-        for dlq_id in ids:
+        for dlq_id in out:  # each id once (a second finish answered "final": False)
             if self.known_id(dlq_id):
                 call = self.finish(dlq_id, DlqStatus.ABANDONED, by=by)
                 out[dlq_id] = self.decode_finish(dlq_id, DlqStatus.ABANDONED, (yield call))
