@@ -303,11 +303,12 @@ def test_a_short_and_a_long_window_together_keep_the_hash_small(
     # (without merging: two per second of the hour).
     clock = f"{store.namespace}:clock"
     offset_server_clock(store, clock)
-    # The short setting never binds (min_retries 10): the server clock is real time
-    # plus the offset, so under load a long call's retries may fall in another
-    # 50 ms window than the short call; this test is about the merging only.
-    short = engine(store, policy(ratio=1, min_retries=10, window_seconds=0.05))
-    long = engine(store, policy(ratio=1, min_retries=1, window_seconds=3600))
+    # Neither setting binds (ratio 10): the server clock is real time plus the
+    # offset, so under load a call's retries may fall in another bucket than its
+    # call, and a 1:1 ratio then denied some (474 and 304 of 600 in CI); this
+    # test is about the merging keeping every count (binding: the tests above).
+    short = engine(store, policy(ratio=10, min_retries=10, window_seconds=0.05))
+    long = engine(store, policy(ratio=10, min_retries=1, window_seconds=3600))
     for second in range(300):
         raw.set(clock, second * 1_000_000)
         short.execute("flaky_dep", lambda: "ok")
