@@ -195,6 +195,21 @@ def _call(step: Run) -> tuple[bool, Any]:
         CURRENT.reset(reset)
 
 
+def _book(step: Any, leases: LeaseBook | None, held: list[Any]) -> None:
+    """The last steps of :func:`perform` and :func:`aperform`: ``Hold`` and
+    ``Defer`` go to the lease book (no I/O); anything else is no step."""
+    kind = type(step)
+    if kind is Hold:
+        if leases is not None:
+            held.append(leases.hold(step))
+        return
+    if kind is Defer:
+        if leases is not None:
+            leases.defer(step)
+        return
+    raise TypeError(f"unknown plan step {step!r}")
+
+
 def perform(store: Store, step: Any, leases: LeaseBook | None, held: list[Any]) -> Any:
     """Do one step synchronously (raises what the step raised)."""
     kind = type(step)
@@ -210,15 +225,7 @@ def perform(store: Store, step: Any, leases: LeaseBook | None, held: list[Any]) 
         if not TESTING.instant and step.seconds > 0:
             time.sleep(min(step.seconds, MAX_SLEEP_SECONDS))
         return None
-    if kind is Hold:
-        if leases is not None:
-            held.append(leases.hold(step))
-        return None
-    if kind is Defer:
-        if leases is not None:
-            leases.defer(step)
-        return None
-    raise TypeError(f"unknown plan step {step!r}")
+    return _book(step, leases, held)
 
 
 class Stepper:
@@ -412,15 +419,7 @@ async def aperform(store: AsyncStore, step: Any, leases: LeaseBook | None, held:
         if not TESTING.instant and step.seconds > 0:
             await asyncio.sleep(min(step.seconds, MAX_SLEEP_SECONDS))
         return None
-    if kind is Hold:
-        if leases is not None:
-            held.append(leases.hold(step))
-        return None
-    if kind is Defer:
-        if leases is not None:
-            leases.defer(step)
-        return None
-    raise TypeError(f"unknown plan step {step!r}")
+    return _book(step, leases, held)
 
 
 def async_shielded(step: Any) -> bool:

@@ -92,6 +92,7 @@ __all__ = [
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
+_E = TypeVar("_E", bound="_EngineBase")
 
 
 # --- the shipped policies (default_policies, gateway_policies) and the budget's calls ------
@@ -119,6 +120,11 @@ def _deadline(deadline_seconds: float | None) -> None:
 
 class _EngineBase:
     """What both twins share: the policy table, validation and the budget ops."""
+
+    @classmethod
+    def empty(cls: type[_E], store: Store | AsyncStore | None = None, **options: Any) -> _E:
+        """An engine with no policies (every operation type gets one attempt)."""
+        return cls(store, policies=(), **options)
 
     def __init__(
         self,
@@ -306,11 +312,6 @@ class RetryEngine(_EngineBase):
         self.store: Store | None = store
         self._sleep = sleep or time.sleep
 
-    @classmethod
-    def empty(cls, store: Store | None = None, **options: Any) -> RetryEngine:
-        """An engine with no policies (every operation type gets one attempt)."""
-        return cls(store, policies=(), **options)
-
     def execute(
         self,
         operation_type: str,
@@ -411,11 +412,6 @@ class AsyncRetryEngine(_EngineBase):
         super().__init__(store, policies, clock, rng)
         self.store: AsyncStore | None = store
         self._sleep = sleep or asyncio.sleep
-
-    @classmethod
-    def empty(cls, store: AsyncStore | None = None, **options: Any) -> AsyncRetryEngine:
-        """An engine with no policies (every operation type gets one attempt)."""
-        return cls(store, policies=(), **options)
 
     async def execute(
         self,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
 import redis
@@ -215,6 +215,25 @@ def _socket_timeout(options: Mapping[str, Any]) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
+_S = TypeVar("_S", Store, AsyncStore)
+
+
+def _connected(
+    kind: type[_S], url: str | None, *, namespace: str, acks: str, acks_timeout: float,
+    options: dict[str, Any],
+) -> _S:
+    """:func:`connect` and :func:`connect_async`: a store of ``kind`` (no I/O for
+    an :class:`AsyncStore` until first use)."""
+    keys = KeySpace(namespace)  # validate before connecting
+    level = Acks.parse(acks, acks_timeout)
+    resolved = resolve_url(url)
+    check_url(resolved)
+    client, is_cluster = make_client(resolved, options, asyncio=kind is AsyncStore)
+    store = kind(client, url=resolved, namespace=keys.namespace, is_cluster=is_cluster)
+    store.socket_timeout = _socket_timeout(options)
+    return store.with_acks(level) if level.text != "primary" else store
+
+
 def connect(
     url: str | None = None, *, namespace: str = "durabilis", acks: str = "primary",
     acks_timeout: float = DEFAULT_ACKS_TIMEOUT, **options: Any,
@@ -240,14 +259,9 @@ def connect(
         ConfigError: Invalid namespace.
         StorageUnavailable: The embedded server cannot be started.
     """
-    keys = KeySpace(namespace)  # validate before connecting
-    level = Acks.parse(acks, acks_timeout)
-    resolved = resolve_url(url)
-    check_url(resolved)
-    client, is_cluster = make_client(resolved, options, asyncio=False)
-    store = Store(client, url=resolved, namespace=keys.namespace, is_cluster=is_cluster)
-    store.socket_timeout = _socket_timeout(options)
-    return store.with_acks(level) if level.text != "primary" else store
+    return _connected(
+        Store, url, namespace=namespace, acks=acks, acks_timeout=acks_timeout, options=options
+    )
 
 
 def connect_async(
@@ -255,11 +269,6 @@ def connect_async(
     acks_timeout: float = DEFAULT_ACKS_TIMEOUT, **options: Any,
 ) -> AsyncStore:
     """The asyncio twin of :func:`connect` (no I/O happens until first use)."""
-    keys = KeySpace(namespace)
-    level = Acks.parse(acks, acks_timeout)
-    resolved = resolve_url(url)
-    check_url(resolved)
-    client, is_cluster = make_client(resolved, options, asyncio=True)
-    store = AsyncStore(client, url=resolved, namespace=keys.namespace, is_cluster=is_cluster)
-    store.socket_timeout = _socket_timeout(options)
-    return store.with_acks(level) if level.text != "primary" else store
+    return _connected(
+        AsyncStore, url, namespace=namespace, acks=acks, acks_timeout=acks_timeout, options=options
+    )

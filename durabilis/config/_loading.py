@@ -7,7 +7,7 @@ import dataclasses
 import importlib
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -160,16 +160,25 @@ def _subtables(table: dict[str, Any], section: str, source: _Source) -> dict[str
     return out
 
 
+def _named(
+    table: dict[str, Any], kind: str, field: str, source: _Source
+) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """``(name, "<kind>.<name>", values)`` of each ``[<kind>.<name>]`` section; the
+    section's name is its ``field`` (``operation_type``, ``name``): never a key in it."""
+    for name, values in _subtables(table, kind, source).items():
+        section = f"{kind}.{name}"
+        if field in values:
+            raise source.error(section, field, "is the section's name: leave it out")
+        yield name, section, values
+
+
 def _policies(
     data: Mapping[str, Any], source: _Source, base: DurabilityConfig
 ) -> tuple[RetryPolicy, ...]:
     table = dict(_table(data, "retry", source))
     keep = _include_defaults(table, "retry", source)
     policies = {p.operation_type: p for p in base.policies} if keep else {}
-    for op_type, values in _subtables(table, "retry", source).items():
-        section = f"retry.{op_type}"
-        if "operation_type" in values:
-            raise source.error(section, "operation_type", "is the section's name: leave it out")
+    for op_type, section, values in _named(table, "retry", "operation_type", source):
         budget = values.pop("budget", None)
         if budget is not None:
             if not isinstance(budget, dict):
@@ -201,10 +210,7 @@ def _breakers(
     table = dict(_table(data, "circuit_breaker", source))
     keep = _include_defaults(table, "circuit_breaker", source)
     configs = {c.name: c for c in base.breaker_configs} if keep else {}
-    for name, values in _subtables(table, "circuit_breaker", source).items():
-        section = f"circuit_breaker.{name}"
-        if "name" in values:
-            raise source.error(section, "name", "is the section's name: leave it out")
+    for name, section, values in _named(table, "circuit_breaker", "name", source):
         found = configs.get(name)
         if found is None:
             _check_fields(values, dataclass_fields(CircuitBreakerConfig) - {"name"}, section,
