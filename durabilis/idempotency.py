@@ -20,47 +20,15 @@ from typing import Any
 from durabilis._store import AsyncStore, Store
 from durabilis.core.idempotency.ops import IdemOps
 
-# Moved to durabilis.core.idempotency.types; re-exported for existing imports
-# (the layer, the HTTP middleware, the CLI, users' code).
-from durabilis.core.idempotency.types import (
-    CALLER_SCOPE_MAX_BYTES as CALLER_SCOPE_MAX_BYTES,  # noqa: PLC0414
-)
-from durabilis.core.idempotency.types import (
-    KEY_SECRET_ENV as KEY_SECRET_ENV,  # noqa: PLC0414
-)
-from durabilis.core.idempotency.types import (
-    MAX_PREVIOUS_KEY_SECRETS as MAX_PREVIOUS_KEY_SECRETS,  # noqa: PLC0414
-)
-from durabilis.core.idempotency.types import (
-    MAX_VALUE_BYTES as MAX_VALUE_BYTES,  # noqa: PLC0414
-)
-from durabilis.core.idempotency.types import (
-    MAX_WINDOW_SECONDS as MAX_WINDOW_SECONDS,  # noqa: PLC0414
-)
-from durabilis.core.idempotency.types import (
-    MIN_SECRET_CHARS as MIN_SECRET_CHARS,  # noqa: PLC0414
-)
-from durabilis.core.idempotency.types import (
-    PREVIOUS_KEY_SECRETS_ENV as PREVIOUS_KEY_SECRETS_ENV,  # noqa: PLC0414
-)
-from durabilis.core.idempotency.types import (
-    RAW_PREFIX as RAW_PREFIX,  # noqa: PLC0414
-)
+# Moved to durabilis.core.idempotency.types, every public name re-exported for
+# existing imports (the layer, the HTTP middleware, the CLI, users' code).
+from durabilis.core.idempotency.types import *  # noqa: F403
 from durabilis.core.idempotency.types import (
     CheckResult,
     Duplicate,
     IdempotencyConfig,
     IdempotencyKey,
     New,
-)
-from durabilis.core.idempotency.types import (
-    content_digest as content_digest,  # noqa: PLC0414
-)
-from durabilis.core.idempotency.types import (
-    fingerprint as fingerprint,  # noqa: PLC0414
-)
-from durabilis.core.idempotency.types import (
-    payload_fingerprint as payload_fingerprint,  # noqa: PLC0414
 )
 
 _IdemOps = IdemOps

@@ -148,6 +148,12 @@ def _include_defaults(table: dict[str, Any], section: str, source: _Source) -> b
     return flag
 
 
+def _opened(data: Mapping[str, Any], kind: str, source: _Source) -> tuple[bool, dict[str, Any]]:
+    """``(include_defaults, the [<kind>] table without that flag)``."""
+    table = dict(_table(data, kind, source))
+    return _include_defaults(table, kind, source), table
+
+
 def _subtables(table: dict[str, Any], section: str, source: _Source) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for name, value in table.items():
@@ -175,8 +181,7 @@ def _named(
 def _policies(
     data: Mapping[str, Any], source: _Source, base: DurabilityConfig
 ) -> tuple[RetryPolicy, ...]:
-    table = dict(_table(data, "retry", source))
-    keep = _include_defaults(table, "retry", source)
+    keep, table = _opened(data, "retry", source)
     policies = {p.operation_type: p for p in base.policies} if keep else {}
     for op_type, section, values in _named(table, "retry", "operation_type", source):
         budget = values.pop("budget", None)
@@ -207,8 +212,7 @@ def _policies(
 def _breakers(
     data: Mapping[str, Any], source: _Source, base: DurabilityConfig
 ) -> tuple[CircuitBreakerConfig, ...]:
-    table = dict(_table(data, "circuit_breaker", source))
-    keep = _include_defaults(table, "circuit_breaker", source)
+    keep, table = _opened(data, "circuit_breaker", source)
     configs = {c.name: c for c in base.breaker_configs} if keep else {}
     for name, section, values in _named(table, "circuit_breaker", "name", source):
         found = configs.get(name)
@@ -228,8 +232,7 @@ def _dependencies(
     data: Mapping[str, Any], breakers: Iterable[CircuitBreakerConfig], source: _Source,
     base: DurabilityConfig,
 ) -> dict[str, str]:
-    table = dict(_table(data, "dependencies", source))
-    keep = _include_defaults(table, "dependencies", source)
+    keep, table = _opened(data, "dependencies", source)
     deps = dict(base.dependencies) if keep else {}
     for op_type, name in table.items():
         if not isinstance(name, str):

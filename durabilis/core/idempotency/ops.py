@@ -248,11 +248,7 @@ def _check_token(token: Any) -> None:
         raise InvalidKey(repr(token), "a token must be the non-empty str returned by the claim")
 
 
-def _tag(reply: Any, rkey: str) -> str:
-    try:
-        return _codec.as_text(reply[0], key=rkey, field="reply")
-    except (TypeError, IndexError, KeyError) as exc:
-        raise CorruptData(rkey, f"unexpected script reply {reply!r}") from exc
+_tag = _codec.reply_tag
 
 
 def _corrupt(rkey: str, reply: Any) -> CorruptData:
