@@ -551,6 +551,15 @@ def as_int(value: Any, *, key: str, field: str) -> int:
         raise CorruptData(key, f"field {field!r} is not an integer: {value!r}") from exc
 
 
+def reply_tag(reply: Any, key: str) -> str:
+    """A script reply's tag (its first element, as text); :class:`CorruptData`
+    naming ``key`` for a reply without one."""
+    try:
+        return as_text(reply[0], key=key, field="reply")
+    except (TypeError, IndexError, KeyError) as exc:
+        raise CorruptData(key, f"unexpected script reply {reply!r}") from exc
+
+
 def as_text(value: Any, *, key: str, field: str) -> str:
     """A UTF-8 string read back from Redis, or :class:`CorruptData` naming the key."""
     if isinstance(value, str):

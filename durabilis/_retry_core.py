@@ -22,60 +22,22 @@ from collections.abc import Callable
 from enum import Enum
 
 from durabilis._fork import on_fork_in_child
+
+# The core's names, re-exported unchanged (listed in the core's __all__).
+from durabilis.core.retry import *  # noqa: F403
+from durabilis.core.retry import __all__ as _CORE_NAMES
 from durabilis.core.retry.plans import decide_coded
-from durabilis.core.retry.types import (  # re-exported: listed in __all__
-    DEADLINE_EXCEEDED,
-    DEFAULT_DEADLINE_MS,
-    EXHAUSTED,
-    JITTER_SHARE,
-    MAX_DEADLINE_MS,
-    MAX_DELAY_MS,
+from durabilis.core.retry.types import (
     NETWORK_TIMEOUT,
-    NON_RETRYABLE,
     PERMISSION_DENIED,
     RATE_LIMITED,
-    RETRY_BUDGET_EXHAUSTED,
     SERVICE_UNAVAILABLE,
-    TESTING,
-    NotRetried,
-    RetryBudget,
     RetryDecision,
-    RetryOutcome,
     RetryPolicy,
-    StopReason,
-    backoff_delay,
-    retry_after_of,
-    succeeded,
 )
 from durabilis.errors import ConfigError
 
-__all__ = [
-    "DEADLINE_EXCEEDED",
-    "DEFAULT_DEADLINE_MS",
-    "EXHAUSTED",
-    "JITTER_SHARE",
-    "MAX_DEADLINE_MS",
-    "MAX_DELAY_MS",
-    "NETWORK_TIMEOUT",
-    "NON_RETRYABLE",
-    "PERMISSION_DENIED",
-    "RATE_LIMITED",
-    "RETRY_BUDGET_EXHAUSTED",
-    "SERVICE_UNAVAILABLE",
-    "TESTING",
-    "NotRetried",
-    "RetryBudget",
-    "RetryDecision",
-    "RetryOutcome",
-    "RetryPolicy",
-    "StopReason",
-    "backoff_delay",
-    "decide",
-    "error_code",
-    "register_error_code",
-    "retry_after_of",
-    "succeeded",
-]
+__all__ = [*_CORE_NAMES, "decide", "error_code", "register_error_code"]  # noqa: PLE0604
 
 # --- error classification ------------------------------------------------------
 

@@ -318,17 +318,15 @@ class DurabilisCollector(Collector):
             for status in DlqStatus:
                 records.add_metric([status.value, label], float(row[status]))
         yield records
-        age = GaugeMetricFamily(
-            "durabilis_dlq_oldest_pending_age_seconds", "Age of the oldest pending DLQ record"
+        yield _gauge(
+            "durabilis_dlq_oldest_pending_age_seconds", "Age of the oldest pending DLQ record",
+            float(stats.oldest_pending_age_seconds or 0.0),
         )
-        age.add_metric([], float(stats.oldest_pending_age_seconds or 0.0))
-        yield age
-        expired = GaugeMetricFamily(
+        yield _gauge(
             "durabilis_dlq_expired_awaiting_cleanup",
             "Expired DLQ records not cleaned up yet (cleanup_expired removes them)",
+            float(stats.expired_awaiting_cleanup),
         )
-        expired.add_metric([], float(stats.expired_awaiting_cleanup))
-        yield expired
         lapsed = GaugeMetricFamily(
             "durabilis_dlq_expired_records",
             "Pending DLQ records that expired unreplayed (DlqStats.expired)",
@@ -341,12 +339,11 @@ class DurabilisCollector(Collector):
         for label, n in sorted(lapsed_rows.items()):
             lapsed.add_metric([label], float(n))
         yield lapsed
-        exact = GaugeMetricFamily(
+        yield _gauge(
             "durabilis_dlq_stats_exact",
             "0 when the expired backlog exceeded stats_scan_limit: DLQ gauges are upper bounds",
+            1.0 if stats.exact else 0.0,
         )
-        exact.add_metric([], 1.0 if stats.exact else 0.0)
-        yield exact
 
         state = GaugeMetricFamily(
             "durabilis_breaker_state", "Breaker state: 0 closed, 1 half open, 2 open",
@@ -363,24 +360,21 @@ class DurabilisCollector(Collector):
         yield state
         yield rate
 
-        current = GaugeMetricFamily(
-            "durabilis_checkpoints_current", "Live current checkpoints in the namespace"
+        yield _gauge(
+            "durabilis_checkpoints_current", "Live current checkpoints in the namespace",
+            float(layer.checkpoints.count()),
         )
-        current.add_metric([], float(layer.checkpoints.count()))
-        yield current
 
         totals = layer.stats()
-        flight = GaugeMetricFamily(
-            "durabilis_operations_in_flight", "Operations holding a live claim (fleet-wide)"
+        yield _gauge(
+            "durabilis_operations_in_flight", "Operations holding a live claim (fleet-wide)",
+            float(totals.in_flight),
         )
-        flight.add_metric([], float(totals.in_flight))
-        yield flight
-        ended = GaugeMetricFamily(
+        yield _gauge(
             "durabilis_operations_lease_ended",
             "Claims whose lease ended (dead workers), not yet recovered (fleet-wide)",
+            float(totals.lease_ended),
         )
-        ended.add_metric([], float(totals.lease_ended))
-        yield ended
         ops = CounterMetricFamily(
             "durabilis_operations", "The layer's fleet-wide totals", labels=["outcome"]
         )
@@ -389,11 +383,17 @@ class DurabilisCollector(Collector):
             ops.add_metric([outcome], float(getattr(totals, outcome)))
         yield ops
 
-        version = GaugeMetricFamily(
-            "durabilis_config_version", "Version of the fleet config in Redis"
+        yield _gauge(
+            "durabilis_config_version", "Version of the fleet config in Redis",
+            float(ConfigSync(layer.store).fleet_config().version),
         )
-        version.add_metric([], float(ConfigSync(layer.store).fleet_config().version))
-        yield version
+
+
+def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+    """A gauge of one unlabelled sample."""
+    family = GaugeMetricFamily(name, documentation)
+    family.add_metric([], float(value))
+    return family
 
 
 def _configured_operation_types(layer: Any) -> list[str]:

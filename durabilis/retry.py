@@ -17,13 +17,13 @@ script call per decision:
 
 Events (logger ``"durabilis"``, docs/production.md), none on success:
 ``durability_retry_attempt`` (a retry is scheduled) and
-``durability_retry_exhausted`` / ``durability_retry_non_retryable`` (the loop stops).
+``durability_retry_exhausted`` / ``durability_retry_non_retryable`` (the loop stops),
+emitted by :mod:`durabilis._retry_events`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import inspect
 import random
@@ -37,7 +37,6 @@ from typing import Any, TypeVar, cast
 from durabilis._cancel import cancels as _cancels
 from durabilis._cancel import resurface as _resurface
 from durabilis._limits import MAX_RETRY_DEADLINE_MS
-from durabilis._log import get_logger
 from durabilis._retry_core import (
     DEADLINE_EXCEEDED,
     EXHAUSTED,
@@ -55,12 +54,18 @@ from durabilis._retry_core import (
     register_error_code,
     retry_after_of,
 )
+from durabilis._retry_events import (  # (re-exported: the layer imports them from here)
+    emit_retry_attempt as emit_retry_attempt,  # noqa: PLC0414
+)
+from durabilis._retry_events import (
+    emit_retry_stop as emit_retry_stop,  # noqa: PLC0414
+)
 from durabilis._store import AsyncStore, Store
 from durabilis.core.retry import BudgetOps, BudgetState, retry_plan, succeeded
 from durabilis.core.retry.defaults import default_policies, gateway_policies
 from durabilis.core.steps import Plan, Run, Sleep
 from durabilis.errors import ConfigError
-from durabilis.events import error_text, redact_error
+from durabilis.events import error_text
 
 __all__ = [
     "DEADLINE_EXCEEDED",
@@ -87,8 +92,7 @@ __all__ = [
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
-
-_log = get_logger()
+_E = TypeVar("_E", bound="_EngineBase")
 
 
 # --- the shipped policies (default_policies, gateway_policies) and the budget's calls ------
@@ -97,80 +101,6 @@ _log = get_logger()
 _BudgetOps = BudgetOps
 """The old private name, still imported by ``durabilis.layer._plans`` (which is
 being reworked elsewhere): use :class:`durabilis.core.retry.BudgetOps`."""
-
-
-# --- events ----------------------------------------------------------------------------
-
-_EMIT_FAILED: set[str] = set()  # the events whose logging raised (told once each)
-
-
-def _emit(level: str, event: str, fields: dict[str, Any]) -> None:
-    """Log ``event``; a logging hook that raises (a filter, a handler, a structlog
-    processor) never reaches the call: the event is lost, and the failure is
-    logged once per event and process (``durability_event_failed``, the error's
-    type only), if logging that does not raise too."""
-    try:
-        getattr(_log, level)(event, **fields)
-    except Exception as exc:
-        if event not in _EMIT_FAILED:
-            _EMIT_FAILED.add(event)
-            with contextlib.suppress(Exception):
-                _log.warning(
-                    "durability_event_failed", lost_event=event, error=type(exc).__qualname__
-                )
-
-
-def emit_retry_attempt(operation_type: str, decision: RetryDecision, **context: Any) -> None:
-    """Log ``durability_retry_attempt``: attempt ``attempt_number`` (1-based) failed, retrying.
-
-    ``context`` adds fields (the composed layer adds ``agent_id``). Never
-    raises: a logging hook's error is logged once (``durability_event_failed``).
-    """
-    _emit("warning", "durability_retry_attempt", {
-        "operation_type": operation_type,
-        "attempt_number": decision.attempts,
-        "max_attempts": decision.max_attempts,
-        "delay_ms": round(decision.delay * 1000.0, 3),
-        "error_code": decision.error_code,
-        **context,
-    })
-
-
-def emit_retry_stop(
-    operation_type: str,
-    decision: RetryDecision,
-    *,
-    last_error: str | None = None,
-    dlq_id: str | None = None,
-    **context: Any,
-) -> None:
-    """Log why a retry loop stopped without success.
-
-    ``durability_retry_non_retryable`` for a non-retryable error, otherwise
-    ``durability_retry_exhausted`` with the ``reason`` (``EXHAUSTED``,
-    ``DEADLINE_EXCEEDED`` or ``RETRY_BUDGET_EXHAUSTED``). ``last_error`` is
-    logged redacted unless redaction is off (:mod:`durabilis.events`);
-    ``dlq_id`` is the record the operation was parked in, if any; ``context``
-    adds fields (the composed layer adds ``agent_id``). Never raises, as
-    :func:`emit_retry_attempt`.
-    """
-    event = (
-        "durability_retry_non_retryable"
-        if decision.stop_reason == NON_RETRYABLE
-        else "durability_retry_exhausted"
-    )
-    _emit("error", event, {
-        "operation_type": operation_type,
-        "attempts": decision.attempts,
-        "max_attempts": decision.max_attempts,
-        "error_code": decision.error_code,
-        "reason": decision.stop_reason,
-        "sent_to_dlq": decision.sent_to_dlq,
-        "dlq_id": dlq_id,
-        "last_error": redact_error(last_error),
-        **context,
-    })
-
 
 # --- the engines -------------------------------------------------------------------------
 
@@ -190,6 +120,11 @@ def _deadline(deadline_seconds: float | None) -> None:
 
 class _EngineBase:
     """What both twins share: the policy table, validation and the budget ops."""
+
+    @classmethod
+    def empty(cls: type[_E], store: Store | AsyncStore | None = None, **options: Any) -> _E:
+        """An engine with no policies (every operation type gets one attempt)."""
+        return cls(store, policies=(), **options)
 
     def __init__(
         self,
@@ -377,11 +312,6 @@ class RetryEngine(_EngineBase):
         self.store: Store | None = store
         self._sleep = sleep or time.sleep
 
-    @classmethod
-    def empty(cls, store: Store | None = None, **options: Any) -> RetryEngine:
-        """An engine with no policies (every operation type gets one attempt)."""
-        return cls(store, policies=(), **options)
-
     def execute(
         self,
         operation_type: str,
@@ -482,11 +412,6 @@ class AsyncRetryEngine(_EngineBase):
         super().__init__(store, policies, clock, rng)
         self.store: AsyncStore | None = store
         self._sleep = sleep or asyncio.sleep
-
-    @classmethod
-    def empty(cls, store: AsyncStore | None = None, **options: Any) -> AsyncRetryEngine:
-        """An engine with no policies (every operation type gets one attempt)."""
-        return cls(store, policies=(), **options)
 
     async def execute(
         self,

@@ -7,7 +7,7 @@ import dataclasses
 import importlib
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -148,6 +148,12 @@ def _include_defaults(table: dict[str, Any], section: str, source: _Source) -> b
     return flag
 
 
+def _opened(data: Mapping[str, Any], kind: str, source: _Source) -> tuple[bool, dict[str, Any]]:
+    """``(include_defaults, the [<kind>] table without that flag)``."""
+    table = dict(_table(data, kind, source))
+    return _include_defaults(table, kind, source), table
+
+
 def _subtables(table: dict[str, Any], section: str, source: _Source) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for name, value in table.items():
@@ -160,16 +166,24 @@ def _subtables(table: dict[str, Any], section: str, source: _Source) -> dict[str
     return out
 
 
+def _named(
+    table: dict[str, Any], kind: str, field: str, source: _Source
+) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """``(name, "<kind>.<name>", values)`` of each ``[<kind>.<name>]`` section; the
+    section's name is its ``field`` (``operation_type``, ``name``): never a key in it."""
+    for name, values in _subtables(table, kind, source).items():
+        section = f"{kind}.{name}"
+        if field in values:
+            raise source.error(section, field, "is the section's name: leave it out")
+        yield name, section, values
+
+
 def _policies(
     data: Mapping[str, Any], source: _Source, base: DurabilityConfig
 ) -> tuple[RetryPolicy, ...]:
-    table = dict(_table(data, "retry", source))
-    keep = _include_defaults(table, "retry", source)
+    keep, table = _opened(data, "retry", source)
     policies = {p.operation_type: p for p in base.policies} if keep else {}
-    for op_type, values in _subtables(table, "retry", source).items():
-        section = f"retry.{op_type}"
-        if "operation_type" in values:
-            raise source.error(section, "operation_type", "is the section's name: leave it out")
+    for op_type, section, values in _named(table, "retry", "operation_type", source):
         budget = values.pop("budget", None)
         if budget is not None:
             if not isinstance(budget, dict):
@@ -198,13 +212,9 @@ def _policies(
 def _breakers(
     data: Mapping[str, Any], source: _Source, base: DurabilityConfig
 ) -> tuple[CircuitBreakerConfig, ...]:
-    table = dict(_table(data, "circuit_breaker", source))
-    keep = _include_defaults(table, "circuit_breaker", source)
+    keep, table = _opened(data, "circuit_breaker", source)
     configs = {c.name: c for c in base.breaker_configs} if keep else {}
-    for name, values in _subtables(table, "circuit_breaker", source).items():
-        section = f"circuit_breaker.{name}"
-        if "name" in values:
-            raise source.error(section, "name", "is the section's name: leave it out")
+    for name, section, values in _named(table, "circuit_breaker", "name", source):
         found = configs.get(name)
         if found is None:
             _check_fields(values, dataclass_fields(CircuitBreakerConfig) - {"name"}, section,
@@ -222,8 +232,7 @@ def _dependencies(
     data: Mapping[str, Any], breakers: Iterable[CircuitBreakerConfig], source: _Source,
     base: DurabilityConfig,
 ) -> dict[str, str]:
-    table = dict(_table(data, "dependencies", source))
-    keep = _include_defaults(table, "dependencies", source)
+    keep, table = _opened(data, "dependencies", source)
     deps = dict(base.dependencies) if keep else {}
     for op_type, name in table.items():
         if not isinstance(name, str):

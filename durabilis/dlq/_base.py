@@ -6,10 +6,4 @@ Kept so that imports of this module keep working; new code imports the core.
 
 from __future__ import annotations
 
-from durabilis.core.dlq.base import (
-    OpsBase,
-)
-
-__all__ = [
-    "OpsBase",
-]
+from durabilis.core.dlq.base import *  # noqa: F403  (every public name, as before the move)

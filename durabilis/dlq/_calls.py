@@ -6,6 +6,4 @@ Kept so that imports of this module keep working; new code imports the core.
 
 from __future__ import annotations
 
-from durabilis.core.dlq.calls import DlqCalls
-
-__all__ = ["DlqCalls"]
+from durabilis.core.dlq.calls import *  # noqa: F403  (every public name, as before the move)

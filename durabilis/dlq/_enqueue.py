@@ -6,10 +6,4 @@ Kept so that imports of this module keep working; new code imports the core.
 
 from __future__ import annotations
 
-from durabilis.core.dlq.enqueue import (
-    EnqueueOps,
-)
-
-__all__ = [
-    "EnqueueOps",
-]
+from durabilis.core.dlq.enqueue import *  # noqa: F403  (every public name, as before the move)

@@ -6,6 +6,4 @@ Kept so that imports of this module keep working; new code imports the core.
 
 from __future__ import annotations
 
-from durabilis.core.dlq.listing import ListingPlans
-
-__all__ = ["ListingPlans"]
+from durabilis.core.dlq.listing import *  # noqa: F403  (every public name, as before the move)

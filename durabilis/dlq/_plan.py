@@ -6,24 +6,4 @@ Kept so that imports of this module keep working; new code imports the core.
 
 from __future__ import annotations
 
-from durabilis.core.dlq.plan import (
-    ANSWERED,
-    CONFIG_ERROR_QUIET_SECONDS,
-    FINISHED,
-    Handle,
-    Plan,
-    ReplayDeclined,
-    TypeChanged,
-    handler_plan,
-)
-
-__all__ = [
-    "ANSWERED",
-    "CONFIG_ERROR_QUIET_SECONDS",
-    "FINISHED",
-    "Handle",
-    "Plan",
-    "ReplayDeclined",
-    "TypeChanged",
-    "handler_plan",
-]
+from durabilis.core.dlq.plan import *  # noqa: F403  (every public name, as before the move)

@@ -24,15 +24,8 @@ if kind == "none" then return {"none"} end
 if kind ~= "hash" then
   return {"corrupt", "a " .. kind .. " where an idempotency record (hash) belongs"}
 end
-local t = redis.call("TIME")
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
--- A stored millisecond count, or nil: tonumber() alone also accepts "inf",
--- "nan" and fractions, which would poison every comparison and TTL below.
-local function int(v)
-  local n = tonumber(v)
-  if n and n == n and n > -1e15 and n < 1e15 and n == math.floor(n) then return n end
-  return nil
-end
+local INT_LIMIT = 1e15  -- int()'s bound (stored milliseconds)
+--@include lib/idem_clock.lua
 local f = redis.call("HMGET", key, "s", "ts", "le", "w", "ph", "r", "ns", "tc")
 local state, ts, le, window = f[1], int(f[2]), int(f[3]), int(f[4])
 if state == "x" then

@@ -42,17 +42,9 @@ local key = KEYS[1]
 local window = tonumber(ARGV[1])
 local lease = tonumber(ARGV[2])
 local nonce = ARGV[6] or ""
-local t = redis.call("TIME")
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local INT_LIMIT = 1e16  -- int()'s bound (fencing tokens: microseconds)
+--@include lib/idem_clock.lua
 local clock_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-
--- A stored integer, or nil: tonumber() alone also accepts "inf", "nan" and
--- fractions, which would poison every comparison and TTL below.
-local function int(v)
-  local n = tonumber(v)
-  if n and n == n and n > -1e16 and n < 1e16 and n == math.floor(n) then return n end
-  return nil
-end
 
 local function claim(taken_over, previous, hd, touched)
   local tok = clock_us

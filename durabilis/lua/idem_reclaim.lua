@@ -23,15 +23,8 @@ local key = KEYS[1]
 local kind = redis.call("TYPE", key)["ok"]
 if kind == "none" then return {"skip", "none"} end
 if kind ~= "hash" then return {"skip", "corrupt"} end
-local t = redis.call("TIME")
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
--- A stored integer, or nil: tonumber() alone also accepts "inf", "nan" and
--- fractions, which would poison every comparison and TTL below.
-local function int(v)
-  local n = tonumber(v)
-  if n and n == n and n > -1e16 and n < 1e16 and n == math.floor(n) then return n end
-  return nil
-end
+local INT_LIMIT = 1e16  -- int()'s bound (fencing tokens: microseconds)
+--@include lib/idem_clock.lua
 local f = redis.call("HMGET", key, "s", "tok", "le", "pl", "ts", "w", "cn", "hd", "fp")
 if f[1] == "d" then return {"skip", "done"} end
 if f[1] == "x" then return {"skip", "none"} end

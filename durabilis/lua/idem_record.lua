@@ -43,20 +43,12 @@ Returns one of
 local key = KEYS[1]
 local token = ARGV[2]
 local not_stored = ARGV[4] or ""
-local t = redis.call("TIME")
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local INT_LIMIT = 1e15  -- int()'s bound (stored milliseconds)
+--@include lib/idem_clock.lua
 
 local function outcome()
   if not_stored ~= "" then return "ns", not_stored end
   return "r", ARGV[1]
-end
-
--- A stored millisecond count, or nil: tonumber() alone also accepts "inf",
--- "nan" and fractions, which would poison every comparison and TTL below.
-local function int(v)
-  local n = tonumber(v)
-  if n and n == n and n > -1e15 and n < 1e15 and n == math.floor(n) then return n end
-  return nil
 end
 
 -- One read for the checks and for the fields a done record keeps. A key of

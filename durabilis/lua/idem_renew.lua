@@ -18,17 +18,10 @@ Returns a table of 1 (renewed) / 0 (no longer held), one per key.
 
 @acks: replicas
 ]]
-local t = redis.call("TIME")
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local INT_LIMIT = 1e15  -- int()'s bound (stored milliseconds)
+--@include lib/idem_clock.lua
 local lease = tonumber(ARGV[#KEYS + 1])
 local field = ARGV[#KEYS + 2] == "nonce" and "cn" or "tok"
--- A stored millisecond count, or nil: tonumber() alone also accepts "inf",
--- "nan" and fractions, which would poison every comparison and TTL below.
-local function int(v)
-  local n = tonumber(v)
-  if n and n == n and n > -1e15 and n < 1e15 and n == math.floor(n) then return n end
-  return nil
-end
 local out = {}
 ready()  -- nothing to refuse: renewing is best effort, key by key
 for i, key in ipairs(KEYS) do

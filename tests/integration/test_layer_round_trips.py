@@ -16,7 +16,7 @@ import pytest
 import redis.connection
 
 import durabilis
-import durabilis._store
+import durabilis._store._sync
 from durabilis import IdempotencyConfig
 from durabilis.layer import DurabilityLayer
 from durabilis.layer._plans import DUPLICATES_FLUSH_SECONDS
@@ -79,15 +79,15 @@ def sends(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[Sends]]:
     monkeypatch.setattr(redis.connection.Connection, "send_packed_command", counting)
     monkeypatch.setattr(redis.connection.Connection, "read_response", reading)
     # The sync store reads its script replies from the parser itself
-    # (durabilis._store._read_reply): a read all the same.
-    read_reply = durabilis._store._read_reply
+    # (durabilis._store._sync._read_reply): a read all the same.
+    read_reply = durabilis._store._sync._read_reply
 
     def reading_reply(conn: Any) -> Any:
         if threading.get_ident() == Sends.thread:
             Sends.reading = True
         return read_reply(conn)
 
-    monkeypatch.setattr(durabilis._store, "_read_reply", reading_reply)
+    monkeypatch.setattr(durabilis._store._sync, "_read_reply", reading_reply)
     yield Sends
 
 

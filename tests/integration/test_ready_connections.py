@@ -1,5 +1,5 @@
 """A standalone store's pool keeps the connections given back ready in front of
-its queue (no pool round per script, ``durabilis._store._ReadyPool``), and that
+its queue (no pool round per script, ``durabilis._store._sync._ReadyPool``), and that
 changes nothing a caller can see: a reply left unread is never paired with the
 next command, a connection the server closed is replaced before use, a forked
 child never uses its parent's socket, ``max_connections`` still bounds the
@@ -159,7 +159,7 @@ def test_numbers_reach_the_c_packer_as_bytes_never_as_numbers(
     sys.exit) crashed the process (SIGSEGV). The store turns every number into
     the bytes redis-py's encoder makes before packing: the packer only ever
     sees str and bytes, and the server gets the same command."""
-    import durabilis._store as store_module
+    import durabilis._store._sync as store_module
 
     _ready(store)
     packer = store_module._PACK

@@ -267,7 +267,7 @@ def test_an_interrupt_while_the_handlers_are_wrapped_leaves_nothing_behind(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     fake = _SignalsThatRaise(nth=2)  # SIGINT's wrapped, then SIGTERM's raises
-    monkeypatch.setattr("durabilis._steps._C_SIGNAL", fake)
+    monkeypatch.setattr("durabilis._signal_gate._C_SIGNAL", fake)
     with pytest.raises(KeyboardInterrupt):
         _GATE.enter()
     assert (_GATE.depth, _GATE.closed, _GATE.installed) == (0, False, {})
@@ -278,7 +278,7 @@ def test_an_interrupt_while_the_handlers_are_put_back_leaves_the_gate_open(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     fake = _SignalsThatRaise(nth=3)  # both wrapped; the first put back raises
-    monkeypatch.setattr("durabilis._steps._C_SIGNAL", fake)
+    monkeypatch.setattr("durabilis._signal_gate._C_SIGNAL", fake)
     entered = _GATE.enter()
     with pytest.raises(KeyboardInterrupt):
         _GATE.leave(entered)

@@ -154,11 +154,8 @@ def flat_to_dict(flat: Any, key: str) -> dict[str, Any]:
     return {field_text(flat[i], key, "field name"): flat[i + 1] for i in range(0, len(flat), 2)}
 
 
-def reply_tag(reply: Any, key: str) -> str:
-    try:
-        return _codec.as_text(reply[0], key=key, field="reply")
-    except (TypeError, IndexError, KeyError) as exc:
-        raise CorruptData(key, f"unexpected script reply {reply!r}") from exc
+reply_tag = _codec.reply_tag
+"""A script reply's tag (:func:`durabilis._codec.reply_tag`)."""
 
 
 def corrupt_error(reply: Any, default_key: str) -> CorruptData:
