@@ -167,7 +167,9 @@ class AutoPipeline:
         tells a NOSCRIPT from a real error. A failure of the whole batch is
         raised.
         """
-        return await self._enqueue(args)
+        entry = self._push(args)
+        self._wake()
+        return (await _outcome((entry,)))[0]
 
     async def execute_many(
         self, commands: list[tuple[Any, ...]], confirm: tuple[Any, ...] | None = None
@@ -189,11 +191,6 @@ class AutoPipeline:
         entry = _Entry(args, asyncio.get_running_loop().create_future(), confirm)
         self._queue.append(entry)
         return entry
-
-    async def _enqueue(self, args: tuple[Any, ...]) -> Any:
-        entry = self._push(args)
-        self._wake()
-        return (await _outcome([entry]))[0]
 
     def _wake(self) -> None:
         if self._woken or self._senders >= self._max:

@@ -441,12 +441,20 @@ class ScriptRegistry:
             script reads the server clock plus the offset stored at this key.
     """
 
-    __slots__ = ("_client", "_clock_key", "_scripts")
+    __slots__ = ("_client", "_clock_key", "_fused", "_scripts")
 
     def __init__(self, client: Any, clock_key: str | None = None) -> None:
         self._client = client
         self._clock_key = clock_key
         self._scripts: dict[str, Any] = {}
+        self._fused: dict[tuple[str, ...], Any] = {}  # names -> the fused script
+
+    def fused(self, names: tuple[str, ...]) -> Any:
+        """The script :func:`fuse` names for calls of these scripts (as :meth:`get`)."""
+        script = self._fused.get(names)
+        if script is None:
+            script = self._fused[names] = self.get(FUSED_PREFIX + "+".join(names))
+        return script
 
     def get(self, name: str) -> Any:
         script = self._scripts.get(name)

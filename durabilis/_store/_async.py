@@ -22,6 +22,8 @@ from durabilis._store._base import (
     _count_in,
     _failed_step,
     _first_error_or,
+    _fused_call,
+    _fused_command,
     _fused_replies,
     _sentinels_of,
     _Stepping,
@@ -133,7 +135,8 @@ class AsyncStore(_StoreBase):
         """Run one script; redis-py errors become durabilis errors."""
         self._on_home_loop()
         before = _cancels()
-        await self._check_acks()
+        if self._acks_unchecked:  # (once: no coroutine per call after)
+            await self._check_acks()
         reply = await self._run(call)
         _resurface(before)
         return reply
@@ -240,7 +243,8 @@ class AsyncStore(_StoreBase):
         """Run several scripts in ONE round trip (see :meth:`Store.run_many`)."""
         self._on_home_loop()
         before = _cancels()
-        await self._check_acks()
+        if self._acks_unchecked:  # (once: no coroutine per call after)
+            await self._check_acks()
         replies = await self._run_many(calls)
         _resurface(before)
         return replies
@@ -271,7 +275,8 @@ class AsyncStore(_StoreBase):
         """See :meth:`Store.run_step`."""
         self._on_home_loop()
         n = len(calls)
-        await self._check_acks()
+        if self._acks_unchecked:  # (once: no coroutine per call after)
+            await self._check_acks()
         if self._fuse:
             if n == 1:
                 try:
@@ -279,8 +284,13 @@ class AsyncStore(_StoreBase):
                 except DurabilisError as exc:
                     _failed_step(exc, [], 1)
                     raise
-            gated = [bool(gates and i in gates) for i in range(n)]
             try:
+                if self.autopipe is not None and not self._acks.waits:
+                    before = _cancels()
+                    reply = await self._run_fused(calls, gates)
+                    _resurface(before)
+                    return _fused_replies(reply, n)
+                gated = [bool(gates and i in gates) for i in range(n)]
                 return _fused_replies(await self.run(fuse(calls, gated)), n)
             except DurabilisError as exc:
                 exc.partial = Replies([None] * n, "?" * n)
@@ -290,6 +300,23 @@ class AsyncStore(_StoreBase):
             if not stepping.took(wave, await self._wave([calls[i] for i in wave])):
                 break
         return stepping.done()
+
+    async def _run_fused(self, calls: Sequence[ScriptCall], gates: Gates | None) -> Any:
+        """See :meth:`Store._run_fused` (batched as :meth:`_run` sends a script)."""
+        assert self.autopipe is not None
+        try:
+            reply = await self.autopipe.execute(*_fused_command(self.scripts, calls, gates))
+        except Exception as exc:
+            raise map_error(exc, _fused_call(calls, gates)) from exc
+        if not isinstance(reply, Exception):
+            return reply
+        fused = _fused_call(calls, gates)
+        if not isinstance(reply, redis.exceptions.NoScriptError):
+            raise map_error(reply, fused) from reply
+        try:  # (nothing ran: loaded, then sent again)
+            return await self._load_and_run(fused)
+        except Exception as exc:
+            raise map_error(exc, fused) from exc
 
     async def _caught(self, call: ScriptCall) -> Any:
         try:

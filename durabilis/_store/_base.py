@@ -13,7 +13,7 @@ import redis
 from durabilis._acks import PRIMARY, Acks, as_acks
 from durabilis._keys import KeySpace
 from durabilis._mask import mask_url
-from durabilis._scripts import Replies, ScriptCall, ScriptRegistry, waits
+from durabilis._scripts import Replies, ScriptCall, ScriptRegistry, fuse, waits
 from durabilis.errors import (
     ConfigError,
     CorruptData,
@@ -191,6 +191,26 @@ _NOT_RUN = (
 
 Gates = Mapping[int, Callable[[Any], bool]]
 """Per call index, a test of its reply: ``True`` means the call refused."""
+
+
+def _fused_command(scripts: Any, calls: Sequence[ScriptCall], gates: Any) -> list[Any]:
+    """The ``EVALSHA`` that ``run(fuse(calls, gated))`` sends (``gates``: the
+    step's), built without the fused call: the fused script found once per
+    names tuple (:meth:`ScriptRegistry.fused`)."""
+    keys: list[Any] = []
+    argv: list[Any] = [len(calls)]
+    args: list[Any] = []
+    for i, call in enumerate(calls):
+        argv += (len(call.keys), len(call.args), "1" if gates and i in gates else "0")
+        keys += call.keys
+        args += call.args
+    sha = scripts.fused(tuple([call.name for call in calls])).sha
+    return ["EVALSHA", sha, len(keys), *keys, *argv, *args]
+
+
+def _fused_call(calls: Sequence[ScriptCall], gates: Any) -> ScriptCall:
+    """The fused call of a step (made only when needed: a script to load, an error to name)."""
+    return fuse(calls, [bool(gates and i in gates) for i in range(len(calls))])
 
 
 def _fused_replies(reply: Any, n: int) -> Replies:

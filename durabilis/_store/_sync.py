@@ -25,6 +25,8 @@ from durabilis._store._base import (
     _count_in,
     _failed_step,
     _first_error_or,
+    _fused_call,
+    _fused_command,
     _fused_replies,
     _sentinels_of,
     _Stepping,
@@ -383,8 +385,10 @@ class Store(_StoreBase):
                 except DurabilisError as exc:
                     _failed_step(exc, [], 1)
                     raise
-            gated = [bool(gates and i in gates) for i in range(n)]
             try:
+                if not self._acks.waits:
+                    return _fused_replies(self._run_fused(calls, gates), n)
+                gated = [bool(gates and i in gates) for i in range(n)]
                 return _fused_replies(self.run(fuse(calls, gated)), n)
             except DurabilisError as exc:
                 exc.partial = Replies([None] * n, "?" * n)
@@ -394,6 +398,17 @@ class Store(_StoreBase):
             if not stepping.took(wave, self._wave([calls[i] for i in wave])):
                 break
         return stepping.done()
+
+    def _run_fused(self, calls: Sequence[ScriptCall], gates: Gates | None) -> Any:
+        """``self.run(fuse(calls, gated))`` with no ``WAIT`` to follow (the common
+        fused step): the very command it sends (:func:`_fused_command`)."""
+        try:
+            return self._send(*_fused_command(self.scripts, calls, gates))
+        except redis.exceptions.NoScriptError:  # (nothing ran: the usual way loads it)
+            pass
+        except Exception as exc:
+            raise map_error(exc, _fused_call(calls, gates)) from exc
+        return self.run(_fused_call(calls, gates))
 
     def _caught(self, call: ScriptCall) -> Any:
         try:

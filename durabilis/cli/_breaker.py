@@ -18,8 +18,12 @@ from durabilis.cli._output import (
 from durabilis.cli._session import Session
 
 
-def _breakers(s: Session) -> tuple[Any, set[str], set[str]]:
-    """The registry, the configured names and the names found in Redis.
+def _breakers(
+    s: Session, limit: int | None = None, only: str | None = None,
+) -> tuple[Any, set[str], set[str]]:
+    """The registry, the configured names and the names found in Redis: at most
+    ``limit`` of them (a bounded ``SSCAN``), or with ``only``, that name if it
+    is there (one ``SISMEMBER``: never the whole set).
 
     A name found only in Redis is read with a default config (``configured``
     false in the output: rates and timeouts may differ from the fleet's).
@@ -29,7 +33,10 @@ def _breakers(s: Session) -> tuple[Any, set[str], set[str]]:
 
     registry = s.layer().breakers
     configured = set(registry.names())
-    stored = registry.stored_names()
+    if only is not None:
+        stored = {only} if registry.is_stored(only) else set()
+    else:
+        stored = registry.stored_names(limit)
     for name in sorted(stored - configured):
         try:
             registry.upsert_config(CircuitBreakerConfig(name))
@@ -43,14 +50,14 @@ def _breakers(s: Session) -> tuple[Any, set[str], set[str]]:
 def _known_breaker(s: Session, name: str, *, read: bool = False) -> tuple[Any, bool]:
     """The registry and whether ``name`` is configured; exit 1 if unknown. ``read``:
     a breaker with no state in Redis first checks the namespace (exit 5 if wrong)."""
-    registry, configured, stored = _breakers(s)
+    registry, configured, stored = _breakers(s, only=name)
     if read and name not in stored:
         s.check_namespace()
     if name not in configured and name not in stored:
         raise CliError(
             EXIT_NOT_FOUND,
-            f"unknown breaker {name!r} (configured: {', '.join(sorted(configured)) or 'none'};"
-            f" in Redis: {', '.join(sorted(stored)) or 'none'})",
+            f"unknown breaker {name!r}: not among the breaker names in Redis (configured"
+            f" here: {', '.join(sorted(configured)) or 'none'})",
         )
     return registry, name in configured
 
@@ -67,13 +74,22 @@ def _breaker_doc(registry: Any, name: str, configured: bool, stored: bool) -> di
 
 
 def _breaker_ls(s: Session) -> int:
-    registry, configured, stored = _breakers(s)
+    limit = s.args.limit
+    if limit < 1:
+        raise CliError(EXIT_USAGE, "--limit must be >= 1")
+    # One name more than shown: whether the list is cut.
+    registry, configured, stored = _breakers(s, limit + 1)
+    truncated = len(stored) > limit
+    stored = set(sorted(stored)[:limit])
     if not stored:
         s.check_namespace()
     docs = [_breaker_doc(registry, n, n in configured, n in stored)
             for n in sorted(configured | stored)]
+    if truncated:
+        print(f"durabilis: showing {limit} of the breaker names found in Redis (more are "
+              "there): --limit for more", file=sys.stderr)
     if s.json:
-        print_json({"breakers": docs, "count": len(docs)})
+        print_json({"breakers": docs, "count": len(docs), "truncated": truncated})
         return EXIT_OK
     print_table(
         ("NAME", "STATE", "FAILURE_RATE", "REQUESTS", "FAILURES", "PROBES", "RETRY_AFTER_S",
@@ -88,8 +104,7 @@ def _breaker_ls(s: Session) -> int:
 
 def _breaker_show(s: Session) -> int:
     registry, configured = _known_breaker(s, s.args.name, read=True)
-    doc = _breaker_doc(registry, s.args.name, configured,
-                       s.args.name in registry.stored_names())
+    doc = _breaker_doc(registry, s.args.name, configured, registry.is_stored(s.args.name))
     if s.json:
         print_json(doc)
         return EXIT_OK

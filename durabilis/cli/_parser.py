@@ -171,7 +171,9 @@ def _add_dlq_selection(p: Any, statuses: tuple[str, ...] | None, default: str | 
 
 def _add_breaker(sub: Any, common: argparse.ArgumentParser) -> None:
     brk = _group(sub, "breaker", "circuit breakers")
-    _leaf(brk, common, "ls", "every breaker: configured ones and those found in Redis")
+    ls = _leaf(brk, common, "ls", "every breaker: configured ones and those found in Redis")
+    ls.add_argument("--limit", type=int, default=1000,
+                    help="read at most this many names from Redis (default 1000)")
     _leaf(brk, common, "show", "one breaker's state and config").add_argument("name")
     _leaf(brk, common, "open", "force a breaker OPEN (reset timer restarted)").add_argument(
         "name"

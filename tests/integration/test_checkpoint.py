@@ -905,3 +905,24 @@ def test_a_replaced_record_never_outlives_the_replaced_ids_index_and_clear_task_
     assert not raw.exists(record)
     with pytest.raises(CheckpointNotFound):
         mgr.get_by_id(old.checkpoint_id)
+
+
+@pytest.mark.standalone_only  # memory:// is one in-process backend: no topology to vary
+def test_a_task_saves_several_phases_and_forks_on_the_memory_backend() -> None:
+    """memory:// (fakeredis) has no ``redis.sha1hex``: a task's second save (the
+    first one with a parent, whose mark in the children index is a digest)
+    and a fork still work there, and its lineage reads back."""
+    store = durabilis.connect("memory://ckpt-mark", namespace="mem-ckpt")
+    try:
+        ckpt = CheckpointManager(store)
+        first = ckpt.save("task-m", "agent-1", "fetch", {"n": 1})
+        second = ckpt.save("task-m", "agent-1", "render", {"n": 2})
+        third = ckpt.save("task-m", "agent-1", "render", {"n": 3})
+        assert ckpt.restore("task-m", "agent-1").checkpoint_id == third.checkpoint_id
+        forked = ckpt.fork(second.checkpoint_id, "task-f")
+        assert ckpt.restore("task-f", "agent-1").state == {"n": 2}
+        assert forked.parent_checkpoint_id == second.checkpoint_id
+        ids = [c.checkpoint_id for c in ckpt.history("task-m", "agent-1")]
+        assert ids[0] == third.checkpoint_id and first.checkpoint_id in ids
+    finally:
+        store.close()

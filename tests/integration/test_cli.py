@@ -407,6 +407,29 @@ def test_idem_show_reports_done_and_in_progress_records(
     assert code == EXIT_NOT_FOUND and "no idempotency record" in err
 
 
+def test_breaker_ls_reads_a_bounded_number_of_names_and_says_when_it_stopped(
+    cli: Run, store: durabilis.Store, raw: redis.Redis
+) -> None:
+    """A namespace whose breaker-names set is large: ``breaker ls --limit N``
+    lists at most N of the names found in Redis (beside the configured ones)
+    and says the list is cut; ``show`` of any one of them reads that name only."""
+    raw.sadd(store.keys.breaker_names(), *[f"dep-{i:02}" for i in range(30)])
+    configured = declared_breakers(None)
+    listing = js(cli("breaker", "ls", "--json", "--limit", "5", config=False))
+    found = {b["name"] for b in listing["breakers"]} - configured
+    assert len(found) == 5 and found <= {f"dep-{i:02}" for i in range(30)}
+    assert listing["truncated"] is True
+    code, out, err = cli("breaker", "ls", "--limit", "5", config=False)
+    assert code == EXIT_OK and "--limit" in err and "dep-" in out
+    whole = js(cli("breaker", "ls", "--json", config=False))
+    assert whole["truncated"] is False
+    assert {b["name"] for b in whole["breakers"]} - configured == {f"dep-{i:02}" for i in range(30)}
+    shown = js(cli("breaker", "show", "dep-29", "--json", config=False))
+    assert shown["in_redis"] is True and shown["configured"] is False
+    code, _, err = cli("breaker", "ls", "--limit", "0")
+    assert code == EXIT_USAGE and "--limit" in err
+
+
 def test_a_breaker_name_no_durabilis_process_wrote_is_skipped_with_a_warning(
     cli: Run, store: durabilis.Store, raw: redis.Redis
 ) -> None:

@@ -522,3 +522,20 @@ def test_abandon_with_expected_acts_only_on_the_record_the_caller_saw(
         return stale, fresh
 
     assert asyncio.run(main()) == (False, True)
+
+
+def test_a_requeue_result_names_who_marked_it_now_and_before(store: durabilis.Store) -> None:
+    """``requeue()``'s result says who marked the record: the caller for a mark
+    made now (as the record stores it), the earlier marker for one marked
+    before; ``by=None`` marks it with no name."""
+    layer = DurabilityLayer(store, fleet_config())
+    first, second = _park(layer, 1, 2)
+    marked = layer.dlq.requeue([first, first], by="ann")
+    assert [(r.outcome, r.requeued_by) for r in marked] == [("requeued", "ann")] * 2
+    stored = layer.dlq.get(first)
+    assert stored is not None and stored.requeued_by == marked[0].requeued_by
+    again = layer.dlq.requeue([first], by="bob")
+    assert [(r.outcome, r.requeued_by) for r in again] == [("already", "ann")]
+    anonymous = layer.dlq.requeue([second], by=None)
+    assert [(r.outcome, r.requeued_by) for r in anonymous] == [("requeued", None)]
+    layer.close()

@@ -385,8 +385,12 @@ class DlqCalls(EnqueueOps):
             ["mark", truncate(clean(by or ""), BY_BYTES), *expected_args(dlq_ids, expected)],
         )
 
-    def decode_requeue(self, dlq_ids: Sequence[str], reply: Any) -> list[RequeueResult]:
+    def decode_requeue(
+        self, dlq_ids: Sequence[str], reply: Any, by: str | None = None,
+    ) -> list[RequeueResult]:
+        """The replies of :meth:`requeue` (``by``: who marked, as given to it)."""
         key = self.requeue_key
+        marker = truncate(clean(by), BY_BYTES) or None if by else None
         if reply_tag(reply, key) != "ok" or len(reply) != len(dlq_ids) + 1:
             raise corrupt_error(reply, key)
         out = []
@@ -394,7 +398,7 @@ class DlqCalls(EnqueueOps):
             tag = reply_tag(item, key)
             if tag == "ok":
                 at = _codec.as_datetime(item[1], key=key, field="rq")
-                out.append(RequeueResult(dlq_id, "requeued", at, None, DlqStatus.PENDING))
+                out.append(RequeueResult(dlq_id, "requeued", at, marker, DlqStatus.PENDING))
             elif tag == "already":
                 at = _codec.as_datetime(item[1], key=key, field="rq")
                 out.append(RequeueResult(dlq_id, "already", at, field_text(item[2], key, "rqb")

@@ -54,7 +54,7 @@ class ListingPlans(DlqCalls):
         for start in range(0, len(known), PAGE):
             batch = known[start:start + PAGE]
             call = self.requeue(batch, by, expected)
-            for r in self.decode_requeue(batch, (yield call)):
+            for r in self.decode_requeue(batch, (yield call), by):
                 found[r.dlq_id] = r
                 if r.outcome == "requeued":
                     self.log.info("durability_dlq_requeued", dlq_id=r.dlq_id, by=by)
