@@ -94,10 +94,6 @@ _log = get_logger()
 # --- the shipped policies (default_policies, gateway_policies) and the budget's calls ------
 # live in the core (durabilis.core.retry): imported above, re-exported here.
 
-_BudgetOps = BudgetOps
-"""The old private name, still imported by ``durabilis.layer._plans`` (which is
-being reworked elsewhere): use :class:`durabilis.core.retry.BudgetOps`."""
-
 
 # --- events ----------------------------------------------------------------------------
 

@@ -218,8 +218,8 @@ class DurabilityLayer:
         self.checkpoints = CheckpointManager(store, cfg.checkpoint)
         self.dlq = DeadLetterQueue(store, cfg.dlq, replayer_id=self.breakers.replica_id)
         self._core = _LayerCore(
-            store, cfg, self.idempotency._ops, self.retry, self.breakers,
-            self.checkpoints._ops, self.dlq._ops,
+            store, cfg, self.idempotency.ops, self.retry, self.breakers,
+            self.checkpoints.ops, self.dlq.ops,
         )
         self._leases = LeaseBook(on_hold=self._ensure_renewer)
         self._core.on_wait = self._ensure_renewer  # (counts wait without a claim held too)
@@ -425,7 +425,7 @@ class DurabilityLayer:
         ``DEFERRED``, like one whose breaker is open: no attempt counted.
         """
         return drive(
-            self.dlq._ops.replay_steps(dlq_id, self._core.replay_plan(fn, wait)), self.store,
+            self.dlq.ops.replay_steps(dlq_id, self._core.replay_plan(fn, wait)), self.store,
             leases=self._leases,
         )
 
@@ -446,7 +446,7 @@ class DurabilityLayer:
         :class:`ReplayResult` as the pass goes (progress). ``requeued_only``:
         only the records an operator marked for redelivery (``dlq requeue``)."""
         return drive(
-            self.dlq._ops.replay_pending_steps(
+            self.dlq.ops.replay_pending_steps(
                 operation_type, limit, max_per_second, self._core.replay_plan(fn, wait),
                 on_result, requeued_only=requeued_only,
             ),
@@ -473,7 +473,7 @@ class DurabilityLayer:
         keeps it. ``OrphanRecovery(requeue_handlers=...)`` runs this on a schedule.
         """
         return drive(
-            self.dlq._ops.replay_requeued_steps(
+            self.dlq.ops.replay_requeued_steps(
                 {op: self._core.replay_plan(fn, wait) for op, fn in handlers.items()},
                 limit, max_per_second, on_result,
             ),
@@ -534,8 +534,8 @@ class AsyncDurabilityLayer:
         self.checkpoints = AsyncCheckpointManager(store, cfg.checkpoint)
         self.dlq = AsyncDeadLetterQueue(store, cfg.dlq, replayer_id=self.breakers.replica_id)
         self._core = _LayerCore(
-            store, cfg, self.idempotency._ops, self.retry, self.breakers,
-            self.checkpoints._ops, self.dlq._ops,
+            store, cfg, self.idempotency.ops, self.retry, self.breakers,
+            self.checkpoints.ops, self.dlq.ops,
         )
         self._leases = LeaseBook(on_hold=self._ensure_renewer)
         self._core.on_wait = self._ensure_renewer  # (counts wait without a claim held too)
@@ -714,7 +714,7 @@ class AsyncDurabilityLayer:
         """See :meth:`DurabilityLayer.replay`."""
         self._on_home_loop()
         return await adrive(
-            self.dlq._ops.replay_steps(dlq_id, self._core.replay_plan(fn, wait)), self.store,
+            self.dlq.ops.replay_steps(dlq_id, self._core.replay_plan(fn, wait)), self.store,
             leases=self._leases,
         )
 
@@ -732,7 +732,7 @@ class AsyncDurabilityLayer:
         """See :meth:`DurabilityLayer.replay_pending`."""
         self._on_home_loop()
         return await adrive(
-            self.dlq._ops.replay_pending_steps(
+            self.dlq.ops.replay_pending_steps(
                 operation_type, limit, max_per_second, self._core.replay_plan(fn, wait),
                 on_result, requeued_only=requeued_only,
             ),
@@ -751,7 +751,7 @@ class AsyncDurabilityLayer:
         """See :meth:`DurabilityLayer.replay_requeued`."""
         self._on_home_loop()
         return await adrive(
-            self.dlq._ops.replay_requeued_steps(
+            self.dlq.ops.replay_requeued_steps(
                 {op: self._core.replay_plan(fn, wait) for op, fn in handlers.items()},
                 limit, max_per_second, on_result,
             ),

@@ -62,7 +62,8 @@ from durabilis.breaker import (
     CircuitBreakerRegistry,
     Permit,
 )
-from durabilis.checkpoint import _part
+from durabilis.core.checkpoint import part
+from durabilis.core.retry import BudgetOps
 from durabilis.dlq import (
     ANSWERED,
     FINISHED,
@@ -104,7 +105,6 @@ from durabilis.retry import (
     AsyncRetryEngine,
     RetryEngine,
     RetryPolicy,
-    _BudgetOps,
     emit_retry_attempt,
     emit_retry_stop,
 )
@@ -334,7 +334,7 @@ class _LayerCore:
         self._breakers = breakers
         self._ckpt = checkpoint_ops
         self._dlq = dlq_ops
-        self._budget = _BudgetOps(store.keys)
+        self._budget = BudgetOps(store.keys)
         self._index = store.keys.layer("inflight")
         # Unfused stores (Cluster): a claim's "birth" entry, written by the
         # claim's own script in an index bucket of the claim's hash slot, lists
@@ -432,9 +432,9 @@ class _LayerCore:
         if (task_id is None) != (phase is None):
             raise ConfigError("phase", "task_id and phase go together")
         if task_id is not None and phase is not None:
-            _part("task_id", task_id)
-            _part("phase", phase)
-            _part("agent_id", agent_id)
+            part("task_id", task_id)
+            part("phase", phase)
+            part("agent_id", agent_id)
         for name, seconds in (("wait", wait), ("deadline_seconds", deadline_seconds)):
             if seconds is not None and (
                 isinstance(seconds, bool) or not isinstance(seconds, (int, float))
@@ -775,7 +775,7 @@ class _LayerCore:
 
     def _decode_permit(self, dep: str, reply: Any) -> Permit:
         """Decode an admission; fire its transition; note it for the registry's cache."""
-        return self._breakers._admit(dep, reply)
+        return self._breakers.admit(dep, reply)
 
     def _best_effort(
         self, calls: list[ScriptCall], event: str, key: str,
@@ -928,7 +928,7 @@ class _LayerCore:
                 or reply[0] != b"ok"):
             return (yield from self._succeeded(req, cl, permit, value, took_ms, first=done))
         if dep is not None:
-            self._breakers._reported(dep, permit, done[1], took_ms)  # fires; notes the cache
+            self._breakers.reported(dep, permit, done[1], took_ms)  # fires; notes the cache
         self._leave([cl.member], {"started": 1, "succeeded": 1})
         if not_stored:
             _log.error(
@@ -1006,7 +1006,7 @@ class _LayerCore:
             for alias in req.aliases:
                 calls.append(self._idem.check(alias, tombstones=True))
                 waves.append(2)
-        cached = None if self.fuses or dep is None else self._breakers._cached(dep)
+        cached = None if self.fuses or dep is None else self._breakers.cached(dep)
         if dep is not None and cached is None:
             at["cb"] = len(calls)
             gates[len(calls)] = _breaker_refused
@@ -1210,7 +1210,7 @@ class _LayerCore:
         (an earlier run may have had its effect), never as if untouched.
         """
         if req.dependency is not None:
-            self._breakers._forget(req.dependency)  # no report confirms the cache (Cluster)
+            self._breakers.forget(req.dependency)  # no report confirms the cache (Cluster)
         calls: list[ScriptCall] = []
         if cl.token or cl.member:
             # A run flagged recovered passes the mark on (its own key may hold it
@@ -1461,10 +1461,10 @@ class _LayerCore:
                 raise
             except DurabilisError as broke:
                 if dep is not None:
-                    self._breakers._forget(dep)  # a report that did not reach Redis
+                    self._breakers.forget(dep)  # a report that did not reach Redis
                 return (yield from self._park_failed(req, cl, failed, broke))
             if dep is not None:
-                self._breakers._reported(dep, permit, replies[0], took_ms)  # fires; notes the cache
+                self._breakers.reported(dep, permit, replies[0], took_ms)  # fires; notes the cache
             if decision.retry and budget is not None:
                 try:
                     state = self._budget.decode(req.operation_type, replies[-1])
@@ -1719,7 +1719,7 @@ class _LayerCore:
                     calls["save"] = out
                 return out if isinstance(out, ScriptCall) else None
             if name == "report" and req.dependency is not None:
-                self._breakers._reported(req.dependency, permit, reply, took_ms)
+                self._breakers.reported(req.dependency, permit, reply, took_ms)
             if name == "settle":
                 return self._settle_again(req, reply, misses.setdefault(name, []),
                                           req.key.value, own=True)
@@ -1742,7 +1742,7 @@ class _LayerCore:
             )
         except _Unsent as unsent:
             if req.dependency is not None:
-                self._breakers._forget(req.dependency)  # its report did not land (yet)
+                self._breakers.forget(req.dependency)  # its report did not land (yet)
             # After the record, by the keep-alive.
             unsent.calls.append(self._note("rem", [cl.member] if cl.member else [], **counts))
             yield from self._defer(req, cl, unsent)
