@@ -39,11 +39,11 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from durabilis import _codec, _fork, otel
 from durabilis._fork import reset_in_child
-from durabilis._keys import CLUSTER_SLOTS, bucket_tag, hash_slot
+from durabilis._keys import CLUSTER_SLOTS, KeySpace, bucket_tag, hash_slot
 from durabilis._log import get_logger
 from durabilis._retry_core import (
     EXHAUSTED,
@@ -55,15 +55,11 @@ from durabilis._retry_core import (
     error_code,
 )
 from durabilis._scripts import Replies, ScriptCall, fuse
-from durabilis._steps import INTERRUPTS, IO, Defer, Deferred, Hold, LeaseBook, Plan, Run, Sleep
-from durabilis._store import AsyncStore, Store
-from durabilis.breaker import (
-    AsyncCircuitBreakerRegistry,
-    CircuitBreakerRegistry,
-    Permit,
-)
+from durabilis._steps import INTERRUPTS, Deferred, LeaseBook
+from durabilis.core.breaker import BreakerBook, Permit
 from durabilis.core.checkpoint import part
-from durabilis.core.retry import BudgetOps
+from durabilis.core.retry import BudgetOps, RetryPolicy
+from durabilis.core.steps import IO, Defer, Hold, Plan, Run, Sleep
 from durabilis.dlq import (
     ANSWERED,
     FINISHED,
@@ -101,15 +97,28 @@ from durabilis.layer._config import (
     LayerStats,
     OperationContext,
 )
-from durabilis.retry import (
-    AsyncRetryEngine,
-    RetryEngine,
-    RetryPolicy,
-    emit_retry_attempt,
-    emit_retry_stop,
-)
+from durabilis.retry import emit_retry_attempt, emit_retry_stop
 
 _log = get_logger()
+
+
+class StoreShape(Protocol):
+    """What the plans read of the store the shells hand them (no I/O):
+    :class:`durabilis._store.Store` and its asyncio twin have these."""
+
+    @property
+    def keys(self) -> KeySpace: ...  # every key's name
+    @property
+    def fuses(self) -> bool: ...  # a step's scripts run as one (standalone)
+    @property
+    def is_cluster(self) -> bool: ...  # Redis Cluster: the birth index has a bucket per slot
+
+
+class Policies(Protocol):
+    """Where the plans find an operation's retry policy: the retry engines
+    (sync and asyncio) have it."""
+
+    def get_policy(self, operation_type: str) -> RetryPolicy | None: ...
 
 _STOPPED: tuple[type[BaseException], ...] = (DurabilisError, *INTERRUPTS)
 """A step failed, or the plan was interrupted: nothing more will run."""
@@ -314,11 +323,11 @@ class _LayerCore:
 
     def __init__(  # noqa: PLR0917  (the pillars, built by the twins)
         self,
-        store: Store | AsyncStore,
+        store: StoreShape,
         config: DurabilityConfig,
         idem_ops: Any,
-        retry: RetryEngine | AsyncRetryEngine,
-        breakers: CircuitBreakerRegistry | AsyncCircuitBreakerRegistry,
+        retry: Policies,
+        breakers: BreakerBook,
         checkpoint_ops: Any,
         dlq_ops: Any,
     ) -> None:
