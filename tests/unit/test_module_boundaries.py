@@ -127,3 +127,24 @@ def test_the_layer_is_held_to_the_same_rule() -> None:
     checked = {rel for rel, _ in _modules()}
     layer = {p.relative_to(PACKAGE).as_posix() for p in (PACKAGE / "layer").rglob("*.py")}
     assert layer and layer <= checked
+
+
+def test_the_layers_plans_import_no_store_registry_or_engine() -> None:
+    # What the plans read of the store, the breakers and the retry engines is
+    # typed (StoreShape, BreakerBook, Policies); the shells hand them in.
+    shells = {
+        "Store", "AsyncStore", "CircuitBreakerRegistry", "AsyncCircuitBreakerRegistry",
+        "RetryEngine", "AsyncRetryEngine",
+    }
+    found = []
+    for path in sorted((PACKAGE / "layer" / "_plans").rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module == "durabilis._store":
+                found.append(f"{rel}:{node.lineno}: from durabilis._store")
+            elif isinstance(node, ast.ImportFrom):
+                found += [f"{rel}:{node.lineno}: {a.name}" for a in node.names if a.name in shells]
+            elif isinstance(node, ast.Import):
+                found += [f"{rel}:{node.lineno}: import {a.name}" for a in node.names
+                          if a.name == "durabilis._store"]
+    assert not found, found
