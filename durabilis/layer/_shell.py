@@ -6,6 +6,7 @@ its driver (``drive`` in :mod:`durabilis.layer._api`, ``await adrive`` in
 from __future__ import annotations
 
 import inspect
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
@@ -167,7 +168,7 @@ class _LayerShell(Generic[S]):
         self._compose(store, cfg, replica_id)
         self._core = _LayerCore(
             store, cfg, self.idempotency.ops, self.retry, self.breakers,
-            self.checkpoints.ops, self.dlq.ops,
+            self.checkpoints.ops, self.dlq.ops, new_lock=threading.Lock,
         )
         self._leases = LeaseBook(on_hold=self._ensure_renewer)
         self._core.on_wait = self._ensure_renewer  # (counts wait without a claim held too)

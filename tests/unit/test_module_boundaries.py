@@ -131,7 +131,9 @@ def test_the_layer_is_held_to_the_same_rule() -> None:
 
 def test_the_layers_plans_import_no_store_registry_or_engine() -> None:
     # What the plans read of the store, the breakers and the retry engines is
-    # typed (StoreShape, BreakerBook, Policies); the shells hand them in.
+    # typed (StoreShape, BreakerBook, Policies); the shells hand them in, and
+    # their lock (new_lock). Not yet the core's rule (docs/architecture.md):
+    # no direct import of redis, asyncio or threading.
     shells = {
         "Store", "AsyncStore", "CircuitBreakerRegistry", "AsyncCircuitBreakerRegistry",
         "RetryEngine", "AsyncRetryEngine",
@@ -146,5 +148,6 @@ def test_the_layers_plans_import_no_store_registry_or_engine() -> None:
                 found += [f"{rel}:{node.lineno}: {a.name}" for a in node.names if a.name in shells]
             elif isinstance(node, ast.Import):
                 found += [f"{rel}:{node.lineno}: import {a.name}" for a in node.names
-                          if a.name == "durabilis._store"]
+                          if a.name == "durabilis._store"
+                          or a.name.partition(".")[0] in ("redis", "asyncio", "threading")]
     assert not found, found

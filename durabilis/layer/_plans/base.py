@@ -6,9 +6,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import threading
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -241,6 +241,8 @@ class _Base:
         breakers: BreakerBook,
         checkpoint_ops: Any,
         dlq_ops: Any,
+        *,
+        new_lock: Callable[[], AbstractContextManager[Any]],
     ) -> None:
         self.config = config
         self.fuses = store.fuses
@@ -274,7 +276,8 @@ class _Base:
         self._known: dict[tuple[str, str], str] = {}
         # Duplicates answered on standalone are counted here and carried by a
         # later note (see count_duplicate): a duplicate is one round trip.
-        self._dups_lock = threading.Lock()
+        self._new_lock = new_lock  # (the shells' threading.Lock: the plans start no thread)
+        self._dups_lock = new_lock()
         self._dups = 0
         self._dups_since = 0.0
         # Cluster: index entries of settled claims, and their counts, waiting
@@ -293,7 +296,7 @@ class _Base:
     def after_fork_in_child(self) -> None:
         """What waits in the parent is the parent's to send: a forked child never
         sends the parent's counts (or index removals) a second time."""
-        self._dups_lock = threading.Lock()
+        self._dups_lock = self._new_lock()
         with self._dups_lock:
             self._dups, self._dups_since = 0, 0.0
             self._gone, self._gone_counts, self._gone_since = [], {}, 0.0
