@@ -61,7 +61,6 @@ from durabilis.core.checkpoint.types import (
     Expected,
     IdClock,
     NoCheckpoint,
-    part,
 )
 
 __all__ = [
@@ -102,7 +101,6 @@ _Entry = CheckpointEntry
 _Walk = Walk
 _RunPlan = RunPlan
 _NoCheckpoint = NoCheckpoint
-_part = part  # (the layer's import: durabilis.core.checkpoint.part is the public name)
 
 S = TypeVar("S", Store, AsyncStore)
 
@@ -114,6 +112,12 @@ class _ManagerCore(Generic[S]):
         self.store: S = store
         self.config = config or CheckpointConfig()
         self._ops = _CheckpointOps(store.keys, self.config)
+
+    @property
+    def ops(self) -> _CheckpointOps:
+        """The manager's script-call builders, decoders and plans (no I/O): what
+        the durability layer composes into its plans."""
+        return self._ops
 
 
 class CheckpointManager(_ManagerCore[Store]):

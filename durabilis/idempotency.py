@@ -64,6 +64,12 @@ class IdempotencyGuard:
         self.config = config or IdempotencyConfig()
         self._ops = _IdemOps(store.keys, self.config)
 
+    @property
+    def ops(self) -> _IdemOps:
+        """The guard's script-call builders and decoders (no I/O): what the
+        durability layer composes into its plans."""
+        return self._ops
+
     def check_and_record(
         self, key: IdempotencyKey | str, placeholder: Any = None
     ) -> CheckResult:
@@ -152,6 +158,12 @@ class AsyncIdempotencyGuard:
         self.store = store
         self.config = config or IdempotencyConfig()
         self._ops = _IdemOps(store.keys, self.config)
+
+    @property
+    def ops(self) -> _IdemOps:
+        """The guard's script-call builders and decoders (no I/O): what the
+        durability layer composes into its plans."""
+        return self._ops
 
     async def check_and_record(
         self, key: IdempotencyKey | str, placeholder: Any = None

@@ -98,9 +98,6 @@ _E = TypeVar("_E", bound="_EngineBase")
 # --- the shipped policies (default_policies, gateway_policies) and the budget's calls ------
 # live in the core (durabilis.core.retry): imported above, re-exported here.
 
-_BudgetOps = BudgetOps
-"""The old private name, still imported by ``durabilis.layer._plans`` (which is
-being reworked elsewhere): use :class:`durabilis.core.retry.BudgetOps`."""
 
 # --- the engines -------------------------------------------------------------------------
 

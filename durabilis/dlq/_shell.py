@@ -36,6 +36,12 @@ class DlqShell(Generic[S]):
         self._ops = DlqOps(store.keys, self.config, self.replayer_id)
 
     @property
+    def ops(self) -> DlqOps:
+        """The queue's script-call builders, decoders and plans (no I/O): what
+        the durability layer composes into its plans (and its replays' steps)."""
+        return self._ops
+
+    @property
     def bykey_key(self) -> str:
         """The name of the DLQ's by-key index: a hash from an operation's stored
         idempotency key to the id of its current record (``<ns>:dlq:{dlq}:bykey``).

@@ -16,15 +16,17 @@
    :class:`~durabilis.RetryExhausted`; a non-retryable error releases the claim
    and is raised as is.
 
-The logic is written once, as plans of steps (``_plans.py``); the sync and
-async layers only drive them (``durabilis._steps``). On standalone Redis each
+The logic is written once, as plans of steps (the ``_plans`` package); the
+sync and async layers (``_api.py``, ``_aio.py``, over ``_shell.py``) only
+drive them (``durabilis._steps``). On standalone Redis each
 step is one atomic Lua script: the happy path is exactly two round trips.
 ``docs/layer.md`` states the guarantee.
 """
 
 from __future__ import annotations
 
-from durabilis.layer._api import AsyncDurabilityLayer, DurabilityLayer
+from durabilis.layer._aio import AsyncDurabilityLayer
+from durabilis.layer._api import DurabilityLayer
 from durabilis.layer._config import (
     CIRCUIT_OPEN,
     DEFAULT_DEPENDENCIES,

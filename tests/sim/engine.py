@@ -110,6 +110,8 @@ from durabilis._store import _waves as _store_waves
 from durabilis.checkpoint import _RunPlan
 from durabilis.dlq import DlqConfig
 from durabilis.layer import DurabilityConfig, DurabilityLayer, OperationContext, _plans
+from durabilis.layer._plans import claim as _claim_plans
+from durabilis.layer._plans import lean as _lean_plans
 from durabilis.retry import RetryBudget
 from durabilis.testing import offset_server_clock
 
@@ -1416,13 +1418,16 @@ def _quiet_logs() -> Iterator[None]:
 def _seeded(seed: int, rng: random.Random) -> Iterator[None]:
     """Everything random in the library draws from the seed (nonces, jitter)."""
     state = random.getstate()
-    original = _plans._nonce
+    drawers = (_lean_plans, _claim_plans)  # the plans' modules that draw claim nonces
+    originals = [m._nonce for m in drawers]
     random.seed(seed)
-    _plans._nonce = lambda: f"{rng.getrandbits(64):016x}"
+    for m in drawers:
+        m._nonce = lambda: f"{rng.getrandbits(64):016x}"  # (one rng: the same draws)
     try:
         yield
     finally:
-        _plans._nonce = original
+        for m, original in zip(drawers, originals, strict=True):
+            m._nonce = original
         random.setstate(state)
 
 

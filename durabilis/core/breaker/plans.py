@@ -201,8 +201,9 @@ class BreakerBook:
             self.fire_transition(transition)
         return counted
 
-    # The composed layer calls these by their old private names; they stay
-    # until it moves to the public ones (the layer is rewritten elsewhere).
+    # Old private names. The layer calls the public ones now (its boundary
+    # test forbids these); they stay only until branches written against them
+    # (the lean path's driver) have moved to the public names.
     _cached = cached
     _seen = seen
     _forget = forget

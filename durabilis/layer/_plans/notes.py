@@ -1,0 +1,242 @@
+"""Counts, index notes and the keep-alive's calls: what waits in the process."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from durabilis import _codec
+from durabilis._scripts import Replies, ScriptCall
+from durabilis._steps import Deferred, LeaseBook
+from durabilis.core.breaker import Permit
+from durabilis.core.steps import IO, Plan
+from durabilis.errors import CorruptData, DurabilisError
+from durabilis.layer._config import LayerStats
+from durabilis.layer._plans.base import _STOPPED, DUPLICATES_FLUSH_SECONDS, _log, _renewed
+from durabilis.layer._plans.requests import _Requests
+
+
+class _Notes(_Requests):
+    """What waits in the process (duplicates' counts, Cluster index removals),
+    the keep-alive's calls, the stats."""
+
+    def _count_duplicate(self) -> int:
+        """Count a duplicate in this process; how many to send now (0: they ride later).
+
+        The fleet's ``duplicates`` counter is not worth a round trip per
+        duplicate: the count rides on this process's next completed operation
+        (its record step's note), on ``stats()`` and ``close()``, or goes by
+        itself once the oldest waiting count is DUPLICATES_FLUSH_SECONDS old.
+        A process killed meanwhile loses those counts (never a record).
+        """
+        now = self.waits_clock()
+        with self._dups_lock:
+            first = self._dups == 0
+            if first:
+                self._dups_since = now
+            self._dups += 1
+            if now - self._dups_since < DUPLICATES_FLUSH_SECONDS:
+                n = 0
+            else:
+                n, self._dups = self._dups, 0
+        if first and n == 0 and self.on_wait is not None:
+            self.on_wait()
+        return n
+
+    def _take_duplicates(self) -> int:
+        with self._dups_lock:
+            n, self._dups = self._dups, 0
+            return n
+
+    def _leave(self, members: Sequence[str], counts: Mapping[str, int]) -> None:
+        """Cluster: remove the index entries of settled claims later, with their counts.
+
+        A claim's entry may go only once its outcome is written (an entry
+        removed first would leave a dead worker's claim unlisted), so on
+        Cluster its removal would be a round trip of its own after the record.
+        It waits in this process instead and goes beside this process's next
+        claim step (same wave as its index entry: no round trip of its own), or
+        with the keep-alive's tick once a second old, ``stats()`` or
+        ``close()``. A process killed meanwhile leaves entries of recorded
+        claims, which ``recover_orphans`` drops once their lease has passed,
+        and loses those counts (never a record).
+        """
+        with self._dups_lock:
+            first = not self._gone and not self._gone_counts
+            if first:
+                self._gone_since = self.waits_clock()
+            self._gone.extend(m for m in members if m)
+            for name, n in counts.items():
+                self._gone_counts[name] = self._gone_counts.get(name, 0) + n
+        if first and self.on_wait is not None:
+            self.on_wait()
+
+    def _take_gone(self) -> tuple[list[str], dict[str, int]]:
+        """The waiting removals and their counts, taken from the queue."""
+        with self._dups_lock:
+            taken = self._gone, self._gone_counts
+            self._gone, self._gone_counts = [], {}
+        return taken
+
+    def _gone_note(
+        self, gone: list[str], counts: dict[str, int], *, again: bool = False
+    ) -> ScriptCall | None:
+        """Removals and counts as one note. First sent (``leave``), the counts go
+        whatever recovery removed meanwhile; sent ``again`` (it may have landed),
+        they go only with a removal that happens now (``rem``)."""
+        if not gone and not any(counts.values()):
+            return None
+        return self._note(("rem" if again else "leave") if gone else "none", gone, **counts)
+
+    def _unsent(self, gone: list[str], counts: dict[str, int]) -> None:
+        """A batch of removals that may not have landed waits apart; counts alone
+        (no removal to tell whether they landed) are dropped, never sent twice."""
+        if gone:
+            with self._dups_lock:
+                self._unsure.append((gone, counts))
+            if self.on_wait is not None:
+                self.on_wait()
+
+    def waiting(self) -> bool:
+        """Counts or index removals wait in this process: the keep-alive has work."""
+        with self._dups_lock:
+            return bool(
+                self._dups or self._gone or self._unsure or any(self._gone_counts.values())
+            )
+
+    def flush_plan(self, *, due_only: bool = False) -> Plan[None]:
+        """Send the counts (and, on Cluster, the index removals) waiting in this
+        process: the keep-alive's tick (``due_only``: only those whose oldest is
+        DUPLICATES_FLUSH_SECONDS old), ``stats()`` and ``close()``. A batch that
+        fails or is interrupted waits again (``_unsent``), then the step raises."""
+        now = self.waits_clock()
+        with self._dups_lock:
+            n = 0
+            if not due_only or now - self._dups_since >= DUPLICATES_FLUSH_SECONDS:
+                n, self._dups = self._dups, 0
+            unsure, self._unsure = self._unsure, []
+        fresh: list[tuple[list[str], dict[str, int]]] = []
+        if not due_only or now - self._gone_since >= DUPLICATES_FLUSH_SECONDS:
+            fresh.append(self._take_gone())
+        if n:
+            fresh.append(([], {"duplicates": n}))
+        batches = [(b, True) for b in unsure] + [(b, False) for b in fresh]
+        for i, ((gone, counts), again) in enumerate(batches):
+            if (call := self._gone_note(gone, counts, again=again)) is None:
+                continue
+            try:  # not shielded: an interruption goes through at once (removals wait)
+                yield IO([call])
+            except _STOPPED:
+                self._unsent(gone, counts)  # may have landed: apart
+                for never, was_unsure in batches[i + 1:]:  # not sent: wait as they did
+                    if was_unsure:
+                        self._unsent(*never)
+                    else:
+                        self._leave(*never)
+                raise
+
+    def renew_calls(self, held: Sequence[tuple[str, str, str]]) -> list[ScriptCall]:
+        """The keep-alive's calls for the claims held (key, nonce, member): their leases
+        and in-flight entries."""
+        if not held:
+            return []
+        members = [m for _, _, m in held if m]
+        note = self._note("renew", members)
+        if not self.fuses:  # one key per script: every record is its own slot
+            calls = [
+                ScriptCall("idem_renew", [self._keys.idem(k)], [n, self._lease_ms, "nonce"])
+                for k, n, _ in held
+            ]
+            return [*calls, note]
+        renew = ScriptCall(
+            "idem_renew",
+            [self._keys.idem(k) for k, _, _ in held],
+            [*(n for _, n, _ in held), self._lease_ms, "nonce"],
+        )
+        return [renew, note]
+
+    def reindex_calls(
+        self, held: Sequence[tuple[str, str, str]], replies: Sequence[Any]
+    ) -> list[ScriptCall]:
+        """After :meth:`renew_calls` on Cluster: put back the in-flight entries of
+        the claims just renewed (still ours).
+
+        There the entry is written before the claim, not with it: a claim step
+        delayed past the lease lets recovery look at the entry, find no claim
+        and drop it; the claim then lands unindexed. Renewing puts it back.
+        """
+        if self.fuses:
+            return []
+        back = []
+        for (_, _, member), reply in zip(held, replies, strict=False):
+            if member and _renewed(reply):
+                back.append(member)
+        return [self._note("add", back)] if back else []
+
+    def deferred_sent(self, leases: LeaseBook, item: Deferred, replies: Replies) -> None:
+        """The keep-alive sent a deferred outcome: it landed (or the claim is gone)."""
+        leases.settle(item)
+        _log.warning(
+            "durability_outcome_recorded_late", idempotency_key=item.step.key,
+            status=replies.status,
+        )
+
+    def deferred_failed(self, leases: LeaseBook, item: Deferred, exc: DurabilisError) -> None:
+        """A deferred outcome did not land this time; give up once its time ran out."""
+        if isinstance(exc, CorruptData) or time.monotonic() >= item.until:
+            leases.settle(item)
+            _log.error(
+                "durability_outcome_abandoned", idempotency_key=item.step.key,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+
+    def _decode_permit(self, dep: str, reply: Any) -> Permit:
+        """Decode an admission; fire its transition; note it for the registry's cache."""
+        return self._breakers.admit(dep, reply)
+
+    def _best_effort(
+        self, calls: list[ScriptCall], event: str, key: str,
+        gates: Mapping[int, Callable[[Any], bool]] | None = None,
+        waves: Sequence[int] | None = None,
+    ) -> Plan[bool]:
+        """Run a compensating step, shielded; a storage failure is logged, not raised
+        (what it leaves behind is found by recovery or expires: see docs/layer.md)."""
+        if not calls:
+            return True
+        try:
+            yield IO(calls, gates or {}, shield=True, waves=waves)
+        except DurabilisError as exc:
+            _log.error(event, idempotency_key=key, error=f"{type(exc).__name__}: {exc}")
+            return False
+        return True
+
+    def stats_call(self) -> ScriptCall:
+        """The counters and the in-flight index's live and lease-ended counts
+        (``layer_stats``: one read-only script, the server's clock)."""
+        return ScriptCall("layer_stats", [self._index, self._stats], [])
+
+    def decode_stats_reply(self, reply: Any) -> LayerStats:
+        """A ``layer_stats`` reply as :class:`LayerStats`."""
+        if not isinstance(reply, (list, tuple)) or len(reply) != 3:
+            raise CorruptData(self._stats, f"unexpected layer_stats reply {reply!r}")
+        flat, live, ended = reply
+        flat = list(flat or ())
+        raw = dict(zip(flat[0::2], flat[1::2], strict=False))
+        return self.decode_stats(
+            raw, _codec.as_int(live, key=self._index, field="in_flight"),
+            _codec.as_int(ended, key=self._index, field="lease_ended"),
+        )
+
+    def decode_stats(
+        self, raw: Mapping[Any, Any], in_flight: int, lease_ended: int = 0
+    ) -> LayerStats:
+        values = {}
+        counters = LayerStats.__dataclass_fields__
+        gauges = ("in_flight", "lease_ended")  # from the index, never from the hash
+        for k, v in (raw or {}).items():
+            name = k.decode("utf-8", "replace") if isinstance(k, bytes) else str(k)
+            if name in counters and name not in gauges:  # (a field not ours is no counter)
+                values[name] = _codec.as_int(v, key=self._stats, field=name)
+        known = {f: values.get(f, 0) for f in counters if f not in gauges}
+        return LayerStats(**known, in_flight=in_flight, lease_ended=lease_ended)
