@@ -158,5 +158,5 @@ def test_a_late_confirmation_of_a_generation_known_to_be_over_does_not_refill_th
     other.force_open("svc")
     other.force_close("svc")  # a new CLOSED generation
     assert mine.after_call("svc", True, early) is False  # stale: the generation is over
-    mine._seen(late, True, None)  # a reply of that generation read late, as if counted
+    mine.seen(late, True, None)  # a reply of that generation read late, as if counted
     assert mine.before_call("svc").generation > late.generation  # asked Redis again

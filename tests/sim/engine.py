@@ -110,8 +110,7 @@ from durabilis._store import _waves as _store_waves
 from durabilis.checkpoint import _RunPlan
 from durabilis.dlq import DlqConfig
 from durabilis.layer import DurabilityConfig, DurabilityLayer, OperationContext, _plans
-from durabilis.layer._plans import claim as _claim_plans
-from durabilis.layer._plans import lean as _lean_plans
+from durabilis.layer._plans import base as _plans_base
 from durabilis.retry import RetryBudget
 from durabilis.testing import offset_server_clock
 
@@ -1418,16 +1417,13 @@ def _quiet_logs() -> Iterator[None]:
 def _seeded(seed: int, rng: random.Random) -> Iterator[None]:
     """Everything random in the library draws from the seed (nonces, jitter)."""
     state = random.getstate()
-    drawers = (_lean_plans, _claim_plans)  # the plans' modules that draw claim nonces
-    originals = [m._nonce for m in drawers]
+    original = _plans_base.nonce  # (the plans draw every claim nonce from it)
     random.seed(seed)
-    for m in drawers:
-        m._nonce = lambda: f"{rng.getrandbits(64):016x}"  # (one rng: the same draws)
+    _plans_base.nonce = lambda: f"{rng.getrandbits(64):016x}"
     try:
         yield
     finally:
-        for m, original in zip(drawers, originals, strict=True):
-            m._nonce = original
+        _plans_base.nonce = original
         random.setstate(state)
 
 

@@ -373,13 +373,3 @@ def test_all_states_reads_every_breaker_in_one_batch() -> None:
     assert names == ["dep"] and [c.name for c in calls] == ["cb_read"]
     reply = [b"info", b"C", 1, 0, 0, 0, 0, NOW_MS, 0, 0, 0, 0]
     assert b.decode_states(names, [reply]) == {"dep": BreakerState.CLOSED}
-
-
-# --- the names the composed layer still uses ----------------------------------------------
-
-
-def test_the_layers_private_names_are_aliases_of_the_public_core_api() -> None:
-    assert BreakerBook._admit is BreakerBook.admit
-    assert BreakerBook._cached is BreakerBook.cached
-    assert BreakerBook._forget is BreakerBook.forget
-    assert BreakerBook._reported is BreakerBook.reported

@@ -201,17 +201,6 @@ class BreakerBook:
             self.fire_transition(transition)
         return counted
 
-    # Old private names. The layer calls the public ones now (its boundary
-    # test forbids these); they stay only until branches written against them
-    # (the lean path's driver) have moved to the public names.
-    _cached = cached
-    _seen = seen
-    _forget = forget
-    _admission = admission_call
-    _interrupted_admission = interrupted_admission
-    _admit = admit
-    _reported = reported
-
     def _too_slow(self, name: str, took_ms: float) -> None:
         """A probe's answer came ``probe_timeout_seconds`` or more after its
         admission: presumed abandoned, it is never credited. If the dependency's

@@ -63,7 +63,9 @@ _LATE_TRIES = 3  # tries of a record step after its lease's time ran out, before
 _KNOWN_PAIRS = 1024  # (agent, operation) pairs whose checked key parts a layer keeps
 
 
-def _nonce() -> str:
+def nonce() -> str:
+    """A claim's nonce, 16 hex digits. The one place the plans draw one: the
+    fault simulator replaces it with a seeded draw."""
     return os.urandom(8).hex()  # (secrets.token_hex(8), one call less)
 
 

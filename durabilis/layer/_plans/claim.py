@@ -21,6 +21,7 @@ from durabilis.errors import (
 )
 from durabilis.idempotency import Duplicate, IdempotencyKey, New
 from durabilis.layer._config import CIRCUIT_OPEN, OperationContext
+from durabilis.layer._plans import base as _base
 from durabilis.layer._plans.attempts import _Attempts
 from durabilis.layer._plans.base import (
     _CLAIM_AGAIN,
@@ -30,7 +31,6 @@ from durabilis.layer._plans.base import (
     _claim_refused,
     _had_previous,
     _log,
-    _nonce,
     _Request,
     _unwrap_born_claim,
 )
@@ -46,7 +46,7 @@ class _Claims(_Attempts):
         budget = policy.budget if policy is not None else None
         dep = req.dependency
         dedup = self.config.idempotency.enabled
-        nonce = _nonce()
+        nonce = _base.nonce()  # (looked up each time: the simulator seeds it)
         member = self.member(req.key.value, nonce) if dedup else ""
         probe = f"{nonce}.0"
         # On Cluster these go in waves (Store.run_step), and no wave is sent

@@ -13,13 +13,13 @@ from durabilis.core.retry import RetryPolicy
 from durabilis.core.steps import IO, Hold, Plan, Run
 from durabilis.errors import DurabilisError, ResultNotStored
 from durabilis.layer._config import OperationContext
+from durabilis.layer._plans import base as _base
 from durabilis.layer._plans.base import (
     _CLAIM_AGAIN,
     _breaker_refused,
     _Claim,
     _claim_refused,
     _log,
-    _nonce,
     _record_refused,
     _Request,
     _unknown,
@@ -90,7 +90,7 @@ class _LeanPath(_Claims):
         take over from where it stands."""
         key = req.key.value
         dep = req.dependency
-        nonce = _nonce()
+        nonce = _base.nonce()  # (looked up each time: the simulator seeds it)
         member = f"{key}|{nonce}"
         probe = f"{nonce}.0"
         calls = [self._note("add", [member]), self._idem.claim(req.key, None, req.envelope, nonce)]
