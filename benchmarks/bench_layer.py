@@ -38,7 +38,7 @@ from typing import Any
 import durabilis
 from benchmarks._harness import Workload
 from durabilis import DurabilityLayer, OperationInProgress
-from durabilis._scripts import ScriptCall
+from durabilis._scripts import ScriptCall, fuse
 from durabilis.layer import AsyncDurabilityLayer
 
 NAMESPACE = "bench"
@@ -156,7 +156,7 @@ class DurableScriptsRaw(Workload):
 
     One real durable call (in a namespace of its own, so that no layer of the
     run ever recovers the in-flight entries this workload leaves) is captured
-    at the store: its fused claim step and its record. Each timed call sends
+    at the store's steps: its fused claim step and its record. Each timed call sends
     both again for a new key (the captured key's hash replaced by one of this
     workload's own), the record with the token the claim returned, through
     ``Store.run``. The in-flight entries it adds are never removed (the layer's
@@ -166,24 +166,26 @@ class DurableScriptsRaw(Workload):
     def __init__(self, url: str, index: int) -> None:
         self.store = durabilis.connect(url, namespace=f"{NAMESPACE}-raw")
         captured: list[ScriptCall] = []
-        run = self.store.run
+        run_step = self.store.run_step
 
-        def capture(call: ScriptCall) -> Any:
-            captured.append(call)
-            return run(call)
+        def capture(calls: Any, gates: Any = None, waves: Any = None) -> Any:
+            # (a step of several calls is sent as their fused script: that one)
+            captured.append(calls[0] if len(calls) == 1 else fuse(
+                calls, [bool(gates and i in gates) for i in range(len(calls))]))
+            return run_step(calls, gates, waves)
 
         layer = DurabilityLayer(self.store)
         # A first call warms the breaker's cached admission (as in any timed
         # durable call): the captured one sends no breaker script.
         once = uuid.uuid4().hex  # every workload built captures a new key of its own
         layer.execute("agent-1", "memory_write", payload(f"warm-up-{once}", index, 0), _result)
-        self.store.run = capture  # type: ignore[method-assign]
+        self.store.run_step = capture  # type: ignore[method-assign]
         try:
             layer.execute(
                 "agent-1", "memory_write", payload(f"template-{once}", index, 0), _result
             )
         finally:
-            del self.store.run
+            del self.store.run_step
             layer.close()
         claims = [c for c in captured if "idem_claim" in c.name]
         records = [c for c in captured if c.name == "idem_record"]
