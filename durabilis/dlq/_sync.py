@@ -68,16 +68,8 @@ class DeadLetterQueue(DlqShell[Store]):
                 (before any I/O). CorruptData: Foreign data at a DLQ key.
             StorageUnavailable: Redis down.
         """
-        call = self._ops.enqueue(
-            agent_id,
-            operation_type,
-            original_operation,
-            retry_count,
-            last_error,
-            ttl_seconds,
-            metadata=metadata,
-            dlq_id=dlq_id,
-        )
+        call = self._ops.enqueue(agent_id, operation_type, original_operation, retry_count,
+                                 last_error, ttl_seconds, metadata=metadata, dlq_id=dlq_id)
         return drive(self._ops.enqueue_plan(call), self.store).dlq_id
 
     def get(self, dlq_id: str) -> DlqRecord | None:

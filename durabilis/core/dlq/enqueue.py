@@ -178,17 +178,10 @@ class EnqueueOps(OpsBase):
         args[10] = cand
         return ScriptCall(call.name, keys, args)
 
-    def enqueue(  # noqa: PLR0917  (the seed's signature)
-        self,
-        agent_id: str,
-        operation_type: str,
-        original_operation: Any,
-        retry_count: int,
-        last_error: str | None,
-        ttl_seconds: float | None = None,
-        *,
-        metadata: Mapping[str, str] | None = None,
-        dlq_id: str | None = None,
+    def enqueue(  # noqa: PLR0917  (the seed's signature, the shells' arguments)
+        self, agent_id: str, operation_type: str, original_operation: Any, retry_count: int,
+        last_error: str | None, ttl_seconds: float | None = None, *,
+        metadata: Mapping[str, str] | None = None, dlq_id: str | None = None,
     ) -> ScriptCall:
         """The enqueue call; every input is checked here, before any I/O.
 
