@@ -139,13 +139,8 @@ class EnqueueOps(OpsBase):
             "dlq_enqueue",
             [
                 self.stream_key,
-                self.expiry_key,
-                self.pending_key,
-                self.pending_by_op_key,
-                self.counts_key,
-                self.record_key(dlq_id),
-                self.bykey_key,
-                self.record_key(cand),
+                *self.status_keys(dlq_id),
+                self.record_key(cand),  # keys[7]: see enqueue_again
                 self.log_key,
                 self.requeue_key,
             ],

@@ -31,6 +31,8 @@ from durabilis.errors import (
 )
 
 _Rows = Generator[tuple[str, "DlqRecord | None"], None, None]
+_Page = Plan[tuple[int, Iterable[tuple[str, "DlqRecord | None"]]]]
+"""A scan's fetch: how many entries it read and, per entry, its stream id and record."""
 
 
 class ListingPlans(DlqCalls):
@@ -147,21 +149,15 @@ class ListingPlans(DlqCalls):
                 "max_examined", f"must be an integer >= 1 or None, got {max_examined!r}")
 
     def list_pending_steps(
-        self,
-        operation_type: str | None,
-        limit: int | None,
-        after: str | DlqRecord | None,
-        max_examined: int | None = None,
+        self, operation_type: str | None, limit: int | None,
+        after: str | DlqRecord | None, max_examined: int | None = None,
     ) -> Plan[list[DlqRecord]]:
         page = yield from self.scan_pending_steps(operation_type, limit, after, max_examined)
         return page.records
 
     def scan_pending_steps(
-        self,
-        operation_type: str | None,
-        limit: int | None,
-        after: str | DlqRecord | None,
-        max_examined: int | None = None,
+        self, operation_type: str | None, limit: int | None,
+        after: str | DlqRecord | None, max_examined: int | None = None,
     ) -> Plan[DlqScan]:
         """Pending records in enqueue order after ``after``: at most ``limit``,
         looking at most at ``max_examined`` index entries (expired records
@@ -179,7 +175,7 @@ class ListingPlans(DlqCalls):
                 yield sid, (
                     record if record is not None and record.status is DlqStatus.PENDING else None)
 
-        def fetch(count: int) -> Plan[tuple[int, Iterable[tuple[str, DlqRecord | None]]]]:
+        def fetch(count: int) -> _Page:
             nonlocal bound
             page = self.decode_members(
                 operation_type, (yield self.pending_range(operation_type, bound, count))
@@ -194,22 +190,16 @@ class ListingPlans(DlqCalls):
         return (yield from self._scan(limit, max_examined, last, fetch))
 
     def list_all_steps(
-        self,
-        operation_type: str | None,
-        limit: int | None,
-        after: str | DlqRecord | None,
-        max_examined: int | None = None,
+        self, operation_type: str | None, limit: int | None,
+        after: str | DlqRecord | None, max_examined: int | None = None,
     ) -> Plan[DlqListing]:
         page = yield from self.scan_all_steps(operation_type, limit, after, max_examined)
         stats = self.decode_stats((yield self.stats()))
         return DlqListing(page.records, stats.pending_for(operation_type))
 
     def scan_all_steps(
-        self,
-        operation_type: str | None,
-        limit: int | None,
-        after: str | DlqRecord | None,
-        max_examined: int | None = None,
+        self, operation_type: str | None, limit: int | None,
+        after: str | DlqRecord | None, max_examined: int | None = None,
     ) -> Plan[DlqScan]:
         """Live records (any status) in enqueue order after ``after``: at most
         ``limit``, looking at most at ``max_examined`` stream entries (other
@@ -218,7 +208,7 @@ class ListingPlans(DlqCalls):
         if cursor is not None:
             sort_key(cursor)  # validates before any I/O
 
-        def fetch(count: int) -> Plan[tuple[int, Iterable[tuple[str, DlqRecord | None]]]]:
+        def fetch(count: int) -> _Page:
             nonlocal cursor
             entries = self.decode_entries((yield self.stream_range(cursor, count)))
             if not entries:
@@ -246,10 +236,7 @@ class ListingPlans(DlqCalls):
         return (yield from self._scan(limit, max_examined, cursor, fetch))
 
     def _scan_start(
-        self,
-        operation_type: str | None,
-        limit: int | None,
-        max_examined: int | None,
+        self, operation_type: str | None, limit: int | None, max_examined: int | None,
         after: str | DlqRecord | None,
     ) -> str | None:
         """Checks a scan's arguments; returns the stream id it starts after."""
@@ -264,7 +251,7 @@ class ListingPlans(DlqCalls):
         limit: int | None,
         max_examined: int | None,
         last: str | None,
-        fetch: Callable[[int], Plan[tuple[int, Iterable[tuple[str, DlqRecord | None]]]]],
+        fetch: Callable[[int], _Page],
     ) -> Plan[DlqScan]:
         """The paging both scans share: ``fetch(count)`` reads the next page of
         at most ``count`` entries and answers how many it read and, per entry in
