@@ -42,9 +42,7 @@ class AsyncDeadLetterQueue(DlqShell[AsyncStore]):
 
     async def get(self, dlq_id: str) -> DlqRecord | None:
         """See :meth:`DeadLetterQueue.get`."""
-        if not self._ops.known_id(dlq_id):
-            return None
-        return self._ops.decode_get([dlq_id], await self.store.run(self._ops.get([dlq_id])))[0]
+        return await adrive(self._ops.get_steps(dlq_id), self.store)
 
     async def list_pending(
         self, operation_type: str | None = None, *, limit: int | None = None,
@@ -75,9 +73,7 @@ class AsyncDeadLetterQueue(DlqShell[AsyncStore]):
 
     async def pending_count(self, operation_type: str | None = None) -> int:
         """See :meth:`DeadLetterQueue.pending_count`."""
-        if operation_type is not None:
-            self._ops.name("operation_type", operation_type)
-        return (await self.stats()).pending_for(operation_type)
+        return await adrive(self._ops.pending_count_steps(operation_type), self.store)
 
     async def stats(self) -> DlqStats:
         """See :meth:`DeadLetterQueue.stats`."""
@@ -85,18 +81,14 @@ class AsyncDeadLetterQueue(DlqShell[AsyncStore]):
 
     async def mark_replayed(self, dlq_id: str, *, replayed_by: str | None = None) -> bool:
         """See :meth:`DeadLetterQueue.mark_replayed`."""
-        if not self._ops.known_id(dlq_id):
-            return False
-        call = self._ops.finish(dlq_id, DlqStatus.REPLAYED, by=replayed_by)
-        return self._ops.decode_finish(dlq_id, DlqStatus.REPLAYED, await self.store.run(call))
+        plan = self._ops.finish_steps(dlq_id, DlqStatus.REPLAYED, replayed_by)
+        return await adrive(plan, self.store)
 
     async def abandon(self, dlq_id: str, *, by: str | None = None,
                       expected: Mapping[str, tuple[str, int]] | None = None) -> bool:
         """See :meth:`DeadLetterQueue.abandon`."""
-        if not self._ops.known_id(dlq_id):
-            return False
-        call = self._ops.finish(dlq_id, DlqStatus.ABANDONED, by=by, expected=expected)
-        return self._ops.decode_finish(dlq_id, DlqStatus.ABANDONED, await self.store.run(call))
+        plan = self._ops.finish_steps(dlq_id, DlqStatus.ABANDONED, by, expected)
+        return await adrive(plan, self.store)
 
     async def replay(
         self, dlq_id: str, handler: Callable[[DlqRecord], Awaitable[object] | object]

@@ -120,6 +120,31 @@ class ListingPlans(DlqCalls):
                     raise corrupt_error(item, key)
         return out
 
+    def get_steps(self, dlq_id: str) -> Plan[DlqRecord | None]:
+        """The live record with this id, or ``None`` (unknown, malformed or expired:
+        nothing sent for an id no record can have)."""
+        if not self.known_id(dlq_id):
+            return None
+        return self.decode_get([dlq_id], (yield self.get([dlq_id])))[0]
+
+    def finish_steps(
+        self, dlq_id: str, target: DlqStatus, by: str | None,
+        expected: Mapping[str, tuple[str, int]] | None = None,
+    ) -> Plan[bool]:
+        """Finish one pending record as ``target`` (one ``dlq_finish``): ``True``
+        when it moved; ``False`` for an id no record can have (nothing checked
+        or sent) or a record not finished (see :meth:`decode_finish`)."""
+        if not self.known_id(dlq_id):
+            return False
+        call = self.finish(dlq_id, target, by=by, expected=expected)
+        return self.decode_finish(dlq_id, target, (yield call))
+
+    def pending_count_steps(self, operation_type: str | None) -> Plan[int]:
+        """How many live records are pending (of ``operation_type`` when given)."""
+        if operation_type is not None:
+            self.name("operation_type", operation_type)
+        return self.decode_stats((yield self.stats())).pending_for(operation_type)
+
     def abandon_steps(self, dlq_ids: Sequence[str], by: str | None) -> Plan[dict[str, bool]]:
         """Abandon records, one ``dlq_finish`` script each (bounded work per
         call): dlq_id -> abandoned now (``False``: unknown, expired or final)."""
