@@ -27,6 +27,7 @@ from durabilis._fork import on_fork_in_child
 from durabilis.core.retry import *  # noqa: F403
 from durabilis.core.retry import __all__ as _CORE_NAMES
 from durabilis.core.retry.plans import decide_coded
+from durabilis.core.retry.types import *  # noqa: F403  (the same names: mypy follows one star)
 from durabilis.core.retry.types import (
     NETWORK_TIMEOUT,
     PERMISSION_DENIED,

@@ -39,32 +39,22 @@ from durabilis.core.breaker.ops import BreakerOps as _BreakerOps  # noqa: F401
 from durabilis.core.breaker.ops import admission, outcome_code  # noqa: F401
 from durabilis.core.breaker.ops import check_probe_id as _check_probe_id  # noqa: F401
 from durabilis.core.breaker.plans import DEFAULT_CACHED_ADMISSION_SECONDS, BreakerBook
+from durabilis.core.breaker.types import *  # noqa: F403  (the types, re-exported)
 from durabilis.core.breaker.types import (
-    DEFAULT_BREAKER_CONFIGS,
     BreakerInfo,
     BreakerState,
     CircuitBreakerConfig,
     Permit,
     StateTransition,
-    TransitionCallback,
-    default_breaker_configs,
-    default_replica_id,
 )
+from durabilis.core.breaker.types import __all__ as _TYPES
 
-__all__ = [
-    "DEFAULT_BREAKER_CONFIGS",
+__all__ = [  # noqa: PLE0604
+    *_TYPES,
     "AsyncBreakerGuard",
     "AsyncCircuitBreakerRegistry",
     "BreakerGuard",
-    "BreakerInfo",
-    "BreakerState",
-    "CircuitBreakerConfig",
     "CircuitBreakerRegistry",
-    "Permit",
-    "StateTransition",
-    "TransitionCallback",
-    "default_breaker_configs",
-    "default_replica_id",
 ]
 
 _log = get_logger()
@@ -253,10 +243,7 @@ class AsyncCircuitBreakerRegistry(_RegistryCore[AsyncStore]):
         return await adrive(self.before_call_plan(name), self.store)
 
     async def after_call(
-        self,
-        name: str,
-        success: bool,
-        permit: Permit | None = None,
+        self, name: str, success: bool, permit: Permit | None = None,
         duration_ms: float | None = None,
     ) -> bool:
         """See :meth:`CircuitBreakerRegistry.after_call`."""

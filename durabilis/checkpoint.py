@@ -51,17 +51,20 @@ from durabilis._keys import KeySpace
 from durabilis._log import get_logger
 from durabilis._steps import adrive, drive
 from durabilis._store import AsyncStore, Store
-from durabilis.core.checkpoint.ops import Walk
+
+# (the old private names stay importable from here: the simulator and tests use them)
+from durabilis.core.checkpoint.ops import Walk as _Walk  # noqa: F401
 from durabilis.core.checkpoint.plans import CheckpointOps, RunPlan
+from durabilis.core.checkpoint.plans import RunPlan as _RunPlan  # noqa: F401
 from durabilis.core.checkpoint.types import (
     NO_CHECKPOINT,
     Checkpoint,
     CheckpointConfig,
-    CheckpointEntry,
     Expected,
     IdClock,
-    NoCheckpoint,
 )
+from durabilis.core.checkpoint.types import CheckpointEntry as _Entry  # noqa: F401
+from durabilis.core.checkpoint.types import NoCheckpoint as _NoCheckpoint  # noqa: F401
 
 __all__ = [
     "NO_CHECKPOINT",
@@ -94,13 +97,6 @@ class _CheckpointOps(CheckpointOps):
 
     def __init__(self, keys: KeySpace, config: CheckpointConfig) -> None:
         super().__init__(keys, config, new_id=_fresh_id, log=_log)
-
-
-# The old private names, kept for code that imported them (the simulator, tests).
-_Entry = CheckpointEntry
-_Walk = Walk
-_RunPlan = RunPlan
-_NoCheckpoint = NoCheckpoint
 
 S = TypeVar("S", Store, AsyncStore)
 
@@ -319,14 +315,8 @@ class AsyncCheckpointManager(_ManagerCore[AsyncStore]):
     """The asyncio twin of :class:`CheckpointManager` (same methods, awaited)."""
 
     async def save(
-        self,
-        task_id: str,
-        agent_id: str,
-        phase: str,
-        state: Any,
-        ttl_seconds: float | None = None,
-        *,
-        expected_checkpoint_id: Expected = None,
+        self, task_id: str, agent_id: str, phase: str, state: Any,
+        ttl_seconds: float | None = None, *, expected_checkpoint_id: Expected = None,
     ) -> Checkpoint:
         """See :meth:`CheckpointManager.save`."""
         call = self._ops.save(
@@ -377,11 +367,7 @@ class AsyncCheckpointManager(_ManagerCore[AsyncStore]):
         return self._ops.current(entries, await self.store.run_many(gets) if gets else [])
 
     def task(
-        self,
-        task_id: str,
-        agent_id: str,
-        *,
-        ttl_seconds: float | None = None,
+        self, task_id: str, agent_id: str, *, ttl_seconds: float | None = None,
         exclusive: bool = True,
     ) -> AsyncTaskRun:
         """See :meth:`CheckpointManager.task`: ``async with manager.task(t, a) as run:``."""

@@ -15,7 +15,7 @@ shells, build -> run -> decode.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from durabilis._store import AsyncStore, Store
 from durabilis.core.idempotency.ops import IdemOps
@@ -50,17 +50,14 @@ _LIVE = ("s", frozenset((b"p", b"d")))  # released claims stay as tombstones ("x
 
 # --- the twins: thin I/O shells ------------------------------------------------
 
+S = TypeVar("S", Store, AsyncStore)
 
-class IdempotencyGuard:
-    """Deduplicates operations across every process sharing the store.
 
-    Args:
-        store: From :func:`durabilis.connect`.
-        config: Settings; the seed's defaults when omitted.
-    """
+class _GuardBase(Generic[S]):
+    """What both guards share: the store, the config, the ops (no I/O)."""
 
-    def __init__(self, store: Store, config: IdempotencyConfig | None = None) -> None:
-        self.store = store
+    def __init__(self, store: S, config: IdempotencyConfig | None = None) -> None:
+        self.store: S = store
         self.config = config or IdempotencyConfig()
         self._ops = _IdemOps(store.keys, self.config)
 
@@ -69,6 +66,21 @@ class IdempotencyGuard:
         """The guard's script-call builders and decoders (no I/O): what the
         durability layer composes into its plans."""
         return self._ops
+
+    def _live(self, key: IdempotencyKey | str) -> IdempotencyKey | None:
+        """The checked key (raises on a bad one, before any I/O), or ``None``
+        when idempotency is disabled (nothing to send)."""
+        checked = self._ops.validate_key(key)
+        return checked if self.config.enabled else None
+
+
+class IdempotencyGuard(_GuardBase[Store]):
+    """Deduplicates operations across every process sharing the store.
+
+    Args:
+        store: From :func:`durabilis.connect`.
+        config: Settings; the seed's defaults when omitted.
+    """
 
     def check_and_record(
         self, key: IdempotencyKey | str, placeholder: Any = None
@@ -88,10 +100,9 @@ class IdempotencyGuard:
             KeyReuseMismatch: A raw key reused with another payload fingerprint.
             CorruptData: Foreign data at the key. StorageUnavailable: Redis down.
         """
-        key = self._ops.validate_key(key)
-        if not self.config.enabled:
+        if (k := self._live(key)) is None:
             return New(token=None)
-        return self._ops.decode_claim(key, self.store.run(self._ops.claim(key, placeholder)))
+        return self._ops.decode_claim(k, self.store.run(self._ops.claim(k, placeholder)))
 
     def record(self, key: IdempotencyKey | str, result: Any, token: str | None = None) -> None:
         """Store the real result (the window still counts from the claim).
@@ -99,10 +110,8 @@ class IdempotencyGuard:
         Raises:
             LeaseLost: ``token`` no longer holds the claim; nothing was written.
         """
-        key = self._ops.validate_key(key)
-        if not self.config.enabled:
-            return
-        self._ops.decode_record(key, self.store.run(self._ops.record(key, result, token)))
+        if (k := self._live(key)) is not None:
+            self._ops.decode_record(k, self.store.run(self._ops.record(k, result, token)))
 
     def release(self, key: IdempotencyKey | str, token: str) -> bool:
         """Give an in-progress claim back so a later retry can run.
@@ -111,10 +120,8 @@ class IdempotencyGuard:
             ``True`` if released; ``False`` if ``token`` did not hold an
             in-progress claim (already recorded, taken over or expired).
         """
-        key = self._ops.validate_key(key)
-        if not self.config.enabled:
-            return False
-        return bool(self.store.run(self._ops.release(key, token)))
+        k = self._live(key)
+        return k is not None and bool(self.store.run(self._ops.release(k, token)))
 
     def renew(self, key: IdempotencyKey | str, token: str) -> bool:
         """Keep an in-progress claim: its lease runs ``in_progress_ttl_seconds``
@@ -128,18 +135,16 @@ class IdempotencyGuard:
             (recorded, released, taken over or expired): another caller may
             run the operation now.
         """
-        key = self._ops.validate_key(key)
-        if not self.config.enabled:
+        if (k := self._live(key)) is None:
             return False
-        reply = self.store.run(self._ops.renew(key, token, self._ops.lease_ms))
-        return self._ops.decode_renew(key, reply)
+        reply = self.store.run(self._ops.renew(k, token, self._ops.lease_ms))
+        return self._ops.decode_renew(k, reply)
 
     def check(self, key: IdempotencyKey | str) -> Duplicate | None:
         """Read-only look-up: the existing record as a :class:`Duplicate`, or ``None``."""
-        key = self._ops.validate_key(key)
-        if not self.config.enabled:
+        if (k := self._live(key)) is None:
             return None
-        return self._ops.decode_check(key, self.store.run(self._ops.check(key)))
+        return self._ops.decode_check(k, self.store.run(self._ops.check(k)))
 
     def record_count(self) -> int:
         """How many records (in progress or done) are live in this namespace.
@@ -151,61 +156,41 @@ class IdempotencyGuard:
         return int(self.store.scan_count(self.store.keys.idem_pattern(), _LIVE))
 
 
-class AsyncIdempotencyGuard:
+class AsyncIdempotencyGuard(_GuardBase[AsyncStore]):
     """The asyncio twin of :class:`IdempotencyGuard` (same methods, awaited)."""
-
-    def __init__(self, store: AsyncStore, config: IdempotencyConfig | None = None) -> None:
-        self.store = store
-        self.config = config or IdempotencyConfig()
-        self._ops = _IdemOps(store.keys, self.config)
-
-    @property
-    def ops(self) -> _IdemOps:
-        """The guard's script-call builders and decoders (no I/O): what the
-        durability layer composes into its plans."""
-        return self._ops
 
     async def check_and_record(
         self, key: IdempotencyKey | str, placeholder: Any = None
     ) -> CheckResult:
         """See :meth:`IdempotencyGuard.check_and_record`."""
-        key = self._ops.validate_key(key)
-        if not self.config.enabled:
+        if (k := self._live(key)) is None:
             return New(token=None)
-        return self._ops.decode_claim(
-            key, await self.store.run(self._ops.claim(key, placeholder))
-        )
+        return self._ops.decode_claim(k, await self.store.run(self._ops.claim(k, placeholder)))
 
     async def record(
         self, key: IdempotencyKey | str, result: Any, token: str | None = None
     ) -> None:
         """See :meth:`IdempotencyGuard.record`."""
-        key = self._ops.validate_key(key)
-        if not self.config.enabled:
-            return
-        self._ops.decode_record(key, await self.store.run(self._ops.record(key, result, token)))
+        if (k := self._live(key)) is not None:
+            self._ops.decode_record(k, await self.store.run(self._ops.record(k, result, token)))
 
     async def release(self, key: IdempotencyKey | str, token: str) -> bool:
         """See :meth:`IdempotencyGuard.release`."""
-        key = self._ops.validate_key(key)
-        if not self.config.enabled:
-            return False
-        return bool(await self.store.run(self._ops.release(key, token)))
+        k = self._live(key)
+        return k is not None and bool(await self.store.run(self._ops.release(k, token)))
 
     async def renew(self, key: IdempotencyKey | str, token: str) -> bool:
         """See :meth:`IdempotencyGuard.renew`."""
-        key = self._ops.validate_key(key)
-        if not self.config.enabled:
+        if (k := self._live(key)) is None:
             return False
-        reply = await self.store.run(self._ops.renew(key, token, self._ops.lease_ms))
-        return self._ops.decode_renew(key, reply)
+        reply = await self.store.run(self._ops.renew(k, token, self._ops.lease_ms))
+        return self._ops.decode_renew(k, reply)
 
     async def check(self, key: IdempotencyKey | str) -> Duplicate | None:
         """See :meth:`IdempotencyGuard.check`."""
-        key = self._ops.validate_key(key)
-        if not self.config.enabled:
+        if (k := self._live(key)) is None:
             return None
-        return self._ops.decode_check(key, await self.store.run(self._ops.check(key)))
+        return self._ops.decode_check(k, await self.store.run(self._ops.check(k)))
 
     async def record_count(self) -> int:
         """See :meth:`IdempotencyGuard.record_count`."""

@@ -430,13 +430,9 @@ class AsyncRetryEngine(_EngineBase):
             self._check(operation_type, fn, deadline_seconds)  # raises on bad input
         return await self._run(operation_type, fn, (), {}, deadline_seconds)
 
-    async def _run(
-        self,
-        operation_type: str,
-        fn: Callable[..., Awaitable[T]],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        deadline: float | None,
+    async def _run(  # (RetryEngine._run, its awaits)
+        self, operation_type: str, fn: Callable[..., Awaitable[T]], args: tuple[Any, ...],
+        kwargs: dict[str, Any], deadline: float | None,
     ) -> RetryOutcome[T]:
         policy, deadline, start = self._begin(operation_type, deadline)
         failed = None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from durabilis._store._async import AsyncStore
 from durabilis._store._base import WAIT_SINCE, WAITAOF_SINCE, Gates, Waves
-from durabilis._store._base import _waves as _waves
+from durabilis._store._base import wave_groups as _waves  # noqa: F401  (the simulator's)
 from durabilis._store._connect import (
     DEFAULT_EMBEDDED_URL,
     DEFAULT_SOCKET_OPTIONS,

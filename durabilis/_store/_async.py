@@ -16,20 +16,8 @@ from durabilis._cancel import cancels as _cancels
 from durabilis._cancel import resurface as _resurface
 from durabilis._fork import reset_in_child
 from durabilis._scripts import Replies, ScriptCall, fuse
-from durabilis._store._base import (
-    Gates,
-    Waves,
-    _count_in,
-    _failed_step,
-    _first_error_or,
-    _fused_call,
-    _fused_command,
-    _fused_replies,
-    _sentinels_of,
-    _Stepping,
-    _StoreBase,
-    _waves,
-)
+from durabilis._store import _base
+from durabilis._store._base import Gates, Waves
 from durabilis._store._errors import map_error
 from durabilis.errors import (
     DurabilisError,
@@ -63,7 +51,7 @@ class _Home:
             self.loop, self.forked = None, True
 
 
-class AsyncStore(_StoreBase):
+class AsyncStore(_base.StoreBase):
     """The asyncio twin of :class:`Store` (built by :func:`durabilis.aio.connect`)."""
 
     def __init__(self, client: Any, *, url: str, namespace: str, is_cluster: bool) -> None:
@@ -251,7 +239,7 @@ class AsyncStore(_StoreBase):
 
     async def _run_many(self, calls: Sequence[ScriptCall]) -> list[Any]:
         if self.autopipe is None:
-            return _first_error_or(await self._wave(calls))
+            return _base.first_error_or(await self._wave(calls))
         commands = [tuple(self._evalsha(c)) for c in calls]
         waits = any(self._waits(c) for c in calls)
         try:  # (one WAIT after them all: they share the batch's connection)
@@ -282,21 +270,21 @@ class AsyncStore(_StoreBase):
                 try:
                     return Replies([await self.run(calls[0])], "c")
                 except DurabilisError as exc:
-                    _failed_step(exc, [], 1)
+                    _base.failed_step(exc, [], 1)
                     raise
             try:
                 if self.autopipe is not None and not self._acks.waits:
                     before = _cancels()
                     reply = await self._run_fused(calls, gates)
                     _resurface(before)
-                    return _fused_replies(reply, n)
+                    return _base.fused_replies(reply, n)
                 gated = [bool(gates and i in gates) for i in range(n)]
-                return _fused_replies(await self.run(fuse(calls, gated)), n)
+                return _base.fused_replies(await self.run(fuse(calls, gated)), n)
             except DurabilisError as exc:
                 exc.partial = Replies([None] * n, "?" * n)
                 raise
-        stepping = _Stepping(n, gates)
-        for wave in _waves(n, waves):
+        stepping = _base.Stepping(n, gates)
+        for wave in _base.wave_groups(n, waves):
             if not stepping.took(wave, await self._wave([calls[i] for i in wave])):
                 break
         return stepping.done()
@@ -305,12 +293,12 @@ class AsyncStore(_StoreBase):
         """See :meth:`Store._run_fused` (batched as :meth:`_run` sends a script)."""
         assert self.autopipe is not None
         try:
-            reply = await self.autopipe.execute(*_fused_command(self.scripts, calls, gates))
+            reply = await self.autopipe.execute(*_base.fused_command(self.scripts, calls, gates))
         except Exception as exc:
-            raise map_error(exc, _fused_call(calls, gates)) from exc
+            raise map_error(exc, _base.fused_call(calls, gates)) from exc
         if not isinstance(reply, Exception):
             return reply
-        fused = _fused_call(calls, gates)
+        fused = _base.fused_call(calls, gates)
         if not isinstance(reply, redis.exceptions.NoScriptError):
             raise map_error(reply, fused) from reply
         try:  # (nothing ran: loaded, then sent again)
@@ -374,10 +362,10 @@ class AsyncStore(_StoreBase):
                     continue
                 batch.append(key)
                 if len(batch) >= 500:
-                    n += _count_in(await self._hget_all(batch, where[0]), where[1])
+                    n += _base.count_in(await self._hget_all(batch, where[0]), where[1])
                     batch = []
             if batch and where is not None:
-                n += _count_in(await self._hget_all(batch, where[0]), where[1])
+                n += _base.count_in(await self._hget_all(batch, where[0]), where[1])
         except Exception as exc:
             raise map_error(exc) from exc
         _resurface(before)
@@ -411,7 +399,7 @@ class AsyncStore(_StoreBase):
         if self.autopipe is not None:
             await self.autopipe.aclose()
         await self.client.aclose()
-        for sentinel in _sentinels_of(self.client):
+        for sentinel in _base.sentinels_of(self.client):
             await sentinel.aclose()
 
     async def __aenter__(self) -> AsyncStore:

@@ -1,4 +1,4 @@
-"""What the sync and async stores share: :class:`_StoreBase` (a client, a key
+"""What the sync and async stores share: :class:`StoreBase` (a client, a key
 space, the scripts; the acknowledgement level and its ``WAIT`` / ``WAITAOF``),
 and the bookkeeping of a step (fused replies, waves, ``exc.partial``)."""
 
@@ -41,11 +41,11 @@ def _version(info: Mapping[str, Any]) -> tuple[int, ...]:
     text = str(info.get("redis_version", "0"))
     return tuple(int(p) for p in text.split(".")[:2] if p.isdigit())
 
-def _count_in(replies: list[Any], values: frozenset[bytes]) -> int:
+def count_in(replies: list[Any], values: frozenset[bytes]) -> int:
     return sum(1 for r in replies if isinstance(r, bytes) and r in values)
 
 
-def _first_error_or(outcomes: list[Any]) -> list[Any]:
+def first_error_or(outcomes: list[Any]) -> list[Any]:
     for outcome in outcomes:
         if isinstance(outcome, DurabilisError):
             raise outcome
@@ -56,7 +56,7 @@ def _argv(call: ScriptCall) -> list[Any]:
     return [*call.keys, *call.args]
 
 
-class _StoreBase:
+class StoreBase:
     def __init__(self, client: Any, *, url: str, namespace: str, is_cluster: bool) -> None:
         self.client = client
         self.url = url
@@ -193,7 +193,7 @@ Gates = Mapping[int, Callable[[Any], bool]]
 """Per call index, a test of its reply: ``True`` means the call refused."""
 
 
-def _fused_command(scripts: Any, calls: Sequence[ScriptCall], gates: Any) -> list[Any]:
+def fused_command(scripts: Any, calls: Sequence[ScriptCall], gates: Any) -> list[Any]:
     """The ``EVALSHA`` that ``run(fuse(calls, gated))`` sends (``gates``: the
     step's), built without the fused call: the fused script found once per
     names tuple (:meth:`ScriptRegistry.fused`)."""
@@ -208,12 +208,12 @@ def _fused_command(scripts: Any, calls: Sequence[ScriptCall], gates: Any) -> lis
     return ["EVALSHA", sha, len(keys), *keys, *argv, *args]
 
 
-def _fused_call(calls: Sequence[ScriptCall], gates: Any) -> ScriptCall:
+def fused_call(calls: Sequence[ScriptCall], gates: Any) -> ScriptCall:
     """The fused call of a step (made only when needed: a script to load, an error to name)."""
     return fuse(calls, [bool(gates and i in gates) for i in range(len(calls))])
 
 
-def _fused_replies(reply: Any, n: int) -> Replies:
+def fused_replies(reply: Any, n: int) -> Replies:
     try:
         status = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
         if len(status) == n and len(reply) == n + 1:
@@ -223,7 +223,7 @@ def _fused_replies(reply: Any, n: int) -> Replies:
     raise CorruptData("?", f"unexpected reply of a fused step: {reply!r}"[:300])
 
 
-def _failed_step(exc: DurabilisError, replies: list[Any], n: int) -> None:
+def failed_step(exc: DurabilisError, replies: list[Any], n: int) -> None:
     """Note on ``exc`` what the step did before it failed (``exc.partial``)."""
     done = len(replies)
     rest = n - done - 1
@@ -236,7 +236,7 @@ Waves = Sequence[int]
 call of the waves before it has answered."""
 
 
-def _waves(n: int, waves: Waves | None) -> list[list[int]]:
+def wave_groups(n: int, waves: Waves | None) -> list[list[int]]:
     """The call indices of a step, wave by wave (``None``: one call per wave)."""
     if waves is None:
         return [[i] for i in range(n)]
@@ -245,7 +245,7 @@ def _waves(n: int, waves: Waves | None) -> list[list[int]]:
     return [[i for i in range(n) if waves[i] == w] for w in sorted(set(waves))]
 
 
-class _Stepping:
+class Stepping:
     """The bookkeeping of an unfused step, shared by the sync and async stores:
     what each call did, and whether the step goes on after a wave."""
 
@@ -282,7 +282,7 @@ class _Stepping:
             raise self.error
         return replies
 
-def _sentinels_of(client: Any) -> list[Any]:
+def sentinels_of(client: Any) -> list[Any]:
     """The clients of the sentinels behind a Sentinel-managed ``client`` (none else)."""
     manager = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None)
     return list(getattr(manager, "sentinels", []))

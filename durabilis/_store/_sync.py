@@ -21,17 +21,17 @@ from durabilis._scripts import Replies, ScriptCall, fuse
 from durabilis._store._base import (
     _NOT_RUN,
     Gates,
+    Stepping,
+    StoreBase,
     Waves,
-    _count_in,
-    _failed_step,
-    _first_error_or,
-    _fused_call,
-    _fused_command,
-    _fused_replies,
-    _sentinels_of,
-    _Stepping,
-    _StoreBase,
-    _waves,
+    count_in,
+    failed_step,
+    first_error_or,
+    fused_call,
+    fused_command,
+    fused_replies,
+    sentinels_of,
+    wave_groups,
 )
 from durabilis._store._errors import map_error
 from durabilis.errors import (
@@ -183,7 +183,7 @@ class _ReadyPool(redis.BlockingConnectionPool):
         super().release(connection)  # type: ignore[no-untyped-call]
 
 
-class Store(_StoreBase):
+class Store(StoreBase):
     """A synchronous connection to the durabilis state in Redis.
 
     Build one with :func:`durabilis.connect`; share it between the pillars
@@ -336,7 +336,7 @@ class Store(_StoreBase):
         """
         self._check_acks()
         if self.is_cluster:
-            return _first_error_or(self._wave(calls))
+            return first_error_or(self._wave(calls))
         try:
             pipe = self.client.pipeline(transaction=False)
             for c in calls:
@@ -383,32 +383,32 @@ class Store(_StoreBase):
                 try:
                     return Replies([self.run(calls[0])], "c")
                 except DurabilisError as exc:
-                    _failed_step(exc, [], 1)
+                    failed_step(exc, [], 1)
                     raise
             try:
                 if not self._acks.waits:
-                    return _fused_replies(self._run_fused(calls, gates), n)
+                    return fused_replies(self._run_fused(calls, gates), n)
                 gated = [bool(gates and i in gates) for i in range(n)]
-                return _fused_replies(self.run(fuse(calls, gated)), n)
+                return fused_replies(self.run(fuse(calls, gated)), n)
             except DurabilisError as exc:
                 exc.partial = Replies([None] * n, "?" * n)
                 raise
-        stepping = _Stepping(n, gates)
-        for wave in _waves(n, waves):
+        stepping = Stepping(n, gates)
+        for wave in wave_groups(n, waves):
             if not stepping.took(wave, self._wave([calls[i] for i in wave])):
                 break
         return stepping.done()
 
     def _run_fused(self, calls: Sequence[ScriptCall], gates: Gates | None) -> Any:
         """``self.run(fuse(calls, gated))`` with no ``WAIT`` to follow (the common
-        fused step): the very command it sends (:func:`_fused_command`)."""
+        fused step): the very command it sends (:func:`fused_command`)."""
         try:
-            return self._send(*_fused_command(self.scripts, calls, gates))
+            return self._send(*fused_command(self.scripts, calls, gates))
         except redis.exceptions.NoScriptError:  # (nothing ran: the usual way loads it)
             pass
         except Exception as exc:
-            raise map_error(exc, _fused_call(calls, gates)) from exc
-        return self.run(_fused_call(calls, gates))
+            raise map_error(exc, fused_call(calls, gates)) from exc
+        return self.run(fused_call(calls, gates))
 
     def _caught(self, call: ScriptCall) -> Any:
         try:
@@ -530,9 +530,9 @@ class Store(_StoreBase):
             for key in self.client.scan_iter(match=pattern, count=1000):
                 batch.append(key)
                 if len(batch) >= 500:
-                    n += _count_in(self._hget_all(batch, field), values)
+                    n += count_in(self._hget_all(batch, field), values)
                     batch = []
-            return n + (_count_in(self._hget_all(batch, field), values) if batch else 0)
+            return n + (count_in(self._hget_all(batch, field), values) if batch else 0)
 
     def _hget_all(self, keys: list[Any], field: str) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
@@ -548,7 +548,7 @@ class Store(_StoreBase):
         """Close the connection pool (and, on Sentinel, the connections to the
         sentinels)."""
         self.client.close()
-        for sentinel in _sentinels_of(self.client):
+        for sentinel in sentinels_of(self.client):
             sentinel.close()
 
     def __enter__(self) -> Store:

@@ -7,9 +7,9 @@ import dataclasses
 import importlib
 import json
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from durabilis._acks import DEFAULT_ACKS_TIMEOUT
 from durabilis._retry_core import RetryBudget, RetryPolicy
@@ -31,6 +31,8 @@ _SECTIONS = (
     "idempotency", "retry", "circuit_breaker", "checkpoint", "dlq", "dependencies", "layer",
 )
 _INCLUDE_DEFAULTS = "include_defaults"
+
+_T = TypeVar("_T")
 
 
 def _tomllib() -> Any:
@@ -141,6 +143,22 @@ def _replace(
         raise source.error(section, "", str(exc)) from exc
 
 
+def _made(
+    cls: Any, name: str, values: Mapping[str, Any], section: str, source: _Source, *,
+    named_by: str, required: tuple[str, ...] = (),
+) -> Any:
+    """A new ``cls(name, **values)`` of section ``[<section>]``: its fields
+    checked (``required`` present), its errors named after the section."""
+    _check_fields(values, dataclass_fields(cls) - {named_by}, section, source)
+    for field in required:
+        if field not in values:
+            raise source.error(section, field, "is required for a new policy")
+    try:
+        return cls(name, **values)
+    except ConfigError as exc:
+        raise source.wrap(section, exc) from exc
+
+
 def _include_defaults(table: dict[str, Any], section: str, source: _Source) -> bool:
     flag = table.pop(_INCLUDE_DEFAULTS, True)
     if not isinstance(flag, bool):
@@ -178,54 +196,40 @@ def _named(
         yield name, section, values
 
 
-def _policies(
-    data: Mapping[str, Any], source: _Source, base: DurabilityConfig
-) -> tuple[RetryPolicy, ...]:
-    keep, table = _opened(data, "retry", source)
-    policies = {p.operation_type: p for p in base.policies} if keep else {}
-    for op_type, section, values in _named(table, "retry", "operation_type", source):
-        budget = values.pop("budget", None)
-        if budget is not None:
-            if not isinstance(budget, dict):
-                raise source.error(section, "budget", f"must be a section [{section}.budget]")
-            _check_fields(budget, dataclass_fields(RetryBudget), f"{section}.budget", source)
-            try:
-                values["budget"] = RetryBudget(**budget)
-            except ConfigError as exc:
-                raise source.wrap(f"{section}.budget", exc) from exc
-        known = policies.get(op_type)
-        if known is not None:
-            policies[op_type] = _replace(known, values, section, source, named_by="operation_type")
-            continue
-        allowed = dataclass_fields(RetryPolicy) - {"operation_type"}
-        _check_fields(values, allowed, section, source)
-        for required in ("max_attempts", "initial_delay_ms", "max_delay_ms"):
-            if required not in values:
-                raise source.error(section, required, "is required for a new policy")
+def _budget(section: str, values: dict[str, Any], source: _Source) -> None:
+    """A ``[retry.<op>.budget]`` subsection, made a :class:`RetryBudget` in place."""
+    budget = values.pop("budget", None)
+    if budget is not None:
+        if not isinstance(budget, dict):
+            raise source.error(section, "budget", f"must be a section [{section}.budget]")
+        _check_fields(budget, dataclass_fields(RetryBudget), f"{section}.budget", source)
         try:
-            policies[op_type] = RetryPolicy(op_type, **values)
+            values["budget"] = RetryBudget(**budget)
         except ConfigError as exc:
-            raise source.wrap(section, exc) from exc
-    return tuple(policies.values())
+            raise source.wrap(f"{section}.budget", exc) from exc
 
 
-def _breakers(
-    data: Mapping[str, Any], source: _Source, base: DurabilityConfig
-) -> tuple[CircuitBreakerConfig, ...]:
-    keep, table = _opened(data, "circuit_breaker", source)
-    configs = {c.name: c for c in base.breaker_configs} if keep else {}
-    for name, section, values in _named(table, "circuit_breaker", "name", source):
-        found = configs.get(name)
-        if found is None:
-            _check_fields(values, dataclass_fields(CircuitBreakerConfig) - {"name"}, section,
-                          source)
-            try:
-                configs[name] = CircuitBreakerConfig(name, **values)
-            except ConfigError as exc:
-                raise source.wrap(section, exc) from exc
+def _merged(
+    data: Mapping[str, Any], source: _Source, kind: str, cls: type[_T], base: Iterable[_T], *,
+    named_by: str, required: tuple[str, ...] = (),
+    prepare: Callable[[str, dict[str, Any], _Source], None] | None = None,
+) -> tuple[_T, ...]:
+    """The ``[<kind>.<name>]`` sections over ``base`` (kept unless
+    ``include_defaults = false``): a known name's section replaces the fields
+    it gives, a new name's makes a new ``cls`` (``required`` fields present)."""
+    keep, table = _opened(data, kind, source)
+    found = {getattr(item, named_by): item for item in base} if keep else {}
+    for name, section, values in _named(table, kind, named_by, source):
+        if prepare is not None:
+            prepare(section, values, source)
+        known = found.get(name)
+        if known is not None:
+            found[name] = _replace(known, values, section, source, named_by=named_by)
         else:
-            configs[name] = _replace(found, values, section, source, named_by="name")
-    return tuple(configs.values())
+            found[name] = _made(
+                cls, name, values, section, source, named_by=named_by, required=required
+            )
+    return tuple(found.values())
 
 
 def _dependencies(
@@ -288,8 +292,13 @@ def parse_config(
         base.checkpoint, _table(doc, "checkpoint", src), "checkpoint", src
     )
     dlq: DlqConfig = _replace(base.dlq, _table(doc, "dlq", src), "dlq", src)
-    policies = _policies(doc, src, base)
-    breakers = _breakers(doc, src, base)
+    policies = _merged(
+        doc, src, "retry", RetryPolicy, base.policies, named_by="operation_type",
+        required=("max_attempts", "initial_delay_ms", "max_delay_ms"), prepare=_budget,
+    )
+    breakers = _merged(
+        doc, src, "circuit_breaker", CircuitBreakerConfig, base.breaker_configs, named_by="name"
+    )
     deps = _dependencies(doc, breakers, src, base)
     _check_fields(
         layer, ("renew_every_seconds", "acks", "acks_timeout_seconds"), "layer", src

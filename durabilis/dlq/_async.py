@@ -3,23 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from durabilis._steps import adrive
 from durabilis._store import AsyncStore
 from durabilis.core.dlq.plan import handler_plan
-from durabilis.core.dlq.types import (
-    CleanupReport,
-    DlqListing,
-    DlqRecord,
-    DlqScan,
-    DlqStats,
-    DlqStatus,
-    ReplayResult,
-    ReplaySummary,
-    RequeueResult,
-)
+from durabilis.core.dlq.types import DlqStatus
 from durabilis.dlq._shell import DlqShell
+
+if TYPE_CHECKING:  # the annotations' types (the sync shell's list)
+    from durabilis.core.dlq.types import (
+        CleanupReport,
+        DlqListing,
+        DlqRecord,
+        DlqScan,
+        DlqStats,
+        ReplayResult,
+        ReplaySummary,
+        RequeueResult,
+    )
 
 
 class AsyncDeadLetterQueue(DlqShell[AsyncStore]):
@@ -29,41 +31,21 @@ class AsyncDeadLetterQueue(DlqShell[AsyncStore]):
     """
 
     async def enqueue(  # noqa: PLR0917  (the seed's signature)
-        self,
-        agent_id: str,
-        operation_type: str,
-        original_operation: Any,
-        retry_count: int,
-        last_error: str | None,
-        ttl_seconds: float | None = None,
-        *,
-        metadata: Mapping[str, str] | None = None,
-        dlq_id: str | None = None,
+        self, agent_id: str, operation_type: str, original_operation: Any, retry_count: int,
+        last_error: str | None, ttl_seconds: float | None = None, *,
+        metadata: Mapping[str, str] | None = None, dlq_id: str | None = None,
     ) -> str:
         """See :meth:`DeadLetterQueue.enqueue`."""
-        call = self._ops.enqueue(
-            agent_id,
-            operation_type,
-            original_operation,
-            retry_count,
-            last_error,
-            ttl_seconds,
-            metadata=metadata,
-            dlq_id=dlq_id,
-        )
+        call = self._ops.enqueue(agent_id, operation_type, original_operation, retry_count,
+                                 last_error, ttl_seconds, metadata=metadata, dlq_id=dlq_id)
         return (await adrive(self._ops.enqueue_plan(call), self.store)).dlq_id
 
     async def get(self, dlq_id: str) -> DlqRecord | None:
         """See :meth:`DeadLetterQueue.get`."""
-        if not self._ops.known_id(dlq_id):
-            return None
-        return self._ops.decode_get([dlq_id], await self.store.run(self._ops.get([dlq_id])))[0]
+        return await adrive(self._ops.get_steps(dlq_id), self.store)
 
     async def list_pending(
-        self,
-        operation_type: str | None = None,
-        *,
-        limit: int | None = None,
+        self, operation_type: str | None = None, *, limit: int | None = None,
         after: str | DlqRecord | None = None,
     ) -> list[DlqRecord]:
         """See :meth:`DeadLetterQueue.list_pending`."""
@@ -71,10 +53,7 @@ class AsyncDeadLetterQueue(DlqShell[AsyncStore]):
         return await adrive(plan, self.store)
 
     async def list_all(
-        self,
-        operation_type: str | None = None,
-        *,
-        limit: int | None = None,
+        self, operation_type: str | None = None, *, limit: int | None = None,
         after: str | DlqRecord | None = None,
     ) -> DlqListing:
         """See :meth:`DeadLetterQueue.list_all`."""
@@ -82,12 +61,8 @@ class AsyncDeadLetterQueue(DlqShell[AsyncStore]):
         return await adrive(plan, self.store)
 
     async def scan(
-        self,
-        operation_type: str | None = None,
-        *,
-        pending: bool = True,
-        limit: int | None = None,
-        after: str | DlqRecord | None = None,
+        self, operation_type: str | None = None, *, pending: bool = True,
+        limit: int | None = None, after: str | DlqRecord | None = None,
         max_examined: int | None = None,
     ) -> DlqScan:
         """See :meth:`DeadLetterQueue.scan`."""
@@ -98,9 +73,7 @@ class AsyncDeadLetterQueue(DlqShell[AsyncStore]):
 
     async def pending_count(self, operation_type: str | None = None) -> int:
         """See :meth:`DeadLetterQueue.pending_count`."""
-        if operation_type is not None:
-            self._ops.name("operation_type", operation_type)
-        return (await self.stats()).pending_for(operation_type)
+        return await adrive(self._ops.pending_count_steps(operation_type), self.store)
 
     async def stats(self) -> DlqStats:
         """See :meth:`DeadLetterQueue.stats`."""
@@ -108,18 +81,14 @@ class AsyncDeadLetterQueue(DlqShell[AsyncStore]):
 
     async def mark_replayed(self, dlq_id: str, *, replayed_by: str | None = None) -> bool:
         """See :meth:`DeadLetterQueue.mark_replayed`."""
-        if not self._ops.known_id(dlq_id):
-            return False
-        call = self._ops.finish(dlq_id, DlqStatus.REPLAYED, by=replayed_by)
-        return self._ops.decode_finish(dlq_id, DlqStatus.REPLAYED, await self.store.run(call))
+        plan = self._ops.finish_steps(dlq_id, DlqStatus.REPLAYED, replayed_by)
+        return await adrive(plan, self.store)
 
     async def abandon(self, dlq_id: str, *, by: str | None = None,
                       expected: Mapping[str, tuple[str, int]] | None = None) -> bool:
         """See :meth:`DeadLetterQueue.abandon`."""
-        if not self._ops.known_id(dlq_id):
-            return False
-        call = self._ops.finish(dlq_id, DlqStatus.ABANDONED, by=by, expected=expected)
-        return self._ops.decode_finish(dlq_id, DlqStatus.ABANDONED, await self.store.run(call))
+        plan = self._ops.finish_steps(dlq_id, DlqStatus.ABANDONED, by, expected)
+        return await adrive(plan, self.store)
 
     async def replay(
         self, dlq_id: str, handler: Callable[[DlqRecord], Awaitable[object] | object]
@@ -128,13 +97,9 @@ class AsyncDeadLetterQueue(DlqShell[AsyncStore]):
         return await adrive(self._ops.replay_steps(dlq_id, handler_plan(handler)), self.store)
 
     async def replay_pending(
-        self,
-        handler: Callable[[DlqRecord], Awaitable[object] | object],
-        operation_type: str | None = None,
-        limit: int | None = None,
-        max_per_second: float | None = None,
-        *,
-        requeued_only: bool = False,
+        self, handler: Callable[[DlqRecord], Awaitable[object] | object],
+        operation_type: str | None = None, limit: int | None = None,
+        max_per_second: float | None = None, *, requeued_only: bool = False,
     ) -> ReplaySummary:
         """See :meth:`DeadLetterQueue.replay_pending`."""
         plan = self._ops.replay_pending_steps(
@@ -167,10 +132,8 @@ class AsyncDeadLetterQueue(DlqShell[AsyncStore]):
         return await adrive(self._ops.list_requeued_steps(operation_type, limit), self.store)
 
     async def replay_requeued(
-        self,
-        handlers: Mapping[str, Callable[[DlqRecord], Awaitable[object] | object]],
-        limit: int | None = None,
-        max_per_second: float | None = None,
+        self, handlers: Mapping[str, Callable[[DlqRecord], Awaitable[object] | object]],
+        limit: int | None = None, max_per_second: float | None = None,
     ) -> ReplaySummary:
         """See :meth:`DeadLetterQueue.replay_requeued`."""
         plan = self._ops.replay_requeued_steps(

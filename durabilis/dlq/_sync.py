@@ -68,23 +68,13 @@ class DeadLetterQueue(DlqShell[Store]):
                 (before any I/O). CorruptData: Foreign data at a DLQ key.
             StorageUnavailable: Redis down.
         """
-        call = self._ops.enqueue(
-            agent_id,
-            operation_type,
-            original_operation,
-            retry_count,
-            last_error,
-            ttl_seconds,
-            metadata=metadata,
-            dlq_id=dlq_id,
-        )
+        call = self._ops.enqueue(agent_id, operation_type, original_operation, retry_count,
+                                 last_error, ttl_seconds, metadata=metadata, dlq_id=dlq_id)
         return drive(self._ops.enqueue_plan(call), self.store).dlq_id
 
     def get(self, dlq_id: str) -> DlqRecord | None:
         """The live record with this id, or ``None`` (unknown, malformed or expired)."""
-        if not self._ops.known_id(dlq_id):
-            return None
-        return self._ops.decode_get([dlq_id], self.store.run(self._ops.get([dlq_id])))[0]
+        return drive(self._ops.get_steps(dlq_id), self.store)
 
     def list_pending(
         self,
@@ -153,9 +143,7 @@ class DeadLetterQueue(DlqShell[Store]):
 
     def pending_count(self, operation_type: str | None = None) -> int:
         """How many live records are pending (of ``operation_type`` when given)."""
-        if operation_type is not None:
-            self._ops.name("operation_type", operation_type)
-        return self.stats().pending_for(operation_type)
+        return drive(self._ops.pending_count_steps(operation_type), self.store)
 
     def stats(self) -> DlqStats:
         """Counts by status and operation type, oldest pending age, over-capacity flag."""
@@ -172,10 +160,8 @@ class DeadLetterQueue(DlqShell[Store]):
             ConfigError: ``replayed_by`` is not a string (nothing sent). Text is
                 kept cleaned of lone surrogates, and cut at 256 bytes.
         """
-        if not self._ops.known_id(dlq_id):
-            return False
-        call = self._ops.finish(dlq_id, DlqStatus.REPLAYED, by=replayed_by)
-        return self._ops.decode_finish(dlq_id, DlqStatus.REPLAYED, self.store.run(call))
+        plan = self._ops.finish_steps(dlq_id, DlqStatus.REPLAYED, replayed_by)
+        return drive(plan, self.store)
 
     def abandon(self, dlq_id: str, *, by: str | None = None,
                 expected: Mapping[str, tuple[str, int]] | None = None) -> bool:
@@ -189,10 +175,8 @@ class DeadLetterQueue(DlqShell[Store]):
         Raises:
             ConfigError: ``by`` is not a string, a bad ``expected`` (nothing sent).
         """
-        if not self._ops.known_id(dlq_id):
-            return False
-        call = self._ops.finish(dlq_id, DlqStatus.ABANDONED, by=by, expected=expected)
-        return self._ops.decode_finish(dlq_id, DlqStatus.ABANDONED, self.store.run(call))
+        plan = self._ops.finish_steps(dlq_id, DlqStatus.ABANDONED, by, expected)
+        return drive(plan, self.store)
 
     def replay(self, dlq_id: str, handler: Callable[[DlqRecord], object]) -> ReplayResult:
         """Claim the record, run ``handler(record)``, and record the outcome.

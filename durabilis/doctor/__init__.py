@@ -32,30 +32,12 @@ reported as warnings, not crashes.
 from __future__ import annotations
 
 # The package's modules: _checks (the verdicts, pure), _gather (the facts, and run_doctor).
-from durabilis.doctor._checks import (
-    FAIL,
-    INFO,
-    NAMESPACE_SCAN_LIMIT,
-    OK,
-    WARN,
-    Check,
-    DoctorReport,
-    NamespaceSurvey,
-    check_eviction,
-    check_latency,
-    check_memory,
-    check_mode,
-    check_namespace,
-    check_persistence,
-    check_scripts,
-    check_version,
-    count_keys,
-    namespace_of,
-)
+from durabilis.doctor._checks import *  # noqa: F403  (its __all__)
 from durabilis.doctor._checks import MEMORY_HIGH as MEMORY_HIGH
 from durabilis.doctor._checks import MIN_VERSION as MIN_VERSION
 from durabilis.doctor._checks import PILLARS as PILLARS
 from durabilis.doctor._checks import SLOW_MEDIAN_MS as SLOW_MEDIAN_MS
+from durabilis.doctor._checks import __all__ as _CHECKS
 from durabilis.doctor._checks import check_replication as check_replication
 from durabilis.doctor._checks import check_sentinel as check_sentinel
 from durabilis.doctor._checks import hide_password as hide_password
@@ -68,25 +50,4 @@ from durabilis.doctor._gather import (
     survey_namespaces,
 )
 
-__all__ = [
-    "FAIL",
-    "INFO",
-    "NAMESPACE_SCAN_LIMIT",
-    "OK",
-    "WARN",
-    "Check",
-    "DoctorReport",
-    "NamespaceSurvey",
-    "check_eviction",
-    "check_latency",
-    "check_memory",
-    "check_mode",
-    "check_namespace",
-    "check_persistence",
-    "check_scripts",
-    "check_version",
-    "count_keys",
-    "namespace_of",
-    "run_doctor",
-    "survey_namespaces",
-]
+__all__ = [*_CHECKS, "run_doctor", "survey_namespaces"]  # noqa: PLE0604

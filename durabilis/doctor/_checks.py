@@ -12,6 +12,27 @@ from typing import Any, Final
 from durabilis._mask import mask_url
 from durabilis._scripts import sources
 
+__all__ = [  # what durabilis.doctor re-exports (one star import)
+    "FAIL",
+    "INFO",
+    "NAMESPACE_SCAN_LIMIT",
+    "OK",
+    "WARN",
+    "Check",
+    "DoctorReport",
+    "NamespaceSurvey",
+    "check_eviction",
+    "check_latency",
+    "check_memory",
+    "check_mode",
+    "check_namespace",
+    "check_persistence",
+    "check_scripts",
+    "check_version",
+    "count_keys",
+    "namespace_of",
+]
+
 OK: Final = "ok"
 INFO: Final = "info"
 WARN: Final = "warn"

@@ -27,16 +27,9 @@ from __future__ import annotations
 # The package's modules: _common (ASGI types, limits, helpers), _middleware
 # (DurableIdempotencyMiddleware), _exchange (one run of the application),
 # _recovery (OrphanRecovery). The names below are those of the 0.x module.
-from durabilis.http._common import (  # noqa: F401  (the module's names, kept importable)
-    DEFAULT_RELEASE_STATUSES,
-    DEFAULT_RESPONSE_HEADERS,
-    ASGIApp,
-    Message,
-    Receive,
-    Scope,
-    Send,
-    _fingerprint,
-)
+from durabilis.http._common import *  # noqa: F403  (the module's names, kept importable)
+from durabilis.http._common import DEFAULT_RESPONSE_HEADERS as DEFAULT_RESPONSE_HEADERS
+from durabilis.http._common import _fingerprint as _fingerprint
 from durabilis.http._middleware import DurableIdempotencyMiddleware
 from durabilis.http._recovery import OrphanRecovery
 

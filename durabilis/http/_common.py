@@ -17,6 +17,16 @@ from durabilis.errors import (
 )
 from durabilis.events import exception_str
 
+__all__ = [  # the 0.x module's names that durabilis.http keeps importable (one star import)
+    "DEFAULT_RELEASE_STATUSES",
+    "DEFAULT_RESPONSE_HEADERS",
+    "ASGIApp",
+    "Message",
+    "Receive",
+    "Scope",
+    "Send",
+]
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]

@@ -18,34 +18,17 @@ from durabilis.core.breaker.plans import (
     MAX_CACHED_ADMISSION_SECONDS,
     BreakerBook,
 )
-from durabilis.core.breaker.types import (
-    DEFAULT_BREAKER_CONFIGS,
-    BreakerInfo,
-    BreakerState,
-    CircuitBreakerConfig,
-    Permit,
-    StateTransition,
-    TransitionCallback,
-    default_breaker_configs,
-    default_replica_id,
-)
+from durabilis.core.breaker.types import *  # noqa: F403
+from durabilis.core.breaker.types import __all__ as _TYPES
 
-__all__ = [
-    "DEFAULT_BREAKER_CONFIGS",
+__all__ = [  # noqa: PLE0604
+    *_TYPES,
     "DEFAULT_CACHED_ADMISSION_SECONDS",
     "MAX_CACHED_ADMISSION_SECONDS",
     "BreakerBook",
     "BreakerEntry",
-    "BreakerInfo",
     "BreakerOps",
-    "BreakerState",
-    "CircuitBreakerConfig",
-    "Permit",
-    "StateTransition",
-    "TransitionCallback",
     "admission",
     "check_probe_id",
-    "default_breaker_configs",
-    "default_replica_id",
     "outcome_code",
 ]

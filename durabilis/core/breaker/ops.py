@@ -238,10 +238,7 @@ class BreakerOps:
     # -- reports
 
     def after_call(
-        self,
-        name: str,
-        success: bool,
-        permit: Permit | None = None,
+        self, name: str, success: bool, permit: Permit | None = None,
         duration_ms: float | None = None,
     ) -> ScriptCall:
         """The ``cb_after`` call reporting a result. Raises ``DependencyNotFound``."""

@@ -15,6 +15,18 @@ from typing import Any
 from durabilis._limits import check_limits
 from durabilis.errors import ConfigError
 
+__all__ = [  # what durabilis.core.breaker and durabilis.breaker re-export (one star import)
+    "DEFAULT_BREAKER_CONFIGS",
+    "BreakerInfo",
+    "BreakerState",
+    "CircuitBreakerConfig",
+    "Permit",
+    "StateTransition",
+    "TransitionCallback",
+    "default_breaker_configs",
+    "default_replica_id",
+]
+
 
 class BreakerState(str, Enum):
     """The three states of a breaker (the value is the readable name)."""

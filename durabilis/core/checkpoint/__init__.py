@@ -8,28 +8,7 @@ from __future__ import annotations
 
 from durabilis.core.checkpoint.ops import CheckpointCalls, Walk
 from durabilis.core.checkpoint.plans import CheckpointOps, RunPlan
-from durabilis.core.checkpoint.types import (
-    NO_CHECKPOINT,
-    Checkpoint,
-    CheckpointConfig,
-    CheckpointEntry,
-    Expected,
-    IdClock,
-    NoCheckpoint,
-    part,
-)
+from durabilis.core.checkpoint.types import *  # noqa: F403
+from durabilis.core.checkpoint.types import __all__ as _TYPES
 
-__all__ = [
-    "NO_CHECKPOINT",
-    "Checkpoint",
-    "CheckpointCalls",
-    "CheckpointConfig",
-    "CheckpointEntry",
-    "CheckpointOps",
-    "Expected",
-    "IdClock",
-    "NoCheckpoint",
-    "RunPlan",
-    "Walk",
-    "part",
-]
+__all__ = [*_TYPES, "CheckpointCalls", "CheckpointOps", "RunPlan", "Walk"]  # noqa: PLE0604

@@ -212,14 +212,8 @@ class CheckpointCalls:
     # -- save / fork / rewind (ckpt_save) --
 
     def save(
-        self,
-        task_id: str,
-        agent_id: str,
-        phase: str,
-        state: Any,
-        ttl_seconds: float | None = None,
-        *,
-        expected: Expected = None,
+        self, task_id: str, agent_id: str, phase: str, state: Any,
+        ttl_seconds: float | None = None, *, expected: Expected = None,
     ) -> ScriptCall:
         """The ``ckpt_save`` call of a save (validates everything first)."""
         part("task_id", task_id)

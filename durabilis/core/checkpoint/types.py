@@ -13,6 +13,17 @@ from durabilis._limits import MAX_STORED_TTL_SECONDS, check_limits
 from durabilis._validate import positive_number as _positive_number
 from durabilis.errors import ConfigError, InvalidKey
 
+__all__ = [  # what durabilis.core.checkpoint re-exports (one star import)
+    "NO_CHECKPOINT",
+    "Checkpoint",
+    "CheckpointConfig",
+    "CheckpointEntry",
+    "Expected",
+    "IdClock",
+    "NoCheckpoint",
+    "part",
+]
+
 HINT = 8
 """Eviction candidates each save brings back for the next one (see ``ckpt_save.lua``)."""
 LINEAGE_HINT_TASKS = 1024

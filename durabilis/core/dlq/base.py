@@ -65,6 +65,15 @@ class OpsBase:
         """Hash: an operation's idempotency key -> the id of its current record."""
         return self.keys.dlq("bykey")
 
+    def status_keys(self, dlq_id: str) -> list[str]:
+        """The keys a record's status lives in, in the order ``dlq_enqueue``
+        (after the stream) and ``dlq_finish`` take them: expiry, pending,
+        pending-by-op, counts, the record, the by-key index."""
+        return [
+            self.expiry_key, self.pending_key, self.pending_by_op_key, self.counts_key,
+            self.record_key(dlq_id), self.bykey_key,
+        ]
+
     @property
     def requeue_key(self) -> str:
         """Lex zset: the records marked for redelivery by the fleet

@@ -296,16 +296,7 @@ class DlqCalls(EnqueueOps):
         seen = expected_args([dlq_id], expected)[0].split(" ", 1)[1:]  # checks it
         return ScriptCall(
             "dlq_finish",
-            [
-                self.expiry_key,
-                self.pending_key,
-                self.pending_by_op_key,
-                self.counts_key,
-                self.record_key(dlq_id),
-                self.bykey_key,
-                self.log_key,
-                self.requeue_key,
-            ],
+            [*self.status_keys(dlq_id), self.log_key, self.requeue_key],
             [dlq_id, target.value, token, truncate(clean(by or ""), BY_BYTES), merge_key or "",
              *seen],
         )

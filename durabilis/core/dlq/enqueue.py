@@ -139,13 +139,8 @@ class EnqueueOps(OpsBase):
             "dlq_enqueue",
             [
                 self.stream_key,
-                self.expiry_key,
-                self.pending_key,
-                self.pending_by_op_key,
-                self.counts_key,
-                self.record_key(dlq_id),
-                self.bykey_key,
-                self.record_key(cand),
+                *self.status_keys(dlq_id),
+                self.record_key(cand),  # keys[7]: see enqueue_again
                 self.log_key,
                 self.requeue_key,
             ],
@@ -178,17 +173,10 @@ class EnqueueOps(OpsBase):
         args[10] = cand
         return ScriptCall(call.name, keys, args)
 
-    def enqueue(  # noqa: PLR0917  (the seed's signature)
-        self,
-        agent_id: str,
-        operation_type: str,
-        original_operation: Any,
-        retry_count: int,
-        last_error: str | None,
-        ttl_seconds: float | None = None,
-        *,
-        metadata: Mapping[str, str] | None = None,
-        dlq_id: str | None = None,
+    def enqueue(  # noqa: PLR0917  (the seed's signature, the shells' arguments)
+        self, agent_id: str, operation_type: str, original_operation: Any, retry_count: int,
+        last_error: str | None, ttl_seconds: float | None = None, *,
+        metadata: Mapping[str, str] | None = None, dlq_id: str | None = None,
     ) -> ScriptCall:
         """The enqueue call; every input is checked here, before any I/O.
 

@@ -31,6 +31,8 @@ from durabilis.errors import (
 )
 
 _Rows = Generator[tuple[str, "DlqRecord | None"], None, None]
+_Page = Plan[tuple[int, Iterable[tuple[str, "DlqRecord | None"]]]]
+"""A scan's fetch: how many entries it read and, per entry, its stream id and record."""
 
 
 class ListingPlans(DlqCalls):
@@ -118,6 +120,31 @@ class ListingPlans(DlqCalls):
                     raise corrupt_error(item, key)
         return out
 
+    def get_steps(self, dlq_id: str) -> Plan[DlqRecord | None]:
+        """The live record with this id, or ``None`` (unknown, malformed or expired:
+        nothing sent for an id no record can have)."""
+        if not self.known_id(dlq_id):
+            return None
+        return self.decode_get([dlq_id], (yield self.get([dlq_id])))[0]
+
+    def finish_steps(
+        self, dlq_id: str, target: DlqStatus, by: str | None,
+        expected: Mapping[str, tuple[str, int]] | None = None,
+    ) -> Plan[bool]:
+        """Finish one pending record as ``target`` (one ``dlq_finish``): ``True``
+        when it moved; ``False`` for an id no record can have (nothing checked
+        or sent) or a record not finished (see :meth:`decode_finish`)."""
+        if not self.known_id(dlq_id):
+            return False
+        call = self.finish(dlq_id, target, by=by, expected=expected)
+        return self.decode_finish(dlq_id, target, (yield call))
+
+    def pending_count_steps(self, operation_type: str | None) -> Plan[int]:
+        """How many live records are pending (of ``operation_type`` when given)."""
+        if operation_type is not None:
+            self.name("operation_type", operation_type)
+        return self.decode_stats((yield self.stats())).pending_for(operation_type)
+
     def abandon_steps(self, dlq_ids: Sequence[str], by: str | None) -> Plan[dict[str, bool]]:
         """Abandon records, one ``dlq_finish`` script each (bounded work per
         call): dlq_id -> abandoned now (``False``: unknown, expired or final)."""
@@ -147,21 +174,15 @@ class ListingPlans(DlqCalls):
                 "max_examined", f"must be an integer >= 1 or None, got {max_examined!r}")
 
     def list_pending_steps(
-        self,
-        operation_type: str | None,
-        limit: int | None,
-        after: str | DlqRecord | None,
-        max_examined: int | None = None,
+        self, operation_type: str | None, limit: int | None,
+        after: str | DlqRecord | None, max_examined: int | None = None,
     ) -> Plan[list[DlqRecord]]:
         page = yield from self.scan_pending_steps(operation_type, limit, after, max_examined)
         return page.records
 
     def scan_pending_steps(
-        self,
-        operation_type: str | None,
-        limit: int | None,
-        after: str | DlqRecord | None,
-        max_examined: int | None = None,
+        self, operation_type: str | None, limit: int | None,
+        after: str | DlqRecord | None, max_examined: int | None = None,
     ) -> Plan[DlqScan]:
         """Pending records in enqueue order after ``after``: at most ``limit``,
         looking at most at ``max_examined`` index entries (expired records
@@ -179,7 +200,7 @@ class ListingPlans(DlqCalls):
                 yield sid, (
                     record if record is not None and record.status is DlqStatus.PENDING else None)
 
-        def fetch(count: int) -> Plan[tuple[int, Iterable[tuple[str, DlqRecord | None]]]]:
+        def fetch(count: int) -> _Page:
             nonlocal bound
             page = self.decode_members(
                 operation_type, (yield self.pending_range(operation_type, bound, count))
@@ -194,22 +215,16 @@ class ListingPlans(DlqCalls):
         return (yield from self._scan(limit, max_examined, last, fetch))
 
     def list_all_steps(
-        self,
-        operation_type: str | None,
-        limit: int | None,
-        after: str | DlqRecord | None,
-        max_examined: int | None = None,
+        self, operation_type: str | None, limit: int | None,
+        after: str | DlqRecord | None, max_examined: int | None = None,
     ) -> Plan[DlqListing]:
         page = yield from self.scan_all_steps(operation_type, limit, after, max_examined)
         stats = self.decode_stats((yield self.stats()))
         return DlqListing(page.records, stats.pending_for(operation_type))
 
     def scan_all_steps(
-        self,
-        operation_type: str | None,
-        limit: int | None,
-        after: str | DlqRecord | None,
-        max_examined: int | None = None,
+        self, operation_type: str | None, limit: int | None,
+        after: str | DlqRecord | None, max_examined: int | None = None,
     ) -> Plan[DlqScan]:
         """Live records (any status) in enqueue order after ``after``: at most
         ``limit``, looking at most at ``max_examined`` stream entries (other
@@ -218,7 +233,7 @@ class ListingPlans(DlqCalls):
         if cursor is not None:
             sort_key(cursor)  # validates before any I/O
 
-        def fetch(count: int) -> Plan[tuple[int, Iterable[tuple[str, DlqRecord | None]]]]:
+        def fetch(count: int) -> _Page:
             nonlocal cursor
             entries = self.decode_entries((yield self.stream_range(cursor, count)))
             if not entries:
@@ -246,10 +261,7 @@ class ListingPlans(DlqCalls):
         return (yield from self._scan(limit, max_examined, cursor, fetch))
 
     def _scan_start(
-        self,
-        operation_type: str | None,
-        limit: int | None,
-        max_examined: int | None,
+        self, operation_type: str | None, limit: int | None, max_examined: int | None,
         after: str | DlqRecord | None,
     ) -> str | None:
         """Checks a scan's arguments; returns the stream id it starts after."""
@@ -264,7 +276,7 @@ class ListingPlans(DlqCalls):
         limit: int | None,
         max_examined: int | None,
         last: str | None,
-        fetch: Callable[[int], Plan[tuple[int, Iterable[tuple[str, DlqRecord | None]]]]],
+        fetch: Callable[[int], _Page],
     ) -> Plan[DlqScan]:
         """The paging both scans share: ``fetch(count)`` reads the next page of
         at most ``count`` entries and answers how many it read and, per entry in

@@ -25,58 +25,15 @@ runs its own attempt loop over :func:`decide_coded` (``durabilis.layer._plans``)
 
 from durabilis.core.retry.defaults import default_policies, gateway_policies
 from durabilis.core.retry.plans import BudgetOps, BudgetState, decide_coded, retry_plan
-from durabilis.core.retry.types import (
-    DEADLINE_EXCEEDED,
-    DEFAULT_DEADLINE_MS,
-    EXHAUSTED,
-    JITTER_SHARE,
-    MAX_DEADLINE_MS,
-    MAX_DELAY_MS,
-    NETWORK_TIMEOUT,
-    NON_RETRYABLE,
-    PERMISSION_DENIED,
-    RATE_LIMITED,
-    RETRY_BUDGET_EXHAUSTED,
-    SERVICE_UNAVAILABLE,
-    TESTING,
-    NotRetried,
-    RetryBudget,
-    RetryDecision,
-    RetryOutcome,
-    RetryPolicy,
-    StopReason,
-    backoff_delay,
-    retry_after_of,
-    succeeded,
-)
+from durabilis.core.retry.types import *  # noqa: F403
+from durabilis.core.retry.types import __all__ as _TYPES
 
-__all__ = [
-    "DEADLINE_EXCEEDED",
-    "DEFAULT_DEADLINE_MS",
-    "EXHAUSTED",
-    "JITTER_SHARE",
-    "MAX_DEADLINE_MS",
-    "MAX_DELAY_MS",
-    "NETWORK_TIMEOUT",
-    "NON_RETRYABLE",
-    "PERMISSION_DENIED",
-    "RATE_LIMITED",
-    "RETRY_BUDGET_EXHAUSTED",
-    "SERVICE_UNAVAILABLE",
-    "TESTING",
+__all__ = [  # noqa: PLE0604
+    *_TYPES,
     "BudgetOps",
     "BudgetState",
-    "NotRetried",
-    "RetryBudget",
-    "RetryDecision",
-    "RetryOutcome",
-    "RetryPolicy",
-    "StopReason",
-    "backoff_delay",
     "decide_coded",
     "default_policies",
     "gateway_policies",
-    "retry_after_of",
     "retry_plan",
-    "succeeded",
 ]

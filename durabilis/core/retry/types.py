@@ -24,6 +24,31 @@ from durabilis._limits import (
 )
 from durabilis.errors import ConfigError
 
+__all__ = [  # what durabilis.core.retry re-exports (one star import)
+    "DEADLINE_EXCEEDED",
+    "DEFAULT_DEADLINE_MS",
+    "EXHAUSTED",
+    "JITTER_SHARE",
+    "MAX_DEADLINE_MS",
+    "MAX_DELAY_MS",
+    "NETWORK_TIMEOUT",
+    "NON_RETRYABLE",
+    "PERMISSION_DENIED",
+    "RATE_LIMITED",
+    "RETRY_BUDGET_EXHAUSTED",
+    "SERVICE_UNAVAILABLE",
+    "TESTING",
+    "NotRetried",
+    "RetryBudget",
+    "RetryDecision",
+    "RetryOutcome",
+    "RetryPolicy",
+    "StopReason",
+    "backoff_delay",
+    "retry_after_of",
+    "succeeded",
+]
+
 T = TypeVar("T")
 
 StopReason = Literal["NON_RETRYABLE", "EXHAUSTED", "DEADLINE_EXCEEDED", "RETRY_BUDGET_EXHAUSTED"]
