@@ -15,6 +15,8 @@ Steps and what the plan is sent back:
 ``IO(calls, gates)``      :class:`~durabilis._scripts.Replies` (one step; see
                           ``Store.run_step``)
 ``ScriptCall``            its one reply (shorthand for a single script)
+``Batch(calls)``          the list of their replies (independent calls at once:
+                          ``Store.run_many``; the first failure is raised)
 ``Command(args)``         the reply of a plain read command
 ``Run(fn, arg)``          ``(True, value)`` or ``(False, exception)``
 ``Sleep(seconds)``        ``None``
@@ -51,6 +53,7 @@ from durabilis._scripts import ScriptCall
 from durabilis._signal_gate import GATE
 from durabilis.core.steps import IO as IO  # noqa: PLC0414  (the vocabulary is the core's)
 from durabilis.core.steps import MAX_SLEEP_SECONDS as MAX_SLEEP_SECONDS  # noqa: PLC0414
+from durabilis.core.steps import Batch as Batch  # noqa: PLC0414
 from durabilis.core.steps import Command as Command  # noqa: PLC0414
 from durabilis.core.steps import Defer as Defer  # noqa: PLC0414
 from durabilis.core.steps import Hold as Hold  # noqa: PLC0414
@@ -217,6 +220,8 @@ def perform(store: Store, step: Any, leases: LeaseBook | None, held: list[Any]) 
         return store.run_step(step.calls, step.gates, step.waves)
     if kind is ScriptCall:
         return store.run(step)
+    if kind is Batch:
+        return store.run_many(step.calls)
     if kind is Run:
         return _call(step)
     if kind is Command:
@@ -411,6 +416,8 @@ async def aperform(store: AsyncStore, step: Any, leases: LeaseBook | None, held:
         return await store.run_step(step.calls, step.gates, step.waves)
     if kind is ScriptCall:
         return await store.run(step)
+    if kind is Batch:
+        return await store.run_many(step.calls)
     if kind is Run:  # (a plain function runs in a thread: adrive's _in_thread)
         return await _acall(step)
     if kind is Command:

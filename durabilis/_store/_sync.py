@@ -350,11 +350,18 @@ class Store(StoreBase):
         except Exception as exc:
             raise map_error(exc, calls[0] if len(calls) == 1 else None) from exc
         acked = replies.pop() if waits else None
+        failed: DurabilisError | None = None  # the first, once every call was tried
         for i, (call, reply) in enumerate(zip(calls, replies, strict=True)):
             if isinstance(reply, redis.exceptions.NoScriptError):
-                replies[i] = self.run(call)  # not run (unknown script): run it now
-            elif isinstance(reply, Exception):
-                raise map_error(reply, call) from reply
+                try:  # not run (unknown script): run it now, whatever the others did
+                    replies[i] = self.run(call)
+                except DurabilisError as exc:
+                    failed = failed or exc
+            elif isinstance(reply, Exception) and failed is None:
+                failed = map_error(reply, call)
+                failed.__cause__ = reply
+        if failed is not None:
+            raise failed
         if waits:
             self._confirmed(acked, calls[0] if len(calls) == 1 else None)
         return replies

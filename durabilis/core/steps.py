@@ -55,6 +55,21 @@ class IO:
 
 
 @dataclass(frozen=True, slots=True)
+class Batch:
+    """Run independent calls at once (``Store.run_many``): each script atomic on
+    its own, together no transaction and no step (standalone: one pipeline;
+    Cluster: concurrently, each to its node). Every call is tried, one failing
+    stops none of the others; the reply is their replies in order, or the
+    first failure is raised (thrown into the plan) once all were tried.
+
+    For calls that must not be fused into one script (the keep-alive's
+    renewals: a claim whose key holds foreign data must not stop the others').
+    """
+
+    calls: Sequence[ScriptCall]
+
+
+@dataclass(frozen=True, slots=True)
 class Command:
     """A plain read-only command; ``key`` names the key in errors."""
 

@@ -22,7 +22,6 @@ from durabilis.layer._shell import (
     _counts_not_sent,
     _keep_alive_ends,
     _LayerShell,
-    _renew_failed,
     _Ticks,
 )
 from durabilis.retry import AsyncRetryEngine
@@ -136,21 +135,7 @@ class AsyncDurabilityLayer(_LayerShell[AsyncStore]):
             _counts_not_sent(exc)
 
     async def _renew_once(self) -> None:
-        try:
-            held = self._leases.held()
-            replies = await self.store.run_many(self._core.renew_calls(held))
-            back = self._core.reindex_calls(held, replies)
-            if back:
-                await self.store.run_many(back)
-        except DurabilisError as exc:
-            _renew_failed(exc)
-        for item in self._leases.deferred():
-            try:
-                replies = await self.store.run_step(item.step.calls, item.step.gates)
-            except DurabilisError as exc:
-                self._core.deferred_failed(self._leases, item, exc)
-                continue
-            self._core.deferred_sent(self._leases, item, replies)
+        await adrive(self._core.keep_alive_plan(self._leases), self.store)
 
     def _open(self) -> None:
         if self._closed:

@@ -25,7 +25,6 @@ from durabilis.layer._shell import (
     _keep_alive_ends,
     _LayerShell,
     _log,
-    _renew_failed,
     _Ticks,
 )
 from durabilis.retry import RetryEngine
@@ -174,21 +173,7 @@ class DurabilityLayer(_LayerShell[Store]):
                     return
 
     def _renew_once(self) -> None:
-        try:
-            held = self._leases.held()
-            replies = self.store.run_many(self._core.renew_calls(held))
-            back = self._core.reindex_calls(held, replies)
-            if back:
-                self.store.run_many(back)
-        except DurabilisError as exc:
-            _renew_failed(exc)
-        for item in self._leases.deferred():
-            try:
-                replies = self.store.run_step(item.step.calls, item.step.gates)
-            except DurabilisError as exc:
-                self._core.deferred_failed(self._leases, item, exc)
-                continue
-            self._core.deferred_sent(self._leases, item, replies)
+        drive(self._core.keep_alive_plan(self._leases), self.store)
 
     def _open(self) -> None:
         if self._closed:

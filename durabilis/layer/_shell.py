@@ -245,6 +245,3 @@ class _LayerShell(Generic[S]):
 def _counts_not_sent(exc: BaseException) -> None:
     _log.warning("durability_counts_not_sent", error=f"{type(exc).__name__}: {exc}")
 
-
-def _renew_failed(exc: DurabilisError) -> None:
-    _log.warning("durability_lease_renew_failed", error=f"{type(exc).__name__}: {exc}")

@@ -1,4 +1,4 @@
-"""Counts, index notes and the keep-alive's calls: what waits in the process."""
+"""Counts, index notes and the keep-alive's plan: what waits in the process."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from durabilis import _codec
 from durabilis._scripts import Replies, ScriptCall
 from durabilis._steps import Deferred, LeaseBook
 from durabilis.core.breaker import Permit
-from durabilis.core.steps import IO, Plan
+from durabilis.core.steps import IO, Batch, Plan
 from durabilis.errors import CorruptData, DurabilisError
 from durabilis.layer._config import LayerStats
 from durabilis.layer._plans.base import _STOPPED, DUPLICATES_FLUSH_SECONDS, _log, _renewed
@@ -19,7 +19,7 @@ from durabilis.layer._plans.requests import _Requests
 
 class _Notes(_Requests):
     """What waits in the process (duplicates' counts, Cluster index removals),
-    the keep-alive's calls, the stats."""
+    the keep-alive's plan, the stats."""
 
     def _count_duplicate(self) -> int:
         """Count a duplicate in this process; how many to send now (0: they ride later).
@@ -135,6 +135,35 @@ class _Notes(_Requests):
                     else:
                         self._leave(*never)
                 raise
+
+    def keep_alive_plan(self, leases: LeaseBook) -> Plan[None]:
+        """One renewal of the keep-alive (both twins drive it at each
+        ``renew_interval``): the leases of the claims ``leases`` holds and their
+        in-flight entries renewed, on Cluster the entries of those still ours
+        put back, then each outcome deferred to the keep-alive sent once more.
+
+        The renewals are independent calls (:class:`Batch`, never one script):
+        a claim whose key fails (foreign data, its node down) stops none of
+        the others. A failed batch is logged (``durability_lease_renew_failed``:
+        the next tick renews again); a deferred outcome that fails is handed to
+        :meth:`deferred_failed` and the next one is sent. No storage failure is
+        raised; an interruption (the task cancelled) is.
+        """
+        held = leases.held()
+        try:
+            if calls := self.renew_calls(held):
+                replies = yield Batch(calls)
+                if back := self.reindex_calls(held, replies):
+                    yield Batch(back)
+        except DurabilisError as exc:
+            _log.warning("durability_lease_renew_failed", error=f"{type(exc).__name__}: {exc}")
+        for item in leases.deferred():
+            try:
+                sent = yield IO(item.step.calls, item.step.gates)
+            except DurabilisError as exc:
+                self.deferred_failed(leases, item, exc)
+                continue
+            self.deferred_sent(leases, item, sent)
 
     def renew_calls(self, held: Sequence[tuple[str, str, str]]) -> list[ScriptCall]:
         """The keep-alive's calls for the claims held (key, nonce, member): their leases

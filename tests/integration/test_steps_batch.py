@@ -1,0 +1,74 @@
+"""The ``Batch`` step: independent calls at once (``Store.run_many``), driven by
+``drive`` and ``adrive`` against a real server. One call failing (a key holding
+foreign data) stops none of the others; the plan is told of the failure."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import redis
+
+import durabilis
+from durabilis._keys import KeySpace
+from durabilis._scripts import ScriptCall
+from durabilis._steps import adrive, drive
+from durabilis.core.steps import Batch, Plan
+from durabilis.errors import DurabilisError
+from durabilis.testing import isolated_namespace
+
+
+def _add(keys: KeySpace, member: str) -> ScriptCall:
+    """An in-flight index entry added (``layer_note``), observable afterwards."""
+    return ScriptCall(
+        "layer_note", [keys.layer("inflight"), keys.layer("stats")], ["add", 60_000, 1, member],
+    )
+
+
+def _plan(foreign: KeySpace, fine: KeySpace, seen: list[Any]) -> Plan[None]:
+    try:
+        seen.append((yield Batch([_add(foreign, "m-foreign"), _add(fine, "m-fine")])))
+    except DurabilisError as exc:
+        seen.append(exc)
+    seen.append((yield Batch([_add(fine, "m-again")])))
+
+
+def _planted(raw: redis.Redis) -> tuple[KeySpace, KeySpace]:
+    foreign, fine = KeySpace(isolated_namespace()), KeySpace(isolated_namespace())
+    raw.set(foreign.layer("inflight"), "not an index")  # foreign data: WRONGTYPE
+    return foreign, fine
+
+
+def _check(raw: redis.Redis, foreign: KeySpace, fine: KeySpace, seen: list[Any]) -> None:
+    failed, again = seen
+    assert isinstance(failed, DurabilisError)  # the plan is told ...
+    members = {m.decode() for m in raw.zrange(fine.layer("inflight"), 0, -1)}
+    assert members == {"m-fine", "m-again"}  # ... the other call ran all the same
+    assert isinstance(again, list) and len(again) == 1
+    assert raw.get(foreign.layer("inflight")) == b"not an index"  # left as it was
+
+
+def test_a_batch_s_failing_call_stops_none_of_the_others(
+    store: durabilis.Store, raw: redis.Redis
+) -> None:
+    foreign, fine = _planted(raw)
+    seen: list[Any] = []
+    drive(_plan(foreign, fine, seen), store)
+    _check(raw, foreign, fine, seen)
+
+
+def test_a_batch_s_failing_call_stops_none_of_the_others_async(
+    redis_url: str, namespace: str, raw: redis.Redis
+) -> None:
+    foreign, fine = _planted(raw)
+    seen: list[Any] = []
+
+    async def main() -> None:
+        astore = durabilis.aio.connect(redis_url, namespace=namespace)
+        try:
+            await adrive(_plan(foreign, fine, seen), astore)
+        finally:
+            await astore.close()
+
+    asyncio.run(main())
+    _check(raw, foreign, fine, seen)

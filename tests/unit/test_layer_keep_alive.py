@@ -1,0 +1,143 @@
+"""The layer's keep-alive as a plan, tested the h11 way: scripted replies in,
+steps out (no server, no store: ``answered`` steps the plan by hand).
+
+Both twins drive this one plan each ``renew_interval``
+(``_LayerCore.keep_alive_plan``); what it sends and what it makes of each
+failure is asserted here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass
+
+import pytest
+from structlog.testing import capture_logs
+
+from durabilis._keys import KeySpace
+from durabilis._scripts import Replies, ScriptCall
+from durabilis._steps import LeaseBook
+from durabilis.core.steps import IO, Batch, Defer, Hold, answered
+from durabilis.errors import CorruptData, StorageUnavailable
+from durabilis.layer import DurabilityConfig
+from durabilis.layer._plans import _LayerCore
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the plans read of a store (``StoreShape``): no connection."""
+
+    keys: KeySpace
+    fuses: bool
+    is_cluster: bool = False
+
+
+def core(*, fuses: bool) -> _LayerCore:
+    return _LayerCore(
+        Shape(KeySpace("ka"), fuses), DurabilityConfig(), None, None,  # type: ignore[arg-type]
+        None, None, None, new_lock=threading.Lock,  # type: ignore[arg-type]
+    )
+
+
+def book(*claims: tuple[str, str, str]) -> LeaseBook:
+    leases = LeaseBook()
+    for key, nonce, member in claims:
+        leases.hold(Hold(key, nonce, member))
+    return leases
+
+
+def deferred(leases: LeaseBook, key: str, nonce: str, seconds: float = 60.0) -> ScriptCall:
+    call = ScriptCall("idem_record", [f"ka:idem:{{{key}}}"], [nonce])
+    leases.defer(Defer(key, nonce, "", [call], None, seconds))
+    return call
+
+
+def test_nothing_held_sends_nothing() -> None:
+    steps, _ = answered(core(fuses=True).keep_alive_plan(LeaseBook()), [])
+    assert steps == []
+
+
+def test_standalone_renews_every_claim_in_one_call_beside_the_note() -> None:
+    leases = book(("k1", "n1", "m1"), ("k2", "n2", ""))
+    steps, _ = answered(core(fuses=True).keep_alive_plan(leases), [[[1, 1], 1]])
+    [renew] = steps
+    assert type(renew) is Batch
+    idem, note = renew.calls
+    assert (idem.name, idem.keys) == ("idem_renew", ["ka:idem:{k1}", "ka:idem:{k2}"])
+    assert idem.args[:2] == ["n1", "n2"] and idem.args[-1] == "nonce"
+    assert note.name == "layer_note" and note.args[0] == "renew" and note.args[2:] == [1, "m1"]
+
+
+def test_unfused_renewals_are_independent_calls_then_the_entries_still_ours_go_back() -> None:
+    leases = book(("k1", "n1", "m1"), ("k2", "n2", "m2"), ("k3", "n3", "m3"))
+    plan = core(fuses=False).keep_alive_plan(leases)
+    # k1 renewed, k2 no longer ours, k3 renewed; the note's reply last.
+    steps, _ = answered(plan, [[[1], [0], [1], 1], [1]])
+    first, back = steps
+    assert type(first) is Batch and type(back) is Batch  # never one script
+    assert [c.keys for c in first.calls[:3]] == [
+        ["ka:idem:{k1}"], ["ka:idem:{k2}"], ["ka:idem:{k3}"],
+    ]
+    [add] = back.calls
+    assert add.args[0] == "add" and add.args[2:] == [2, "m1", "m3"]
+
+
+def test_a_failed_renewal_is_logged_and_the_deferred_outcomes_still_go() -> None:
+    leases = book(("k1", "n1", "m1"))
+    call = deferred(leases, "k2", "n2")
+    with capture_logs() as logs:
+        steps, _ = answered(
+            core(fuses=False).keep_alive_plan(leases),
+            [CorruptData("ka:idem:{k1}", "WRONGTYPE"), Replies(["ok"], "o")],
+        )
+    renew, record = steps
+    assert type(renew) is Batch  # no reindex after a failed batch
+    assert record == IO([call], None)
+    assert [e["event"] for e in logs] == [
+        "durability_lease_renew_failed", "durability_outcome_recorded_late",
+    ]
+    assert "CorruptData" in logs[0]["error"]
+    assert leases.deferred() == [] and leases.held() == [("k1", "n1", "m1")]
+
+
+def test_a_deferred_outcome_that_fails_waits_for_the_next_tick_the_others_go() -> None:
+    leases = LeaseBook()
+    first = deferred(leases, "k1", "n1")
+    second = deferred(leases, "k2", "n2")
+    steps, _ = answered(
+        core(fuses=True).keep_alive_plan(leases),
+        [[[1, 1], 1], StorageUnavailable("down"), Replies(["ok"], "o")],
+    )
+    assert steps[1:] == [IO([first], None), IO([second], None)]
+    [left] = leases.deferred()  # the first is kept until its time runs out
+    assert left.step.calls == [first]
+
+
+def test_a_deferred_outcome_past_its_time_or_corrupt_is_abandoned() -> None:
+    leases = LeaseBook()
+    deferred(leases, "k1", "n1", seconds=-1.0)  # its time ran out
+    deferred(leases, "k2", "n2")
+    with capture_logs() as logs:
+        answered(
+            core(fuses=True).keep_alive_plan(leases),
+            [[[1, 1], 1], StorageUnavailable("down"), CorruptData("ka:idem:{k2}", "garbage")],
+        )
+    assert leases.deferred() == [] and leases.held() == []
+    assert [e["event"] for e in logs] == ["durability_outcome_abandoned"] * 2
+
+
+def test_an_interruption_goes_through() -> None:
+    leases = book(("k1", "n1", ""))
+    deferred(leases, "k2", "n2")
+    plan = core(fuses=True).keep_alive_plan(leases)
+    with pytest.raises(asyncio.CancelledError):
+        answered(plan, [asyncio.CancelledError()])
+    assert len(leases.deferred()) == 1  # not sent: the next tick sends it
+
+
+def test_a_deferred_outcome_sent_is_settled_by_the_plan() -> None:
+    leases = LeaseBook()
+    deferred(leases, "k1", "n1")
+    answered(core(fuses=True).keep_alive_plan(leases), [[[1], 1], Replies(["ok"], "o")])
+    assert leases.deferred() == [] and not leases.busy()
