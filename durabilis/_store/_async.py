@@ -258,6 +258,9 @@ class AsyncStore(_base.StoreBase):
                 failed = map_error(reply, call)
                 failed.__cause__ = reply
         if failed is not None:
+            failed.partial = _base.told([
+                r if not isinstance(r, Exception) else failed for r in replies
+            ])
             raise failed
         if waits:
             self._confirmed(acked, calls[0] if len(calls) == 1 else None)

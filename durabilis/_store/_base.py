@@ -46,10 +46,21 @@ def count_in(replies: list[Any], values: frozenset[bytes]) -> int:
 
 
 def first_error_or(outcomes: list[Any]) -> list[Any]:
+    """The replies of calls all tried; or their first failure raised, its
+    ``partial`` telling what each call replied (``?`` and ``None``: failed)."""
     for outcome in outcomes:
         if isinstance(outcome, DurabilisError):
+            outcome.partial = told(outcomes)
             raise outcome
     return outcomes
+
+
+def told(outcomes: Sequence[Any]) -> Replies:
+    """Independent calls' outcomes as :class:`Replies`: a reply ``c``, an error
+    ``?`` (its reply ``None``)."""
+    failed = [isinstance(o, BaseException) for o in outcomes]
+    return Replies([None if f else o for f, o in zip(failed, outcomes, strict=True)],
+                   "".join("?" if f else "c" for f in failed))
 
 
 def _argv(call: ScriptCall) -> list[Any]:

@@ -31,6 +31,7 @@ from durabilis._store._base import (
     fused_command,
     fused_replies,
     sentinels_of,
+    told,
     wave_groups,
 )
 from durabilis._store._errors import map_error
@@ -361,6 +362,9 @@ class Store(StoreBase):
                 failed = map_error(reply, call)
                 failed.__cause__ = reply
         if failed is not None:
+            failed.partial = told([
+                r if not isinstance(r, Exception) else failed for r in replies
+            ])
             raise failed
         if waits:
             self._confirmed(acked, calls[0] if len(calls) == 1 else None)

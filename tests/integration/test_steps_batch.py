@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 import redis
 
 import durabilis
@@ -16,6 +17,10 @@ from durabilis._steps import adrive, drive
 from durabilis.core.steps import Batch, Plan
 from durabilis.errors import DurabilisError
 from durabilis.testing import isolated_namespace
+
+# Cluster too: there the calls go to their nodes at once (Store._wave), and the
+# error raised after them tells what each replied (Store.run_many).
+pytestmark = pytest.mark.topologies("cluster")
 
 
 def _add(keys: KeySpace, member: str) -> ScriptCall:
@@ -42,6 +47,9 @@ def _planted(raw: redis.Redis) -> tuple[KeySpace, KeySpace]:
 def _check(raw: redis.Redis, foreign: KeySpace, fine: KeySpace, seen: list[Any]) -> None:
     failed, again = seen
     assert isinstance(failed, DurabilisError)  # the plan is told ...
+    # ... with what each call replied: the one that failed unknown, the other's reply
+    assert failed.partial is not None and failed.partial.status == "?c"
+    assert failed.partial[0] is None and failed.partial[1] == 1
     members = {m.decode() for m in raw.zrange(fine.layer("inflight"), 0, -1)}
     assert members == {"m-fine", "m-again"}  # ... the other call ran all the same
     assert isinstance(again, list) and len(again) == 1

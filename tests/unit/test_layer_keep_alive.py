@@ -101,6 +101,22 @@ def test_a_failed_renewal_is_logged_and_the_deferred_outcomes_still_go() -> None
     assert leases.deferred() == [] and leases.held() == [("k1", "n1", "m1")]
 
 
+def test_one_failed_renewal_still_puts_back_the_entries_of_the_others_renewed() -> None:
+    """Cluster: one claim's node refusing (or its key holding foreign data) must
+    not keep the other claims' in-flight entries out of the index: the batch's
+    error carries what each call replied, and those renewed go back."""
+    leases = book(("k1", "n1", "m1"), ("k2", "n2", "m2"), ("k3", "n3", "m3"))
+    failed = StorageUnavailable("k2's node is down")
+    failed.partial = Replies([[1], None, [1], 1], "c?cc")
+    with capture_logs() as logs:
+        steps, _ = answered(core(fuses=False).keep_alive_plan(leases), [failed, [1]])
+    renew, back = steps
+    assert type(renew) is Batch and type(back) is Batch
+    [add] = back.calls
+    assert add.args[0] == "add" and add.args[2:] == [2, "m1", "m3"]
+    assert [e["event"] for e in logs] == ["durability_lease_renew_failed"]
+
+
 def test_a_deferred_outcome_that_fails_waits_for_the_next_tick_the_others_go() -> None:
     leases = LeaseBook()
     first = deferred(leases, "k1", "n1")

@@ -144,16 +144,24 @@ class _Notes(_Requests):
 
         The renewals are independent calls (:class:`Batch`, never one script):
         a claim whose key fails (foreign data, its node down) stops none of
-        the others. A failed batch is logged (``durability_lease_renew_failed``:
-        the next tick renews again); a deferred outcome that fails is handed to
-        :meth:`deferred_failed` and the next one is sent. No storage failure is
-        raised; an interruption (the task cancelled) is.
+        the others, and the entries of the others renewed still go back (the
+        batch's error tells what each call replied). A failed batch is logged
+        (``durability_lease_renew_failed``: the next tick renews again); a
+        deferred outcome that fails is handed to :meth:`deferred_failed` and
+        the next one is sent. No storage failure is raised; an interruption
+        (the task cancelled) is.
         """
         held = leases.held()
         try:
             if calls := self.renew_calls(held):
-                replies = yield Batch(calls)
-                if back := self.reindex_calls(held, replies):
+                try:
+                    replies: Sequence[Any] | None = yield Batch(calls)
+                except DurabilisError as exc:
+                    _log.warning("durability_lease_renew_failed",
+                                 error=f"{type(exc).__name__}: {exc}")
+                    # What the others replied: those renewed still go back.
+                    replies = exc.partial
+                if replies is not None and (back := self.reindex_calls(held, replies)):
                     yield Batch(back)
         except DurabilisError as exc:
             _log.warning("durability_lease_renew_failed", error=f"{type(exc).__name__}: {exc}")
