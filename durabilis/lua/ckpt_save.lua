@@ -283,16 +283,17 @@ if mode ~= "save" then skip = source_id end
 -- agent>:<phase>"; a bare "<id>" when unknown), and, once the parent is a
 -- replaced record, "=<mark>": its own.
 -- memory:// (fakeredis) has no redis.sha1hex: there a mark is a stand-in
--- digest (two 32-bit polynomial hashes, exact in Lua's doubles). Marks are
+-- digest (two polynomial hashes of other bases, exact in Lua's doubles, each
+-- 8 hex digits mixing both: two short texts collide in one only). Marks are
 -- only compared with marks this same server wrote, so the two never meet.
 local hex = redis.sha1hex or function(s)
   local a, b = 5381, 2166136
   for i = 1, #s do
     local c = string.byte(s, i)
     a = (a * 33 + c) % 4294967296
-    b = (b * 131 + c + i) % 4294967296
+    b = (b * 131 + c + i) % 4294967291
   end
-  return string.format("%08x%08x%08x", a, b, (a * 7 + b) % 4294967296)
+  return string.format("%08x%08x%08x", (a * 7 + b) % 4294967296, (b * 3 + a) % 4294967296, a)
 end
 local function mark(tk, f)
   return string.sub(hex(tk), 1, 8) .. string.sub(hex(f), 1, 16)
