@@ -14,6 +14,7 @@ from durabilis._acks import PRIMARY, Acks, as_acks
 from durabilis._keys import KeySpace
 from durabilis._mask import mask_url
 from durabilis._scripts import Replies, ScriptCall, ScriptRegistry, fuse, waits
+from durabilis._store._errors import map_error
 from durabilis.errors import (
     ConfigError,
     CorruptData,
@@ -53,6 +54,27 @@ def first_error_or(outcomes: list[Any]) -> list[Any]:
             outcome.partial = told(outcomes)
             raise outcome
     return outcomes
+
+
+def unloaded(replies: Sequence[Any]) -> list[int]:
+    """Which calls of a pipeline were not run because their script was unknown
+    (NOSCRIPT: run each again the usual way, which loads it)."""
+    return [i for i, r in enumerate(replies) if isinstance(r, redis.exceptions.NoScriptError)]
+
+
+def raise_first(calls: Sequence[ScriptCall], replies: list[Any]) -> None:
+    """Once every call was tried: the first failure (in call order) raised, its
+    ``partial`` telling what each call replied; nothing when none failed."""
+    for call, reply in zip(calls, replies, strict=True):
+        if isinstance(reply, DurabilisError):
+            failed = reply
+        elif isinstance(reply, Exception):
+            failed = map_error(reply, call)
+            failed.__cause__ = reply
+        else:
+            continue
+        failed.partial = told(replies)
+        raise failed
 
 
 def told(outcomes: Sequence[Any]) -> Replies:

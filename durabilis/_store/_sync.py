@@ -30,8 +30,9 @@ from durabilis._store._base import (
     fused_call,
     fused_command,
     fused_replies,
+    raise_first,
     sentinels_of,
-    told,
+    unloaded,
     wave_groups,
 )
 from durabilis._store._errors import map_error
@@ -351,21 +352,12 @@ class Store(StoreBase):
         except Exception as exc:
             raise map_error(exc, calls[0] if len(calls) == 1 else None) from exc
         acked = replies.pop() if waits else None
-        failed: DurabilisError | None = None  # the first, once every call was tried
-        for i, (call, reply) in enumerate(zip(calls, replies, strict=True)):
-            if isinstance(reply, redis.exceptions.NoScriptError):
-                try:  # not run (unknown script): run it now, whatever the others did
-                    replies[i] = self.run(call)
-                except DurabilisError as exc:
-                    failed = failed or exc
-            elif isinstance(reply, Exception) and failed is None:
-                failed = map_error(reply, call)
-                failed.__cause__ = reply
-        if failed is not None:
-            failed.partial = told([
-                r if not isinstance(r, Exception) else failed for r in replies
-            ])
-            raise failed
+        for i in unloaded(replies):  # run now, whatever the others did
+            try:
+                replies[i] = self.run(calls[i])
+            except DurabilisError as exc:
+                replies[i] = exc
+        raise_first(calls, replies)  # (the first failure, once every call was tried)
         if waits:
             self._confirmed(acked, calls[0] if len(calls) == 1 else None)
         return replies
