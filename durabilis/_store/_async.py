@@ -254,7 +254,11 @@ class AsyncStore(_base.StoreBase):
                 replies[i] = exc
         _base.raise_first(calls, replies)  # (the first failure, once every call was tried)
         if waits:
-            self._confirmed(acked, calls[0] if len(calls) == 1 else None)
+            try:
+                self._confirmed(acked, calls[0] if len(calls) == 1 else None)
+            except DurabilisError as exc:  # (every call ran: unconfirmed, not undone)
+                exc.partial = _base.told(replies)
+                raise
         return replies
 
     async def run_step(

@@ -32,6 +32,7 @@ from durabilis._store._base import (
     fused_replies,
     raise_first,
     sentinels_of,
+    told,
     unloaded,
     wave_groups,
 )
@@ -359,7 +360,11 @@ class Store(StoreBase):
                 replies[i] = exc
         raise_first(calls, replies)  # (the first failure, once every call was tried)
         if waits:
-            self._confirmed(acked, calls[0] if len(calls) == 1 else None)
+            try:
+                self._confirmed(acked, calls[0] if len(calls) == 1 else None)
+            except DurabilisError as exc:  # (every call ran: unconfirmed, not undone)
+                exc.partial = told(replies)
+                raise
         return replies
 
     def run_step(

@@ -15,7 +15,7 @@ from durabilis._keys import KeySpace
 from durabilis._scripts import ScriptCall
 from durabilis._steps import adrive, drive
 from durabilis.core.steps import Batch, Plan
-from durabilis.errors import DurabilisError
+from durabilis.errors import DurabilisError, NotReplicated
 from durabilis.testing import isolated_namespace
 
 # Cluster too: there the calls go to their nodes at once (Store._wave), and the
@@ -80,3 +80,28 @@ def test_a_batch_s_failing_call_stops_none_of_the_others_async(
 
     asyncio.run(main())
     _check(raw, foreign, fine, seen)
+
+
+@pytest.mark.standalone_only  # one pipeline then one WAIT: the standalone path of run_many
+def test_an_unconfirmed_batch_tells_the_plan_every_call_ran(
+    store: durabilis.Store, raw: redis.Redis
+) -> None:
+    """``acks="replicas:1"`` with no replica: the calls ran on the primary, the
+    confirmation failed. The ``NotReplicated`` raised says so (``partial``: every
+    call ``c``), so the keep-alive still puts back the entries it renewed."""
+    fine = KeySpace(isolated_namespace())
+    acked = store.with_acks("replicas:1", timeout=0.05)
+    seen: list[Any] = []
+
+    def plan() -> Plan[None]:
+        try:
+            yield Batch([_add(fine, "m-1"), _add(fine, "m-2")])
+        except DurabilisError as exc:
+            seen.append(exc)
+
+    drive(plan(), acked)
+    [failed] = seen
+    assert isinstance(failed, NotReplicated)
+    assert failed.partial is not None and failed.partial.status == "cc"
+    assert list(failed.partial) == [1, 1]
+    assert {m.decode() for m in raw.zrange(fine.layer("inflight"), 0, -1)} == {"m-1", "m-2"}
