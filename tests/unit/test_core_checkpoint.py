@@ -7,8 +7,6 @@ asserted directly.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,7 +30,6 @@ from durabilis.errors import (
     InvalidKey,
     StorageUnavailable,
 )
-from tests.unit.test_core_breaker import _PURE, PACKAGE
 
 NOW_MS = 1_700_000_000_000
 K = KeySpace("unit")
@@ -67,23 +64,6 @@ def found(*entries: tuple[str, str, str, int]) -> list[Any]:
     for agent, phase, cid, seq in entries:
         flat += [f"{agent}:{phase}".encode(), cid.encode(), str(seq).encode()]
     return [b"ok", flat]
-
-
-@pytest.mark.parametrize(
-    "module",
-    [
-        "durabilis.core.checkpoint",
-        "durabilis.core.checkpoint.types",
-        "durabilis.core.checkpoint.ops",
-        "durabilis.core.checkpoint.plans",
-    ],
-)
-def test_the_checkpoint_core_imports_no_redis_asyncio_or_threading(module: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", _PURE, str(PACKAGE), module],
-        capture_output=True, text=True, timeout=60, check=False,
-    )
-    assert done.returncode == 0, done.stderr
 
 
 # --- save ------------------------------------------------------------------------------

@@ -7,8 +7,6 @@ script, KEYS, ARGV) and what they make of each reply is asserted directly.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -28,7 +26,6 @@ from durabilis.core.dlq.enqueue import MISS_ROUNDS
 from durabilis.core.steps import IO, Run, SilentLog, Sleep, answered
 from durabilis.dlq import DlqRecord, ReplayOutcome, _DlqOps
 from durabilis.errors import CorruptData, DurabilisError, OperationInProgress
-from tests.unit.test_core_breaker import _PURE, PACKAGE
 from tests.unit.test_dlq import hash_fields, stream_fields
 
 K = KeySpace("unit")
@@ -50,28 +47,6 @@ class Recorded:
 
 def core(log: Any = None, **config: Any) -> EnqueueOps:
     return EnqueueOps(K, DlqConfig(**config), "me", log=log)
-
-
-@pytest.mark.parametrize(
-    "module",
-    [
-        "durabilis.core.dlq",
-        "durabilis.core.dlq.types",
-        "durabilis.core.dlq.records",
-        "durabilis.core.dlq.plan",
-        "durabilis.core.dlq.base",
-        "durabilis.core.dlq.enqueue",
-        "durabilis.core.dlq.calls",
-        "durabilis.core.dlq.listing",
-        "durabilis.core.dlq.replay",
-    ],
-)
-def test_the_dlq_core_imports_no_redis_asyncio_or_threading(module: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", _PURE, str(PACKAGE), module],
-        capture_output=True, text=True, timeout=60, check=False,
-    )
-    assert done.returncode == 0, done.stderr
 
 
 def test_the_old_private_modules_re_export_the_cores_very_objects() -> None:

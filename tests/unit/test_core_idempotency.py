@@ -3,9 +3,6 @@ scripted replies (no server)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from durabilis import _codec
@@ -18,7 +15,6 @@ from durabilis.core.idempotency import (
     New,
 )
 from durabilis.errors import CorruptData, InvalidKey, KeyReuseMismatch, LeaseLost
-from tests.unit.test_core_breaker import _PURE, PACKAGE
 
 KEYS = KeySpace("unit")
 T1, T2 = 1_700_000_000_000, 1_700_000_060_000
@@ -26,19 +22,6 @@ T1, T2 = 1_700_000_000_000, 1_700_000_060_000
 
 def ops(**config: object) -> IdemOps:
     return IdemOps(KEYS, IdempotencyConfig(**config))  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize(
-    "module",
-    ["durabilis.core.idempotency", "durabilis.core.idempotency.types",
-     "durabilis.core.idempotency.ops"],
-)
-def test_the_idempotency_core_imports_no_redis_asyncio_or_threading(module: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", _PURE, str(PACKAGE), module],
-        capture_output=True, text=True, timeout=60, check=False,
-    )
-    assert done.returncode == 0, done.stderr
 
 
 def test_a_claim_names_the_key_window_lease_placeholder_fingerprint_and_nonce() -> None:

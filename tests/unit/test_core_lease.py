@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 from durabilis._keys import KeySpace
 from durabilis.core.lease import lease_taken, period_lease
-from tests.unit.test_core_breaker import _PURE, PACKAGE
 
 
 def test_the_lease_call_names_its_key_holder_and_period_in_milliseconds() -> None:
@@ -24,11 +20,3 @@ def test_a_period_under_a_millisecond_still_leases_for_one() -> None:
 def test_a_reply_of_one_is_the_lease_taken_and_zero_or_nil_another_holder() -> None:
     assert lease_taken(1) and lease_taken(b"1")
     assert not lease_taken(0) and not lease_taken(None)
-
-
-def test_the_lease_core_imports_no_redis_asyncio_or_threading() -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", _PURE, str(PACKAGE), "durabilis.core.lease"],
-        capture_output=True, text=True, timeout=60, check=False,
-    )
-    assert done.returncode == 0, done.stderr

@@ -8,8 +8,6 @@ asserted directly. The engines of :mod:`durabilis.retry` drive this plan.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -31,7 +29,6 @@ from durabilis.core.retry import (
 )
 from durabilis.core.steps import Plan, Run, Sleep, answered
 from durabilis.errors import ConfigError, CorruptData
-from tests.unit.test_core_breaker import _PURE, PACKAGE
 
 K = KeySpace("unit")
 STEP = Run(lambda _: None, None)  # the plan never calls it: the test answers for it
@@ -74,17 +71,6 @@ def plan(
 
 
 # --- the core does no I/O -----------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "module", ["durabilis.core.retry", "durabilis.core.retry.types", "durabilis.core.retry.plans"]
-)
-def test_the_retry_core_imports_no_redis_asyncio_or_threading(module: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", _PURE, str(PACKAGE), module],
-        capture_output=True, text=True, timeout=60, check=False,
-    )
-    assert done.returncode == 0, done.stderr
 
 
 # --- without a budget: Run, Sleep, Run ... -------------------------------------------------
