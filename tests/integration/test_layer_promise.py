@@ -54,6 +54,7 @@ from durabilis.layer import (
 from durabilis.retry import RetryBudget
 from durabilis.testing import RedisServer, offset_server_clock
 from tests.integration._layer_support import Counter, fast_config
+from tests.support.cancels import swallow_own_cancel
 
 pytestmark = pytest.mark.topologies("cluster")
 
@@ -1368,15 +1369,7 @@ def test_an_async_fn_that_swallows_the_caller_s_cancellation_is_not_retried(
 
         async def fn(ctx: OperationContext) -> str:
             calls.append(ctx.attempt)
-            task = asyncio.current_task()
-            assert task is not None
-            task.cancel()  # the caller's cancellation, arriving while fn waits
-            try:
-                await asyncio.sleep(0)
-            except asyncio.CancelledError:
-                if ending == "raises":
-                    raise ConnectionError("connection aborted") from None
-            return "swallowed"
+            return await swallow_own_cancel(ending)
 
         with pytest.raises(asyncio.CancelledError):
             await layer.execute("a1", "job", "p", fn)

@@ -26,6 +26,7 @@ from durabilis.retry import (
     retry,
 )
 from durabilis.testing import instant_retries
+from tests.support.cancels import swallow_own_cancel
 from tests.support.logs import own_logs
 
 
@@ -505,15 +506,7 @@ def test_an_async_fn_that_turns_its_cancellation_into_an_outcome_is_not_retried(
 
     async def fn() -> str:
         calls.append(1)
-        task = asyncio.current_task()
-        assert task is not None
-        task.cancel()  # the caller's cancellation, arriving while fn waits
-        try:
-            await asyncio.sleep(0)
-        except asyncio.CancelledError:
-            if ending == "raises":
-                raise ConnectionError("connection aborted") from None
-        return "swallowed"
+        return await swallow_own_cancel(ending)
 
     engine = AsyncRetryEngine(policies=[RetryPolicy("op", 5, 1, 1, jitter=False)])
     with pytest.raises(asyncio.CancelledError):
