@@ -133,20 +133,23 @@ def reporter(
 
 def cached_caller(
     url: str, namespace: str, cache_s: float, ready: Any, stop: Any, out: Any,
-    refused: Any = None,
+    refused: Any = None, tripped: Any = None,
 ) -> None:
     """Call the dependency through the breaker, one call after another, until told
-    to stop; report each call's start (wall clock) and whether it was admitted.
-    ``refused`` (a shared ``multiprocessing.Value``) counts the refusals as they come."""
+    to stop; report for each call whether ``tripped`` (an event the caller sets once
+    another process has tripped the breaker) was set when it started, and whether
+    it was admitted. ``refused`` (a shared ``multiprocessing.Value``) counts the
+    refusals as they come. (No wall clock across processes: one that steps, or a
+    test process descheduled between the trip and its reading, cannot mislead.)"""
     store = durabilis.connect(url, namespace=namespace)
     registry = CircuitBreakerRegistry(
         store, (CircuitBreakerConfig("svc", 0.5, 100, 60, 1, 200, 30),),
         cached_admission_seconds=cache_s,
     )
-    calls: list[tuple[float, bool]] = []
+    calls: list[tuple[bool, bool]] = []
     try:
         while not stop.is_set():
-            started = time.time()
+            started = tripped is not None and tripped.is_set()
             try:
                 registry.call("svc", time.sleep, 0.001)
                 calls.append((started, True))

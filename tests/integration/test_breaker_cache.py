@@ -21,23 +21,24 @@ CONFIG = CircuitBreakerConfig("svc", 0.5, 100, 60, 1, 200, 30)
 def _admitted_after_a_trip_elsewhere(redis_url: str, namespace: str, cache_s: float) -> int:
     ctx = multiprocessing.get_context("spawn")
     ready, stop, out, refused = ctx.Event(), ctx.Event(), ctx.Queue(), ctx.Value("i", 0)
+    tripped = ctx.Event()
     worker = ctx.Process(target=cached_caller,
-                         args=(redis_url, namespace, cache_s, ready, stop, out, refused))
+                         args=(redis_url, namespace, cache_s, ready, stop, out, refused, tripped))
     worker.start()
     store = durabilis.connect(redis_url, namespace=namespace)
     try:
         assert ready.wait(60)
         CircuitBreakerRegistry(store, (CONFIG,)).force_open("svc")  # another replica trips it
-        tripped = time.time()
+        tripped.set()  # (calls started from now on began after the trip)
         # The worker keeps calling (hundreds of attempts in 0.3 s on an idle machine):
         # until it has been refused more than 20 times, however loaded the machine.
         wait_until(lambda: refused.value > 20, timeout=60, what="20 refusals")
         stop.set()
-        calls: list[tuple[float, bool]] = out.get(timeout=60)
+        calls: list[tuple[bool, bool]] = out.get(timeout=60)
         worker.join(30)
     finally:
         store.close()
-    after = [admitted for started, admitted in calls if started > tripped]
+    after = [admitted for after_trip, admitted in calls if after_trip]
     assert len(after) > 20 and not after[-1]  # it went on calling, refused in the end
     return sum(after)
 
