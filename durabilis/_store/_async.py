@@ -123,9 +123,13 @@ class AsyncStore(_base.StoreBase):
         """Run one script; redis-py errors become durabilis errors."""
         self._on_home_loop()
         before = _cancels()
-        if self._acks_unchecked:  # (once: no coroutine per call after)
-            await self._check_acks()
-        reply = await self._run(call)
+        try:
+            if self._acks_unchecked:  # (once: no coroutine per call after)
+                await self._check_acks()
+            reply = await self._run(call)
+        except Exception:
+            _resurface(before)  # (a cancellation it swallowed outranks the error it left)
+            raise
         _resurface(before)
         return reply
 
@@ -231,9 +235,13 @@ class AsyncStore(_base.StoreBase):
         """Run several scripts in ONE round trip (see :meth:`Store.run_many`)."""
         self._on_home_loop()
         before = _cancels()
-        if self._acks_unchecked:  # (once: no coroutine per call after)
-            await self._check_acks()
-        replies = await self._run_many(calls)
+        try:
+            if self._acks_unchecked:  # (once: no coroutine per call after)
+                await self._check_acks()
+            replies = await self._run_many(calls)
+        except Exception:
+            _resurface(before)  # (as run's)
+            raise
         _resurface(before)
         return replies
 
@@ -280,7 +288,11 @@ class AsyncStore(_base.StoreBase):
             try:
                 if self.autopipe is not None and not self._acks.waits:
                     before = _cancels()
-                    reply = await self._run_fused(calls, gates)
+                    try:
+                        reply = await self._run_fused(calls, gates)
+                    except Exception:
+                        _resurface(before)  # (as run's)
+                        raise
                     _resurface(before)
                     return _base.fused_replies(reply, n)
                 gated = [bool(gates and i in gates) for i in range(n)]
@@ -347,6 +359,7 @@ class AsyncStore(_base.StoreBase):
                     await self._ready()
                     reply = await self.client.execute_command(*args)
         except Exception as exc:
+            _resurface(before)  # (as run's)
             raise map_error(exc) from exc
         _resurface(before)
         return reply
@@ -372,6 +385,7 @@ class AsyncStore(_base.StoreBase):
             if batch and where is not None:
                 n += _base.count_in(await self._hget_all(batch, where[0]), where[1])
         except Exception as exc:
+            _resurface(before)  # (as run's)
             raise map_error(exc) from exc
         _resurface(before)
         return n
@@ -389,6 +403,7 @@ class AsyncStore(_base.StoreBase):
             await self._ready()
             up = bool(await self.client.ping())
         except Exception as exc:
+            _resurface(before)  # (as run's)
             raise map_error(exc) from exc
         _resurface(before)
         return up

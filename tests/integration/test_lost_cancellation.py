@@ -47,6 +47,7 @@ class Losing:
         # several go from tasks of their own), sets ``entered``.
         self.watch = False
         self.off = False  # (a failing test turns it off to end cleanly)
+        self.then_fail = False  # the command fails after the cancellation was lost
         if store.autopipe is not None:  # standalone: every command goes through it
             store.autopipe.execute = self._wrap(store.autopipe.execute)  # type: ignore[method-assign]
             store.autopipe.execute_many = self._wrap(  # type: ignore[method-assign]
@@ -66,7 +67,10 @@ class Losing:
                 if self.off:
                     raise
                 self.lost += 1
-                return await sent  # the reply, and the cancellation dropped
+                reply = await sent  # the reply, and the cancellation dropped
+                if self.then_fail:  # (the connection reset as the reply came)
+                    raise ConnectionError("Connection reset by peer") from None
+                return reply
 
         return call
 
@@ -95,6 +99,44 @@ def test_the_store_raises_a_cancellation_the_client_lost(redis_url: str, namespa
                 await task
             assert losing.lost == 1  # the client did lose it
         finally:
+            await store.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("method", ["command", "run", "run_many", "run_step"])
+def test_a_cancellation_the_client_lost_outranks_the_error_that_followed(
+    redis_url: str, namespace: str, method: str
+) -> None:
+    """The client loses the cancellation, then the command fails: the caller gets
+    its cancellation, not a StorageUnavailable it would catch and go on from (a
+    loop that logs store errors, as the keep-alive does, would never stop)."""
+    from durabilis._scripts import ScriptCall
+
+    async def main() -> None:
+        store = durabilis.aio.connect(redis_url, namespace=namespace)
+        key = f"{namespace}:{{k}}:a"
+        call = ScriptCall("layer_note", [key, f"{namespace}:{{k}}:b"], ["add", "60000", "1", "m"])
+        sends: dict[str, Callable[[], Awaitable[Any]]] = {
+            "command": lambda: store.command("GET", key),
+            "run": lambda: store.run(call),
+            "run_many": lambda: store.run_many([call, call]),
+            "run_step": lambda: store.run_step([call, call]),
+        }
+        losing = Losing(store)
+        try:
+            await sends[method]()  # (connected, scripts loaded)
+            losing.then_fail = True
+            losing.entered.clear()
+            task = losing.watching(sends[method]())
+            await losing.entered.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            if store.fuses or method in ("command", "run"):  # (Cluster: a wave's calls
+                assert losing.lost >= 1  # go from tasks of their own, none lost there)
+        finally:
+            losing.off = True
             await store.close()
 
     asyncio.run(main())
