@@ -157,3 +157,50 @@ def test_a_deferred_outcome_sent_is_settled_by_the_plan() -> None:
     deferred(leases, "k1", "n1")
     answered(core(fuses=True).keep_alive_plan(leases), [[[1], 1], Replies(["ok"], "o")])
     assert leases.deferred() == [] and not leases.busy()
+
+
+def test_a_claim_settled_between_its_renewal_and_the_put_back_is_not_put_back() -> None:
+    """Cluster: the put-back decides from the renewal's reply, but a claim may
+    settle meanwhile: one the book no longer holds, or whose removal waits in
+    the process, stays out of the index."""
+    leases = book(("k1", "n1", "m1"), ("k2", "n2", "m2"), ("k3", "n3", "m3"))
+    ka = core(fuses=False)
+    plan = ka.keep_alive_plan(leases)
+    renew = next(plan)
+    assert type(renew) is Batch
+    leases.drop(("k1", "n1", "m1"))  # k1's call ended (released, or recorded)
+    ka._leave(["m2"], {"succeeded": 1})  # k2 recorded: its removal waits
+    back = plan.send([[1], [1], [1], 1])
+    assert type(back) is Batch
+    [add] = back.calls
+    assert add.args[0] == "add" and add.args[2:] == [1, "m3"]
+
+
+def test_a_removal_that_comes_while_entries_go_back_waits_until_they_are_back() -> None:
+    """A removal sent before the put-back lands would be undone by it (a settled
+    claim's entry listed again): it waits, and goes with the next batch."""
+    leases = book(("k1", "n1", "m1"), ("k2", "n2", "m2"))
+    ka = core(fuses=False)
+    plan = ka.keep_alive_plan(leases)
+    next(plan)
+    back = plan.send([[1], [1], 1])
+    assert type(back) is Batch and back.calls[0].args[2:] == [2, "m1", "m2"]
+    ka._leave(["m1"], {"succeeded": 1})  # k1 settles while its entry goes back
+    assert ka._take_gone() == ([], {"succeeded": 1})  # (its counts go; not its removal)
+    assert ka.waiting()
+    with pytest.raises(StopIteration):
+        plan.send([2])  # the entries are back
+    assert ka._take_gone() == (["m1"], {})  # now its removal goes
+
+
+def test_a_removal_waits_for_a_put_back_that_failed_too() -> None:
+    leases = book(("k1", "n1", "m1"))
+    ka = core(fuses=False)
+    plan = ka.keep_alive_plan(leases)
+    next(plan)
+    plan.send([[1], 1])
+    ka._leave(["m1"], {})
+    assert ka._take_gone() == ([], {})
+    with capture_logs(), pytest.raises(StopIteration):
+        plan.throw(StorageUnavailable("the index's node is down"))
+    assert ka._take_gone() == (["m1"], {})

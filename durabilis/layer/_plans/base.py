@@ -287,6 +287,9 @@ class _Base:
         self._gone: list[str] = []
         self._gone_counts: dict[str, int] = {}
         self._gone_since = 0.0
+        # Cluster: entries the keep-alive is putting back now; their removals
+        # wait until that is over (see reindex_calls).
+        self._reindexing: set[str] = set()
         # Removals sent once whose outcome is unknown: each goes again alone,
         # never merged with newer ones (its counts go only with a removal).
         self._unsure: list[tuple[list[str], dict[str, int]]] = []
@@ -302,7 +305,7 @@ class _Base:
         with self._dups_lock:
             self._dups, self._dups_since = 0, 0.0
             self._gone, self._gone_counts, self._gone_since = [], {}, 0.0
-            self._unsure = []
+            self._unsure, self._reindexing = [], set()
 
 
 class _Unsent(Exception):
