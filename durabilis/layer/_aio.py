@@ -44,13 +44,8 @@ class AsyncDurabilityLayer(_LayerShell[AsyncStore]):
     checkpoints: AsyncCheckpointManager
     dlq: AsyncDeadLetterQueue
 
-    def __init__(
-        self,
-        store: AsyncStore,
-        config: DurabilityConfig | None = None,
-        *,
-        replica_id: str | None = None,
-    ) -> None:
+    def __init__(self, store: AsyncStore, config: DurabilityConfig | None = None, *,
+                 replica_id: str | None = None) -> None:
         super().__init__(store, config, replica_id)
         self._renewer: asyncio.Task[None] | None = None  # on the store's loop, the only one
         reset_in_child(self)
@@ -148,19 +143,11 @@ class AsyncDurabilityLayer(_LayerShell[AsyncStore]):
         # So the layer's keep-alive only ever runs on the store's loop.
         self.store._on_home_loop()
 
-    async def execute(
-        self,
-        agent_id: str,
-        operation_type: str,
-        payload: Any,
-        fn: Callable[[OperationContext], Awaitable[T] | T],
-        *,
-        dependency: str | None = None,
-        idempotency_key: IdempotencyKey | str | None = None,
-        task_id: str | None = None,
-        phase: str | None = None,
-        wait: float | None = None,
-        park_on_open: bool = False,
+    async def execute(  # (the twin's signature, compact: DurabilityLayer.execute documents it)
+        self, agent_id: str, operation_type: str, payload: Any,
+        fn: Callable[[OperationContext], Awaitable[T] | T], *, dependency: str | None = None,
+        idempotency_key: IdempotencyKey | str | None = None, task_id: str | None = None,
+        phase: str | None = None, wait: float | None = None, park_on_open: bool = False,
         deadline_seconds: float | None = None,
     ) -> T:
         """See :meth:`DurabilityLayer.execute`.
@@ -172,22 +159,16 @@ class AsyncDurabilityLayer(_LayerShell[AsyncStore]):
         returned, its outcome is recorded (shielded) before
         ``CancelledError`` is raised.
         """
-        plan = self._operation_plan(
-            agent_id, operation_type, payload, fn, dependency=dependency,
-            idempotency_key=idempotency_key, task_id=task_id, phase=phase, wait=wait,
-            park_on_open=park_on_open, deadline_seconds=deadline_seconds,
-        )
+        plan = self._operation_plan(agent_id, operation_type, payload, fn,
+                                    dependency=dependency, idempotency_key=idempotency_key,
+                                    task_id=task_id, phase=phase, wait=wait,
+                                    park_on_open=park_on_open, deadline_seconds=deadline_seconds)
         result: T = await adrive(plan, self.store, leases=self._leases)
         return result
 
     def durable(
-        self,
-        operation_type: str,
-        *,
-        agent_id: str = "default",
-        dependency: str | None = None,
-        key: Callable[..., str] | None = None,
-        wait: float | None = None,
+        self, operation_type: str, *, agent_id: str = "default", dependency: str | None = None,
+        key: Callable[..., str] | None = None, wait: float | None = None,
     ) -> Callable[[Callable[..., Awaitable[T]]], Callable[..., Awaitable[T]]]:
         """See :meth:`DurabilityLayer.durable` (decorates ``async def`` functions)."""
 
@@ -199,11 +180,10 @@ class AsyncDurabilityLayer(_LayerShell[AsyncStore]):
                 async def call(_ctx: OperationContext) -> T:
                     return await func(*args, **kwargs)
 
-                return await self.execute(
-                    agent_id, operation_type, payload_of(args, kwargs), call,
-                    dependency=dependency,
-                    idempotency_key=None if key is None else key(*args, **kwargs), wait=wait,
-                )
+                own_key = None if key is None else key(*args, **kwargs)
+                return await self.execute(agent_id, operation_type, payload_of(args, kwargs),
+                                          call, dependency=dependency,
+                                          idempotency_key=own_key, wait=wait)
 
             return wrapper
 
@@ -222,14 +202,9 @@ class AsyncDurabilityLayer(_LayerShell[AsyncStore]):
         return await adrive(self._replay_plan(dlq_id, fn, wait), self.store, leases=self._leases)
 
     async def replay_pending(
-        self,
-        fn: Callable[[OperationContext], Any],
-        operation_type: str | None = None,
-        limit: int | None = None,
-        max_per_second: float | None = None,
-        *,
-        wait: float | None = None,
-        on_result: Callable[[ReplayResult], object] | None = None,
+        self, fn: Callable[[OperationContext], Any], operation_type: str | None = None,
+        limit: int | None = None, max_per_second: float | None = None, *,
+        wait: float | None = None, on_result: Callable[[ReplayResult], object] | None = None,
         requeued_only: bool = False,
     ) -> ReplaySummary:
         """See :meth:`DurabilityLayer.replay_pending`."""
@@ -241,13 +216,9 @@ class AsyncDurabilityLayer(_LayerShell[AsyncStore]):
         return await adrive(plan, self.store, leases=self._leases)
 
     async def replay_requeued(
-        self,
-        handlers: Mapping[str, Callable[[OperationContext], Any]],
-        limit: int | None = None,
-        max_per_second: float | None = None,
-        *,
-        wait: float | None = None,
-        on_result: Callable[[ReplayResult], object] | None = None,
+        self, handlers: Mapping[str, Callable[[OperationContext], Any]],
+        limit: int | None = None, max_per_second: float | None = None, *,
+        wait: float | None = None, on_result: Callable[[ReplayResult], object] | None = None,
     ) -> ReplaySummary:
         """See :meth:`DurabilityLayer.replay_requeued`."""
         self._on_home_loop()
