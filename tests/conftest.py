@@ -29,10 +29,12 @@ A missing redis-server fails loudly with the install hint: it is never a skip.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import tempfile
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -208,6 +210,35 @@ def _started(data_dir: Path, **options: Any) -> RedisServer:
             if attempt == 2:
                 raise
     raise AssertionError("unreachable")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """Note the sync layers a test makes (in its body, not its fixtures): see
+    :func:`pytest_runtest_teardown`."""
+    from durabilis.layer._api import _AT_EXIT
+
+    before = {id(layer) for layer in _AT_EXIT}
+    yield
+    item.stash[_MADE] = [weakref.ref(layer) for layer in _AT_EXIT if id(layer) not in before]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    """Close the layers a test made and left open, before its fixtures go (its
+    store and server still up). Left open, a layer's keep-alive thread sends
+    what waits a second later, maybe after the test's server or ACL user is
+    gone, and its warning lands in a later test's captured output (three CI
+    flakes came that way)."""
+    for ref in item.stash.get(_MADE, []):
+        layer = ref()
+        if layer is not None and not layer._closed:
+            with contextlib.suppress(Exception):
+                layer.close()
+    yield
+
+
+_MADE = pytest.StashKey[list["weakref.ref[Any]"]]()
 
 
 @pytest.fixture(autouse=True)
