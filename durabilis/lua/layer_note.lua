@@ -9,11 +9,24 @@ touches a newer owner's. The counters are the fleet-wide totals an operator
 
 KEYS[1]  in-flight sorted set        (<ns>:layer:{layer}:inflight)
 KEYS[2]  counters hash               (<ns>:layer:{layer}:stats)
-ARGV[1]  mode                        "add" | "rem" | "leave" | "renew" | "at" | "none"
+KEYS[3]  optional, Cluster: settled  (<ns>:layer:{layer}:settled) the members their
+                                     owners removed in the last MARK_MS, scored by when
+                                     the mark ends: with "rem"/"leave", the members are
+                                     marked; with "back", a marked member is not added
+                                     (a put-back lands within MARK_MS of the renewal it
+                                     was decided on: one round trip, unless its thread
+                                     stalls that long; one landing later lists a settled
+                                     claim again, until recovery drops it with one look)
+ARGV[1]  mode                        "add" | "rem" | "leave" | "renew" | "at" | "back" | "none"
                                      ("leave": a process's batch of settled claims'
-                                     removals, first sent: "rem" whose counts always go)
-ARGV[2]  lease_ms                    with "add"/"renew": the lease, counted from now;
-                                     with "at": the score itself (ms, when the lease ends)
+                                     removals, first sent: "rem" whose counts always go;
+                                     "back": the keep-alive puts back the entries of
+                                     claims it just renewed, on Cluster, where recovery
+                                     may have dropped one whose claim step came late;
+                                     a claim that settled meanwhile stays out, in
+                                     whatever order its removal and this land)
+ARGV[2]  lease_ms                    with "add"/"renew"/"back": the lease, counted from
+                                     now; with "at": the score itself (ms, when the lease ends)
 ARGV[3]  n                           how many members follow
 ARGV[4..3+n] members                 "<key>|<nonce>"
 ARGV[4+n..] field, increment, ...    counters to add to; with "rem", only when
@@ -30,19 +43,30 @@ Returns the number of entries added, removed or renewed.
 local mode = ARGV[1]
 local n = tonumber(ARGV[3])
 local done = 0
-ready()
-if mode == "add" or mode == "renew" then
+local settled = KEYS[3]
+local MARK_MS = 10000  -- how long a removed member stays marked settled
+local function clock()
   local t = redis.call("TIME")
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+ready()
+if mode == "add" or mode == "renew" or mode == "back" then
+  local now = clock()
   local lease = tonumber(ARGV[2])
   for i = 4, 3 + n do
     if mode == "add" then
       done = done + redis.call("ZADD", KEYS[1], now + lease, ARGV[i])
+    elseif mode == "back" then
+      -- (the settled set unreadable, foreign data: put back, as before it existed)
+      local mark = settled and redis.pcall("ZSCORE", settled, ARGV[i])
+      if type(mark) ~= "string" then
+        done = done + redis.call("ZADD", KEYS[1], now + lease, ARGV[i])
+      end
     else
       done = done + redis.call("ZADD", KEYS[1], "XX", "CH", now + lease, ARGV[i])
     end
   end
-  if mode == "add" then
+  if mode ~= "renew" then
     -- Entries of workers that died are removed by recover_orphans; if nobody
     -- ever runs it, the whole index still goes a week after the last claim.
     redis.call("PEXPIRE", KEYS[1], math.max(lease * 4, 604800000))
@@ -55,6 +79,25 @@ elseif mode == "rem" or mode == "leave" then
   -- One ZREM per thousand members (a batch of a process's settled claims).
   for first = 4, 3 + n, 1000 do
     done = done + redis.call("ZREM", KEYS[1], unpack(ARGV, first, math.min(first + 999, 3 + n)))
+  end
+  if settled and n > 0 then
+    -- Marked settled, removed now or not (a put-back may land after this).
+    -- Best effort: a settled set holding foreign data marks nothing (and
+    -- stops no removal). Its size: the fleet's removals of MARK_MS.
+    local now = clock()
+    local keep = MARK_MS
+    local ok = redis.pcall("ZREMRANGEBYSCORE", settled, "-inf", now)
+    if type(ok) == "number" then
+      for first = 4, 3 + n, 500 do
+        local marks = {}
+        for i = first, math.min(first + 499, 3 + n) do
+          marks[#marks + 1] = now + keep
+          marks[#marks + 1] = ARGV[i]
+        end
+        redis.call("ZADD", settled, unpack(marks))
+      end
+      redis.call("PEXPIRE", settled, keep)
+    end
   end
   -- A batch first sent ("leave") counts whatever recover_orphans dropped of
   -- it meanwhile (a lease shorter than the batch's wait); a "rem" sent again

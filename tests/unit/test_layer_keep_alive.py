@@ -80,7 +80,7 @@ def test_unfused_renewals_are_independent_calls_then_the_entries_still_ours_go_b
         ["ka:idem:{k1}"], ["ka:idem:{k2}"], ["ka:idem:{k3}"],
     ]
     [add] = back.calls
-    assert add.args[0] == "add" and add.args[2:] == [2, "m1", "m3"]
+    assert add.args[0] == "back" and add.args[2:] == [2, "m1", "m3"]
 
 
 def test_a_failed_renewal_is_logged_and_the_deferred_outcomes_still_go() -> None:
@@ -113,7 +113,7 @@ def test_one_failed_renewal_still_puts_back_the_entries_of_the_others_renewed() 
     renew, back = steps
     assert type(renew) is Batch and type(back) is Batch
     [add] = back.calls
-    assert add.args[0] == "add" and add.args[2:] == [2, "m1", "m3"]
+    assert add.args[0] == "back" and add.args[2:] == [2, "m1", "m3"]
     assert [e["event"] for e in logs] == ["durability_lease_renew_failed"]
 
 
@@ -159,48 +159,26 @@ def test_a_deferred_outcome_sent_is_settled_by_the_plan() -> None:
     assert leases.deferred() == [] and not leases.busy()
 
 
-def test_a_claim_settled_between_its_renewal_and_the_put_back_is_not_put_back() -> None:
-    """Cluster: the put-back decides from the renewal's reply, but a claim may
-    settle meanwhile: one the book no longer holds, or whose removal waits in
-    the process, stays out of the index."""
-    leases = book(("k1", "n1", "m1"), ("k2", "n2", "m2"), ("k3", "n3", "m3"))
-    ka = core(fuses=False)
-    plan = ka.keep_alive_plan(leases)
-    renew = next(plan)
-    assert type(renew) is Batch
-    leases.drop(("k1", "n1", "m1"))  # k1's call ended (released, or recorded)
-    ka._leave(["m2"], {"succeeded": 1})  # k2 recorded: its removal waits
-    back = plan.send([[1], [1], [1], 1])
-    assert type(back) is Batch
-    [add] = back.calls
-    assert add.args[0] == "add" and add.args[2:] == [1, "m3"]
 
-
-def test_a_removal_that_comes_while_entries_go_back_waits_until_they_are_back() -> None:
-    """A removal sent before the put-back lands would be undone by it (a settled
-    claim's entry listed again): it waits, and goes with the next batch."""
-    leases = book(("k1", "n1", "m1"), ("k2", "n2", "m2"))
-    ka = core(fuses=False)
-    plan = ka.keep_alive_plan(leases)
-    next(plan)
-    back = plan.send([[1], [1], 1])
-    assert type(back) is Batch and back.calls[0].args[2:] == [2, "m1", "m2"]
-    ka._leave(["m1"], {"succeeded": 1})  # k1 settles while its entry goes back
-    assert ka._take_gone() == ([], {"succeeded": 1})  # (its counts go; not its removal)
-    assert ka.waiting()
-    with pytest.raises(StopIteration):
-        plan.send([2])  # the entries are back
-    assert ka._take_gone() == (["m1"], {})  # now its removal goes
-
-
-def test_a_removal_waits_for_a_put_back_that_failed_too() -> None:
+def test_the_put_back_adds_no_member_its_owner_marked_settled() -> None:
+    """Cluster: the put-back is mode "back", with the settled set beside the
+    index (same slot): Redis adds no member an owner's removal marked, in
+    whatever order the two land (a claim may settle between its renewal and
+    the put-back, its removal sent in its own step or in a batch)."""
     leases = book(("k1", "n1", "m1"))
-    ka = core(fuses=False)
-    plan = ka.keep_alive_plan(leases)
-    next(plan)
-    plan.send([[1], 1])
-    ka._leave(["m1"], {})
-    assert ka._take_gone() == ([], {})
-    with capture_logs(), pytest.raises(StopIteration):
-        plan.throw(StorageUnavailable("the index's node is down"))
-    assert ka._take_gone() == (["m1"], {})
+    steps, _ = answered(core(fuses=False).keep_alive_plan(leases), [[[1], 1], [1]])
+    _, back = steps
+    [note] = back.calls
+    assert note.args[:4] == ["back", note.args[1], 1, "m1"]
+    assert note.keys == ["ka:layer:{layer}:inflight", "ka:layer:{layer}:stats",
+                         "ka:layer:{layer}:settled"]
+
+
+@pytest.mark.parametrize("mode", ["rem", "leave"])
+def test_an_owner_s_removal_marks_its_members_settled_on_cluster_only(mode: str) -> None:
+    cluster, standalone = core(fuses=False), core(fuses=True)
+    assert cluster._note(mode, ["m1"]).keys[2:] == ["ka:layer:{layer}:settled"]
+    assert cluster._found_note(mode, ["m1"]).keys[2:] == []  # (recovery's)
+    assert cluster._note(mode, []).keys[2:] == []  # (counts alone)
+    assert standalone._note(mode, ["m1"]).keys[2:] == []  # (no put-back there)
+    assert cluster._note("add", ["m1"]).keys[2:] == []

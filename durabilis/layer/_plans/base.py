@@ -269,6 +269,9 @@ class _Base:
         )
         self._walk = store.keys.layer("walk")  # whose slice of the birth index is next
         self._stats = store.keys.layer("stats")
+        # Cluster: the members the owners removed lately (layer_note "back"
+        # puts none of them back into the index); same hash slot as the index.
+        self._settled = store.keys.layer("settled")
         self._key_secret = config.idempotency.content_key_secret
         # A rotation's previous secrets (usually none: then no alias is derived or read)
         self._previous_secrets = config.idempotency.content_key_previous_secrets
@@ -287,9 +290,6 @@ class _Base:
         self._gone: list[str] = []
         self._gone_counts: dict[str, int] = {}
         self._gone_since = 0.0
-        # Cluster: entries the keep-alive is putting back now; their removals
-        # wait until that is over (see reindex_calls).
-        self._reindexing: set[str] = set()
         # Removals sent once whose outcome is unknown: each goes again alone,
         # never merged with newer ones (its counts go only with a removal).
         self._unsure: list[tuple[list[str], dict[str, int]]] = []
@@ -305,7 +305,7 @@ class _Base:
         with self._dups_lock:
             self._dups, self._dups_since = 0, 0.0
             self._gone, self._gone_counts, self._gone_since = [], {}, 0.0
-            self._unsure, self._reindexing = [], set()
+            self._unsure = []
 
 
 class _Unsent(Exception):

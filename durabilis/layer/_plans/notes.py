@@ -77,9 +77,6 @@ class _Notes(_Requests):
         with self._dups_lock:
             taken = self._gone, self._gone_counts
             self._gone, self._gone_counts = [], {}
-            if self._reindexing:  # (those the keep-alive puts back now go after it)
-                self._gone = [m for m in taken[0] if m in self._reindexing]
-                taken = [m for m in taken[0] if m not in self._reindexing], taken[1]
         return taken
 
     def _gone_note(
@@ -164,11 +161,8 @@ class _Notes(_Requests):
                                  error=f"{type(exc).__name__}: {exc}")
                     # What the others replied: those renewed still go back.
                     replies = exc.partial
-                if replies is not None and (back := self.reindex_calls(held, replies, leases)):
-                    try:
-                        yield Batch(back)
-                    finally:
-                        self._reindexed(back)
+                if replies is not None and (back := self.reindex_calls(held, replies)):
+                    yield Batch(back)
         except DurabilisError as exc:
             _log.warning("durability_lease_renew_failed", error=f"{type(exc).__name__}: {exc}")
         for item in leases.deferred():
@@ -200,7 +194,7 @@ class _Notes(_Requests):
         return [renew, note]
 
     def reindex_calls(
-        self, held: Sequence[tuple[str, str, str]], replies: Sequence[Any], leases: LeaseBook,
+        self, held: Sequence[tuple[str, str, str]], replies: Sequence[Any]
     ) -> list[ScriptCall]:
         """After :meth:`renew_calls` on Cluster: put back the in-flight entries of
         the claims just renewed (still ours).
@@ -209,32 +203,18 @@ class _Notes(_Requests):
         delayed past the lease lets recovery look at the entry, find no claim
         and drop it; the claim then lands unindexed. Renewing puts it back.
 
-        A claim may settle between its renewal and this: an entry is put back
-        only while ``leases`` still holds its claim and its removal is not
-        waiting or unsure, and a removal that comes meanwhile waits until the
-        entries are back (:meth:`_take_gone`; the caller ends that with
-        :meth:`_reindexed`), so a removal never lands before the entry it removes.
+        A claim may settle between its renewal and this (its removal sent in
+        its own step, or waiting in the process, or taken by another's): the
+        put-back (``back``) adds no member its owner removed lately. Redis
+        decides, in the index's own slot, whatever order the two land in.
         """
         if self.fuses:
             return []
-        renewed = [m for (_, _, m), reply in zip(held, replies, strict=False)
-                   if m and _renewed(reply)]
-        still = {m for _, _, m in leases.held()}
-        with self._dups_lock:
-            settled = set(self._gone).union(*(gone for gone, _ in self._unsure))
-            back = [m for m in renewed if m in still and m not in settled]
-            self._reindexing.update(back)
-        return [self._note("add", back)] if back else []
-
-    def _reindexed(self, calls: Sequence[ScriptCall]) -> None:
-        """The entries :meth:`reindex_calls` put back are back (or their step
-        failed): the removals that waited for them may go."""
-        members = calls[0].args[3:]
-        with self._dups_lock:
-            self._reindexing.difference_update(members)
-            waiting = bool(self._gone)
-        if waiting and self.on_wait is not None:
-            self.on_wait()
+        back = []
+        for (_, _, member), reply in zip(held, replies, strict=False):
+            if member and _renewed(reply):
+                back.append(member)
+        return [self._note("back", back)] if back else []
 
     def deferred_sent(self, leases: LeaseBook, item: Deferred, replies: Replies) -> None:
         """The keep-alive sent a deferred outcome: it landed (or the claim is gone)."""

@@ -105,7 +105,7 @@ class _Recovery(_Parking):
         """A note on the entry recovery found in ``index`` (the in-flight index or a
         birth-index bucket, whose notes carry no counts: they go by the batch)."""
         if index == self._index:
-            return [self._note(mode, members, at=at, **counts)]
+            return [self._found_note(mode, members, at=at, **counts)]
         return [self._birth(mode, index, members, at=at)]
 
     def _recover_one(self, raw: Any, index: str) -> Plan[str | None]:

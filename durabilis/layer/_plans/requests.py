@@ -221,11 +221,33 @@ class _Requests(_Base):
         self, mode: str, members: Sequence[str | bytes] = (), *, at: int | None = None,
         **counts: int,
     ) -> ScriptCall:
+        """A note on the in-flight index (and its counters). On Cluster, an
+        owner's removal (``rem``, ``leave``) marks its members settled, and the
+        keep-alive's put-back (``back``) adds none of those again."""
+        return self._index_note(mode, members, at, counts, settles=True)
+
+    def _found_note(
+        self, mode: str, members: Sequence[str | bytes] = (), *, at: int | None = None,
+        **counts: int,
+    ) -> ScriptCall:
+        """Recovery's note on an entry it found: its removals mark nothing (it
+        drops entries it found no live claim for, which a put-back restores)."""
+        return self._index_note(mode, members, at, counts, settles=False)
+
+    def _index_note(
+        self, mode: str, members: Sequence[str | bytes], at: int | None,
+        counts: Mapping[str, int], *, settles: bool,
+    ) -> ScriptCall:
         args: list[Any] = [mode, self._lease_ms if at is None else at, len(members), *members]
         for name, n in counts.items():
             if n:
                 args += [name, n]
-        return ScriptCall("layer_note", [self._index, self._stats], args)
+        keys = [self._index, self._stats]
+        if not self.fuses and members and (
+            mode == "back" or (settles and mode in ("rem", "leave"))
+        ):
+            keys.append(self._settled)
+        return ScriptCall("layer_note", keys, args)
 
     def _bucket(self, key: str) -> str:
         """The birth-index bucket of ``key``'s claims (its hash slot's, on Cluster)."""
