@@ -74,6 +74,27 @@ def _drain(redis_node: Any, conn: Any, replies: int = 1) -> None:
 
 _POLL = hasattr(select, "poll")
 
+_WAVE_FLOOR = 0.1
+"""Seconds a reply of a wave is still waited for once the wave's time is up
+(one buffered meanwhile is read at once)."""
+
+
+@contextmanager
+def _read_by(conn: Any, deadline: float | None) -> Iterator[None]:
+    """Reads on ``conn`` wait only what is left until ``deadline`` (at least
+    ``_WAVE_FLOOR``); its own socket timeout again after (before it goes back
+    to its pool)."""
+    sock = conn._sock
+    if deadline is None or sock is None or conn.socket_timeout is None:
+        yield
+        return
+    sock.settimeout(max(deadline - time.monotonic(), _WAVE_FLOOR))
+    try:
+        yield
+    finally:
+        if conn._sock is sock:
+            sock.settimeout(conn.socket_timeout)
+
 
 def _in_step(conn: Any) -> bool:
     """Whether a connection is connected with nothing unread (the check the pool
@@ -437,9 +458,16 @@ class Store(StoreBase):
         try:
             for call in calls:  # every call written first...
                 unread.append(self._send_to_node(call))
-            for i, call in enumerate(calls):  # ...then each reply read
+            # ...then each reply read, the wave waiting one socket timeout in all:
+            # read one after another, N calls on a node that hangs would wait N
+            # timeouts, and a keep-alive's renewals of the claims on healthy
+            # nodes with them (their leases ran out: a live operation taken over).
+            sent = next((on[1].socket_timeout for on in unread if on is not None), None)
+            deadline = None if sent is None else time.monotonic() + sent
+            for i, call in enumerate(calls):
                 on, unread[i] = unread[i], None  # _reply_of gives its connection back
-                out.append(self._caught(call) if on is None else self._reply_of(call, *on))
+                out.append(self._caught(call) if on is None
+                           else self._reply_of(call, *on, deadline=deadline))
         finally:
             # Interrupted (KeyboardInterrupt, SystemExit): the calls written still
             # run; wait for their replies (within the socket timeout) so that the
@@ -471,15 +499,20 @@ class Store(StoreBase):
             raise
         return redis_node, conn, node
 
-    def _reply_of(self, call: ScriptCall, redis_node: Any, conn: Any, node: Any) -> Any:
-        """The reply of a script :meth:`_send_to_node` wrote (or its DurabilisError)."""
+    def _reply_of(
+        self, call: ScriptCall, redis_node: Any, conn: Any, node: Any,
+        deadline: float | None = None,
+    ) -> Any:
+        """The reply of a script :meth:`_send_to_node` wrote (or its DurabilisError),
+        waited for until ``deadline`` at the most (then: lost, outcome unknown)."""
         pool = redis_node.connection_pool
         try:
-            try:
-                reply = redis_node.parse_response(conn, "EVALSHA")
-            except redis.exceptions.ResponseError as exc:
-                reply = exc
-            acked = _wait_reply(redis_node, conn) if self._waits(call) else None
+            with _read_by(conn, deadline):
+                try:
+                    reply = redis_node.parse_response(conn, "EVALSHA")
+                except redis.exceptions.ResponseError as exc:
+                    reply = exc
+                acked = _wait_reply(redis_node, conn) if self._waits(call) else None
         except Exception as exc:  # lost on the way: the outcome is unknown
             conn.disconnect()
             pool.release(conn)

@@ -41,6 +41,7 @@ class _Ticks:
         self.every = renew_interval
         self.wait = min(renew_interval, DUPLICATES_FLUSH_SECONDS)
         self._next = time.monotonic() + renew_interval
+        self._began = self._next
 
     def pause(self) -> float:
         """How long to sleep before the next wake."""
@@ -48,10 +49,16 @@ class _Ticks:
 
     def renew_due(self) -> bool:
         # (a wake a little early counts: a sleep may end before its time)
-        return time.monotonic() >= self._next - self.wait / 2
+        now = time.monotonic()
+        if now < self._next - self.wait / 2:
+            return False
+        self._began = now
+        return True
 
     def renewed(self) -> None:
-        self._next = time.monotonic() + self.every
+        """The renewal done: the next is due ``renew_interval`` after this one
+        began (a batch that waited on a slow node does not push it later)."""
+        self._next = self._began + self.every
 
 
 def _keep_alive_ends(leases: LeaseBook, core: _LayerCore, closed: bool) -> bool:

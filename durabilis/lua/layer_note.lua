@@ -57,7 +57,8 @@ if mode == "add" or mode == "renew" or mode == "back" then
     if mode == "add" then
       done = done + redis.call("ZADD", KEYS[1], now + lease, ARGV[i])
     elseif mode == "back" then
-      -- (the settled set unreadable, foreign data: put back, as before it existed)
+      -- (the settled set unreadable, foreign data: put back, as before it existed;
+      -- the next removal drops that data)
       local mark = settled and redis.pcall("ZSCORE", settled, ARGV[i])
       if type(mark) ~= "string" then
         done = done + redis.call("ZADD", KEYS[1], now + lease, ARGV[i])
@@ -82,22 +83,23 @@ elseif mode == "rem" or mode == "leave" then
   end
   if settled and n > 0 then
     -- Marked settled, removed now or not (a put-back may land after this).
-    -- Best effort: a settled set holding foreign data marks nothing (and
-    -- stops no removal). Its size: the fleet's removals of MARK_MS.
+    -- The set is this script's alone: foreign data there (another type) is
+    -- dropped, not left to switch the marks off for good. Its size: the
+    -- fleet's removals of MARK_MS (~170 B a member).
     local now = clock()
     local keep = MARK_MS
-    local ok = redis.pcall("ZREMRANGEBYSCORE", settled, "-inf", now)
-    if type(ok) == "number" then
-      for first = 4, 3 + n, 500 do
-        local marks = {}
-        for i = first, math.min(first + 499, 3 + n) do
-          marks[#marks + 1] = now + keep
-          marks[#marks + 1] = ARGV[i]
-        end
-        redis.call("ZADD", settled, unpack(marks))
-      end
-      redis.call("PEXPIRE", settled, keep)
+    if type(redis.pcall("ZREMRANGEBYSCORE", settled, "-inf", now)) ~= "number" then
+      redis.call("DEL", settled)
     end
+    for first = 4, 3 + n, 500 do
+      local marks = {}
+      for i = first, math.min(first + 499, 3 + n) do
+        marks[#marks + 1] = now + keep
+        marks[#marks + 1] = ARGV[i]
+      end
+      redis.call("ZADD", settled, unpack(marks))
+    end
+    redis.call("PEXPIRE", settled, keep)
   end
   -- A batch first sent ("leave") counts whatever recover_orphans dropped of
   -- it meanwhile (a lease shorter than the batch's wait); a "rem" sent again

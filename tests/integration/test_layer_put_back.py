@@ -66,14 +66,19 @@ def test_recovery_s_removal_marks_nothing_so_the_put_back_restores_a_live_claim(
     assert listed(raw, store) == ["late|1"]
 
 
-def test_foreign_data_in_the_settled_key_stops_no_removal(
+def test_foreign_data_in_the_settled_key_stops_no_removal_and_goes_at_the_next(
     store: durabilis.Store, raw: Any
 ) -> None:
-    raw.set(store.keys.layer("settled"), "not a sorted set")
-    note(store, "add", ["a|1"], settled=False)
-    assert note(store, "rem", ["a|1"], settled=True) == 1
-    assert listed(raw, store) == []
-    assert note(store, "back", ["a|1"], settled=True) == 1  # (unreadable: as before)
+    settled = store.keys.layer("settled")
+    raw.set(settled, "not a sorted set")
+    note(store, "add", ["a|1", "b|2"], settled=False)
+    note(store, "rem", ["a|1"], settled=False)  # (recovery's: no mark)
+    assert note(store, "back", ["a|1"], settled=True) == 1  # (unreadable: put back, as before)
+    assert note(store, "rem", ["a|1"], settled=True) == 1  # (the set is ours: replaced)
+    assert listed(raw, store) == ["b|2"]
+    assert raw.type(settled) in (b"zset", "zset") and 0 < raw.pttl(settled) <= 10_000
+    note(store, "back", ["a|1"], settled=True)
+    assert listed(raw, store) == ["b|2"]
 
 
 def test_a_replay_whose_handler_fails_is_not_listed_again_by_a_keep_alive_tick(

@@ -182,3 +182,40 @@ def test_an_owner_s_removal_marks_its_members_settled_on_cluster_only(mode: str)
     assert cluster._note(mode, []).keys[2:] == []  # (counts alone)
     assert standalone._note(mode, ["m1"]).keys[2:] == []  # (no put-back there)
     assert cluster._note("add", ["m1"]).keys[2:] == []
+
+
+def test_a_put_back_decided_late_is_not_sent_the_next_tick_puts_back() -> None:
+    """Renewals that took longer than PUT_BACK_WITHIN_SECONDS (a node that hung)
+    send no put-back: it could land after the removal marks that refuse it end."""
+    from durabilis.layer._plans.base import PUT_BACK_WITHIN_SECONDS
+
+    now = [100.0]
+    ka = core(fuses=False)
+    ka.clock = lambda: now[0]
+    leases = book(("k1", "n1", "m1"))
+    plan = ka.keep_alive_plan(leases)
+    assert type(next(plan)) is Batch
+    now[0] += PUT_BACK_WITHIN_SECONDS + 0.1
+    with pytest.raises(StopIteration):
+        plan.send([[1], 1])  # renewed, but too late to put back
+    plan = ka.keep_alive_plan(leases)
+    next(plan)
+    back = plan.send([[1], 1])  # (a prompt tick: it does)
+    assert type(back) is Batch and back.calls[0].args[:1] == ["back"]
+
+
+def test_the_next_renewal_is_due_an_interval_after_the_last_began(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A renewal batch that waited on a slow node does not push the next one later."""
+    import durabilis.layer._shell as shell
+
+    clock = [1000.0]
+    monkeypatch.setattr(shell.time, "monotonic", lambda: clock[0])
+    ticks = shell._Ticks(10.0)
+    clock[0] += 10.0
+    assert ticks.renew_due()
+    clock[0] += 6.0  # the batch took 6 s
+    ticks.renewed()
+    clock[0] += 4.5
+    assert ticks.renew_due()  # 10.5 s after the last one began (4.5 after it ended)

@@ -53,6 +53,10 @@ _CLAIM_AGAIN = object()
 _SETTLED_BY = "a later delivery"  # who finished a parked record its operation completed
 _GIVE_UP = object()
 DUPLICATES_FLUSH_SECONDS = 1.0  # how long a duplicate's count may wait in its process
+# Cluster: the keep-alive puts back the entries it renewed only if its renewals
+# took at most this long: half of how long layer_note keeps an owner's removal
+# marked (MARK_MS), so no put-back lands after the mark that refuses it ends.
+PUT_BACK_WITHIN_SECONDS = 5.0
 SIM_BUCKETS = 16  # birth-index buckets of an unfused standalone store (the fault simulator)
 _WALK = 32  # birth-index buckets recovery reads at once (one wave)
 _WALK_PER_PASS = 512  # birth-index buckets one recovery pass reads (Cluster: a 32nd of them)

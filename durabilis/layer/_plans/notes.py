@@ -13,7 +13,13 @@ from durabilis.core.breaker import Permit
 from durabilis.core.steps import IO, Batch, Plan
 from durabilis.errors import CorruptData, DurabilisError
 from durabilis.layer._config import LayerStats
-from durabilis.layer._plans.base import _STOPPED, DUPLICATES_FLUSH_SECONDS, _log, _renewed
+from durabilis.layer._plans.base import (
+    _STOPPED,
+    DUPLICATES_FLUSH_SECONDS,
+    PUT_BACK_WITHIN_SECONDS,
+    _log,
+    _renewed,
+)
 from durabilis.layer._plans.requests import _Requests
 
 
@@ -154,6 +160,7 @@ class _Notes(_Requests):
         held = leases.held()
         try:
             if calls := self.renew_calls(held):
+                began = self.clock()
                 try:
                     replies: Sequence[Any] | None = yield Batch(calls)
                 except DurabilisError as exc:
@@ -161,6 +168,8 @@ class _Notes(_Requests):
                                  error=f"{type(exc).__name__}: {exc}")
                     # What the others replied: those renewed still go back.
                     replies = exc.partial
+                if self.clock() - began > PUT_BACK_WITHIN_SECONDS:
+                    replies = None  # (stale: the next tick's renewal puts them back)
                 if replies is not None and (back := self.reindex_calls(held, replies)):
                     yield Batch(back)
         except DurabilisError as exc:

@@ -1,0 +1,66 @@
+"""A wave waits one socket timeout for a node that hangs, not one per call.
+
+The sync Cluster store writes a wave's calls to their nodes, then reads the
+replies one after another. Each read used to wait the whole socket timeout, so
+N calls on a primary that does not answer held the wave for N timeouts, and
+with it the keep-alive's renewals of the claims on healthy nodes: their leases
+ran out, and a live operation was taken over and run twice (found by a review:
+3 claims on a paused node, lease 6 s, renewals every 2 s). Now the wave has one
+deadline. The pause is shorter than the other tests' socket timeouts (the
+session cluster is shared).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+import durabilis
+from durabilis._scripts import ScriptCall
+from durabilis.errors import StorageUnavailable
+from tests.support.cluster import LocalCluster
+
+pytestmark = pytest.mark.serial
+
+TIMEOUT = 0.5  # the store's socket timeout here
+
+
+def keys_on(store: durabilis.Store, raw: Any, port: int, n: int, other: bool = False) -> list[str]:
+    """``n`` idempotency keys whose record is on primary ``port`` (or, ``other``, not)."""
+    out: list[str] = []
+    i = 0
+    while len(out) < n:
+        on = raw.get_node_from_key(store.keys.idem(f"k{i}")).port == port
+        if on != other:
+            out.append(f"k{i}")
+        i += 1
+    return out
+
+
+def test_a_wave_waits_one_socket_timeout_for_a_node_that_hangs_not_one_per_call(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    raw = cluster.client()
+    store = durabilis.connect(cluster.url, namespace=namespace, socket_timeout=TIMEOUT)
+    try:
+        hung = sorted(cluster.topology()["primaries"])[0]
+        keys = [*keys_on(store, raw, hung, 4), *keys_on(store, raw, hung, 1, other=True)]
+        calls = [ScriptCall("idem_check", [store.keys.idem(k)], []) for k in keys]
+        assert len(store.run_many(calls)) == 5  # (connected, scripts loaded)
+        with cluster.node(hung) as node:
+            node.execute_command("CLIENT", "PAUSE", 2500, "WRITE")
+        began = time.monotonic()
+        with pytest.raises(StorageUnavailable) as failed:
+            store.run_many(calls)
+        took = time.monotonic() - began
+        # One timeout, plus a short floor for each later read (4 timeouts before).
+        assert took < TIMEOUT + 4 * 0.1 + 0.4, f"the wave took {took:.2f} s"
+        partial = failed.value.partial
+        assert partial is not None and partial.status == "????c"  # (the healthy node's reply)
+    finally:
+        with cluster.node(hung) as node:
+            node.execute_command("CLIENT", "UNPAUSE")
+        store.close()
+        raw.close()
