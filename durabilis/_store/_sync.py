@@ -59,17 +59,39 @@ def _wait_reply(target: Any, conn: Any) -> Any:
         return exc
 
 
-def _drain(redis_node: Any, conn: Any, replies: int = 1) -> None:
+def _drain(redis_node: Any, conn: Any, replies: int = 1, deadline: float | None = None) -> None:
     """Read and drop the ``replies`` written to ``conn`` (a script, its WAIT), then give
-    ``conn`` back (disconnected if a reply did not come)."""
+    ``conn`` back (disconnected if a reply did not come by ``deadline``)."""
     try:
-        for _ in range(replies):
-            with contextlib.suppress(redis.exceptions.ResponseError):
-                redis_node.parse_response(conn, "EVALSHA")
+        with _read_by(conn, deadline):
+            for _ in range(replies):
+                with contextlib.suppress(redis.exceptions.ResponseError):
+                    redis_node.parse_response(conn, "EVALSHA")
     except BaseException:
         conn.disconnect()
     finally:
         redis_node.connection_pool.release(conn)
+
+
+def _drop(redis_node: Any, conn: Any) -> None:
+    """Give ``conn`` back without its reply (disconnected: nothing unread stays)."""
+    try:
+        conn.disconnect()
+    finally:
+        redis_node.connection_pool.release(conn)
+
+
+def _unknown(call: ScriptCall, node: str) -> StorageUnavailable:
+    return StorageUnavailable(
+        f"Redis unavailable (script {call.name}): node {node} did not answer in this "
+        "step; the call was sent, its outcome is unknown"
+    )
+
+
+_UNREACHABLE = (redis.exceptions.TimeoutError, TimeoutError)
+"""What connecting or writing to a node raises when it hangs (a refused or
+reset connection, or a pool out of connections, is not that: those calls go
+the usual way, which fails fast or works)."""
 
 
 _POLL = hasattr(select, "poll")
@@ -453,37 +475,91 @@ class Store(StoreBase):
         one (the simulator's unfused standalone store)."""
         if len(calls) == 1 or not self.is_cluster:
             return [self._caught(c) for c in calls]
-        unread: list[tuple[Any, Any, Any] | None] = []
+        # A node that hangs costs the wave one socket timeout, not one per call
+        # on it (read one after another, N calls there held the wave for N
+        # timeouts, and the keep-alive's renewals of the claims on healthy nodes
+        # with it: their leases ran out, a live operation was taken over). The
+        # wave has one deadline; once a node failed in it (a connect, a write or
+        # a read), its other calls fail at once: not sent, or their outcome
+        # unknown (a plan compensates, as for any lost reply).
+        deadline = None if self.socket_timeout is None else (
+            time.monotonic() + self.socket_timeout)
+        failed: dict[str, DurabilisError | None] = {}  # node -> the error its calls get
+        unread: list[Any] = []
         out: list[Any] = []
         try:
             for call in calls:  # every call written first...
-                unread.append(self._send_to_node(call))
-            # ...then each reply read, the wave waiting one socket timeout in all:
-            # read one after another, N calls on a node that hangs would wait N
-            # timeouts, and a keep-alive's renewals of the claims on healthy
-            # nodes with them (their leases ran out: a live operation taken over).
-            sent = next((on[1].socket_timeout for on in unread if on is not None), None)
-            deadline = None if sent is None else time.monotonic() + sent
-            for i, call in enumerate(calls):
-                on, unread[i] = unread[i], None  # _reply_of gives its connection back
-                out.append(self._caught(call) if on is None
-                           else self._reply_of(call, *on, deadline=deadline))
+                unread.append(self._send_to_node(call, failed))
+            for i, call in enumerate(calls):  # ...then each reply read
+                on, unread[i] = unread[i], None  # (each connection given back)
+                if on is None:  # not written, for no node's fault: the usual path
+                    out.append(self._caught(call))
+                elif type(on) is str:  # not written: its node failed in this wave
+                    out.append(self._unreached(call, on, failed))
+                elif on[2].name in failed:  # written; its node failed since: unknown
+                    _drop(on[0], on[1])
+                    out.append(_unknown(call, on[2].name))
+                else:
+                    redis_node, conn, node = on
+                    reply = self._reply_of(call, redis_node, conn, node, deadline=deadline)
+                    if isinstance(reply, StorageUnavailable) and not isinstance(
+                        reply, NotReplicated
+                    ):
+                        failed[node.name] = None
+                    out.append(reply)
         finally:
-            # Interrupted (KeyboardInterrupt, SystemExit): the calls written still
-            # run; wait for their replies (within the socket timeout) so that the
-            # plan's compensation never overtakes one of them.
-            for call, on in zip(calls, unread, strict=False):
-                if on is not None:
-                    _drain(on[0], on[1], 2 if self._waits(call) else 1)
+            self._left_unread(calls, unread, failed, deadline)
         return out
 
-    def _send_to_node(self, call: ScriptCall) -> tuple[Any, Any, Any] | None:
-        """Write one script to the connection of its key's primary (Cluster); ``None``
-        if it could not be written whole (then nothing ran: the usual path sends it)."""
+    def _left_unread(
+        self, calls: Sequence[ScriptCall], unread: list[Any],
+        failed: dict[str, DurabilisError | None], deadline: float | None,
+    ) -> None:
+        """Interrupted (KeyboardInterrupt, SystemExit): the calls written still run;
+        wait for their replies (within the wave's time; not on a node that failed
+        in it) so that the plan's compensation never overtakes one of them."""
+        for call, on in zip(calls, unread, strict=False):
+            if type(on) is tuple:
+                if on[2].name in failed:
+                    _drop(on[0], on[1])
+                else:
+                    _drain(on[0], on[1], 2 if self._waits(call) else 1, deadline)
+
+    def _unreached(
+        self, call: ScriptCall, name: str, failed: dict[str, DurabilisError | None]
+    ) -> Any:
+        """A call not written because its node failed in this wave: the first goes
+        the usual way (redis-py re-reads the slots: a failover, a moved slot);
+        if that fails too, the others fail at once with its error."""
+        error = failed.get(name)
+        if error is not None:
+            return error
+        reply = self._caught(call)
+        if isinstance(reply, StorageUnavailable):
+            failed[name] = reply
+        else:  # (the usual way works: the others go that way too)
+            failed.pop(name, None)
+        return reply
+
+    def _send_to_node(
+        self, call: ScriptCall, failed: dict[str, DurabilisError | None]
+    ) -> tuple[Any, Any, Any] | str | None:
+        """Write one script to the connection of its key's primary (Cluster).
+        ``None`` if it could not be written whole (then nothing ran: the usual
+        path sends it); the node's name if the node failed (connecting, writing)
+        in this wave, now or before (``failed``): then nothing is tried there."""
         try:
             node = self.client.get_node_from_key(call.keys[0])
+        except Exception:
+            return None
+        if node.name in failed:
+            return str(node.name)
+        try:
             redis_node = self.client.get_redis_connection(node)
             conn = redis_node.connection_pool.get_connection()
+        except _UNREACHABLE:
+            failed[node.name] = None
+            return str(node.name)
         except Exception:
             return None
         try:
@@ -494,6 +570,9 @@ class Store(StoreBase):
         except BaseException as exc:  # not written whole: it does not run
             conn.disconnect()
             redis_node.connection_pool.release(conn)
+            if isinstance(exc, _UNREACHABLE):
+                failed[node.name] = None
+                return str(node.name)
             if isinstance(exc, Exception):
                 return None
             raise

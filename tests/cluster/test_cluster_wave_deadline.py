@@ -64,3 +64,36 @@ def test_a_wave_waits_one_socket_timeout_for_a_node_that_hangs_not_one_per_call(
             node.execute_command("CLIENT", "UNPAUSE")
         store.close()
         raw.close()
+
+
+def test_waves_after_a_node_hangs_fail_its_calls_at_once_fresh_connections_too(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    """Found by the review of the first deadline: the next wave had to connect
+    again to the node that hung (its connections dropped), each connect waiting
+    a socket timeout, and every later read waited a floor; 20 calls there took
+    20 of each. Now a node that fails in a wave (connecting, writing, reading)
+    has its other calls in that wave fail at once."""
+    raw = cluster.client()
+    store = durabilis.connect(cluster.url, namespace=namespace, socket_timeout=TIMEOUT)
+    try:
+        hung = sorted(cluster.topology()["primaries"])[1]
+        keys = [*keys_on(store, raw, hung, 20), *keys_on(store, raw, hung, 1, other=True)]
+        calls = [ScriptCall("idem_check", [store.keys.idem(k)], []) for k in keys]
+        assert len(store.run_many(calls)) == 21  # (connected, scripts loaded)
+        with cluster.node(hung) as node:
+            node.execute_command("CLIENT", "PAUSE", 2500, "ALL")  # (new connections too)
+        for wave in (1, 2):
+            began = time.monotonic()
+            with pytest.raises(StorageUnavailable) as failed:
+                store.run_many(calls)
+            took = time.monotonic() - began
+            # At most: a read's timeout, or a connect's and the usual path's once.
+            assert took < 3 * TIMEOUT + 0.3, f"wave {wave} took {took:.2f} s"
+            partial = failed.value.partial
+            assert partial is not None and partial.status == "?" * 20 + "c"
+    finally:
+        with cluster.node(hung) as node:
+            node.execute_command("CLIENT", "UNPAUSE")
+        store.close()
+        raw.close()

@@ -219,3 +219,25 @@ def test_the_next_renewal_is_due_an_interval_after_the_last_began(
     ticks.renewed()
     clock[0] += 4.5
     assert ticks.renew_due()  # 10.5 s after the last one began (4.5 after it ended)
+
+
+def test_deferred_outcomes_go_while_the_tick_has_time_the_next_tick_starts_after_them(
+) -> None:
+    """A node that hangs costs each of its deferred outcomes a socket timeout: the
+    tick sends them for half a renew_interval at most (the next renewal waits for
+    the tick), and the next tick starts with the ones this one did not reach."""
+    now = [0.0]
+    ka = core(fuses=True)
+    ka.clock = lambda: now[0]
+    half = ka.config.renew_interval / 2
+    leases = LeaseBook()
+    calls = [deferred(leases, f"k{i}", f"n{i}") for i in range(3)]
+    plan = ka.keep_alive_plan(leases)
+    next(plan)  # the renewal
+    assert plan.send([[1, 1, 1], 1]) == IO([calls[0]], None)
+    now[0] += half + 0.1  # its node hangs: a socket timeout
+    with capture_logs(), pytest.raises(StopIteration):
+        plan.throw(StorageUnavailable("timed out"))
+    plan = ka.keep_alive_plan(leases)  # the next tick: the others first
+    next(plan)
+    assert plan.send([[1, 1, 1], 1]) == IO([calls[1]], None)

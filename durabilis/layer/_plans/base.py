@@ -54,9 +54,11 @@ _SETTLED_BY = "a later delivery"  # who finished a parked record its operation c
 _GIVE_UP = object()
 DUPLICATES_FLUSH_SECONDS = 1.0  # how long a duplicate's count may wait in its process
 # Cluster: the keep-alive puts back the entries it renewed only if its renewals
-# took at most this long: half of how long layer_note keeps an owner's removal
-# marked (MARK_MS), so no put-back lands after the mark that refuses it ends.
-PUT_BACK_WITHIN_SECONDS = 5.0
+# took at most this long: less than layer_note keeps an owner's removal marked
+# (MARK_MS, 10 s), so no put-back lands after the mark that refuses it ends, and
+# more than a wave that waited one default socket timeout (5 s) on a node that
+# hangs (the claims on healthy nodes still go back then).
+PUT_BACK_WITHIN_SECONDS = 7.5
 SIM_BUCKETS = 16  # birth-index buckets of an unfused standalone store (the fault simulator)
 _WALK = 32  # birth-index buckets recovery reads at once (one wave)
 _WALK_PER_PASS = 512  # birth-index buckets one recovery pass reads (Cluster: a 32nd of them)
@@ -294,6 +296,7 @@ class _Base:
         self._gone: list[str] = []
         self._gone_counts: dict[str, int] = {}
         self._gone_since = 0.0
+        self._deferred_turn = 0  # where the keep-alive's next pass over deferred outcomes starts
         # Removals sent once whose outcome is unknown: each goes again alone,
         # never merged with newer ones (its counts go only with a removal).
         self._unsure: list[tuple[list[str], dict[str, int]]] = []

@@ -158,9 +158,9 @@ class _Notes(_Requests):
         (the task cancelled) is.
         """
         held = leases.held()
+        began = self.clock()
         try:
             if calls := self.renew_calls(held):
-                began = self.clock()
                 try:
                     replies: Sequence[Any] | None = yield Batch(calls)
                 except DurabilisError as exc:
@@ -174,7 +174,18 @@ class _Notes(_Requests):
                     yield Batch(back)
         except DurabilisError as exc:
             _log.warning("durability_lease_renew_failed", error=f"{type(exc).__name__}: {exc}")
-        for item in leases.deferred():
+        # The deferred outcomes, one step each, while the tick has time: a node
+        # that hangs costs each of its outcomes a socket timeout, and the next
+        # renewal waits for the tick to end. The rest go at the next tick, which
+        # starts where this one stopped (no outcome waits behind a sick node's).
+        waiting = leases.deferred()
+        if waiting:
+            turn = self._deferred_turn % len(waiting)
+            self._deferred_turn = turn + 1
+            waiting = waiting[turn:] + waiting[:turn]
+        for item in waiting:
+            if self.clock() - began > self.config.renew_interval / 2:
+                break
             try:
                 sent = yield IO(item.step.calls, item.step.gates)
             except DurabilisError as exc:
