@@ -59,9 +59,9 @@ def _wait_reply(target: Any, conn: Any) -> Any:
         return exc
 
 
-def _drain(redis_node: Any, conn: Any, replies: int = 1, deadline: float | None = None) -> None:
+def _drain(redis_node: Any, conn: Any, replies: int = 1, deadline: float | None = None) -> bool:
     """Read and drop the ``replies`` written to ``conn`` (a script, its WAIT), then give
-    ``conn`` back (disconnected if a reply did not come by ``deadline``)."""
+    ``conn`` back (disconnected if a reply did not come by ``deadline``: False)."""
     try:
         with _read_by(conn, deadline):
             for _ in range(replies):
@@ -69,8 +69,19 @@ def _drain(redis_node: Any, conn: Any, replies: int = 1, deadline: float | None 
                     redis_node.parse_response(conn, "EVALSHA")
     except BaseException:
         conn.disconnect()
+        return False
     finally:
         redis_node.connection_pool.release(conn)
+    return True
+
+
+class _Lost:
+    """A wave's call whose write timed out: it may run, its outcome is unknown."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, node: str) -> None:
+        self.node = node
 
 
 def _drop(redis_node: Any, conn: Any) -> None:
@@ -496,6 +507,8 @@ class Store(StoreBase):
                     out.append(self._caught(call))
                 elif type(on) is str:  # not written: its node failed in this wave
                     out.append(self._unreached(call, on, failed))
+                elif type(on) is _Lost:  # a write that timed out: it may run
+                    out.append(_unknown(call, on.node))
                 elif on[2].name in failed:  # written; its node failed since: unknown
                     _drop(on[0], on[1])
                     out.append(_unknown(call, on[2].name))
@@ -522,8 +535,8 @@ class Store(StoreBase):
             if type(on) is tuple:
                 if on[2].name in failed:
                     _drop(on[0], on[1])
-                else:
-                    _drain(on[0], on[1], 2 if self._waits(call) else 1, deadline)
+                elif not _drain(on[0], on[1], 2 if self._waits(call) else 1, deadline):
+                    failed[on[2].name] = None  # (its other calls: dropped, not waited for)
 
     def _unreached(
         self, call: ScriptCall, name: str, failed: dict[str, DurabilisError | None]
@@ -543,7 +556,7 @@ class Store(StoreBase):
 
     def _send_to_node(
         self, call: ScriptCall, failed: dict[str, DurabilisError | None]
-    ) -> tuple[Any, Any, Any] | str | None:
+    ) -> tuple[Any, Any, Any] | str | _Lost | None:
         """Write one script to the connection of its key's primary (Cluster).
         ``None`` if it could not be written whole (then nothing ran: the usual
         path sends it); the node's name if the node failed (connecting, writing)
@@ -567,13 +580,13 @@ class Store(StoreBase):
                 conn.send_packed_command(conn.pack_commands([self._evalsha(call), self._wait()]))
             else:
                 conn.send_command(*self._evalsha(call))
-        except BaseException as exc:  # not written whole: it does not run
+        except BaseException as exc:
             conn.disconnect()
             redis_node.connection_pool.release(conn)
-            if isinstance(exc, _UNREACHABLE):
-                failed[node.name] = None
-                return str(node.name)
-            if isinstance(exc, Exception):
+            if isinstance(exc, _UNREACHABLE):  # part of it may be in the node's
+                failed[node.name] = None  # buffers (a script whole, its WAIT not):
+                return _Lost(str(node.name))  # it may run, so it is never sent again
+            if isinstance(exc, Exception):  # not written whole: it does not run
                 return None
             raise
         return redis_node, conn, node

@@ -241,3 +241,18 @@ def test_deferred_outcomes_go_while_the_tick_has_time_the_next_tick_starts_after
     plan = ka.keep_alive_plan(leases)  # the next tick: the others first
     next(plan)
     assert plan.send([[1, 1, 1], 1]) == IO([calls[1]], None)
+
+
+def test_renewals_that_took_long_leave_the_deferred_outcomes_their_own_time() -> None:
+    """Found by a review: renewals waiting on a node that hangs used the tick's
+    whole budget, and an outcome whose node is healthy waited out the hang."""
+    now = [0.0]
+    ka = core(fuses=True)
+    ka.clock = lambda: now[0]
+    leases = LeaseBook()
+    first, second = deferred(leases, "k0", "n0"), deferred(leases, "k1", "n1")
+    plan = ka.keep_alive_plan(leases)
+    next(plan)  # the renewal...
+    now[0] += ka.config.renew_interval  # ...waited on a node that hangs
+    assert plan.send([[1, 1], 1]) == IO([first], None)
+    assert plan.send(Replies(["ok"], "c")) == IO([second], None)

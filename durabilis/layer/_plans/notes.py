@@ -174,18 +174,20 @@ class _Notes(_Requests):
                     yield Batch(back)
         except DurabilisError as exc:
             _log.warning("durability_lease_renew_failed", error=f"{type(exc).__name__}: {exc}")
-        # The deferred outcomes, one step each, while the tick has time: a node
-        # that hangs costs each of its outcomes a socket timeout, and the next
-        # renewal waits for the tick to end. The rest go at the next tick, which
-        # starts where this one stopped (no outcome waits behind a sick node's).
+        # The deferred outcomes, one step each, for half a renew_interval at most
+        # (one at least): a node that hangs costs each of its outcomes a socket
+        # timeout, and the next renewal waits for the tick to end. The rest go at
+        # the next tick, which starts where this one stopped (no outcome waits
+        # behind a sick node's).
         waiting = leases.deferred()
         if waiting:
             turn = self._deferred_turn % len(waiting)
             self._deferred_turn = turn + 1
             waiting = waiting[turn:] + waiting[:turn]
-        for item in waiting:
-            if self.clock() - began > self.config.renew_interval / 2:
-                break
+        began = self.clock()  # (their time counts from here: renewals may have taken theirs)
+        for n, item in enumerate(waiting):
+            if n and self.clock() - began > self.config.renew_interval / 2:
+                break  # (one at least each tick: the turn moves on)
             try:
                 sent = yield IO(item.step.calls, item.step.gates)
             except DurabilisError as exc:
