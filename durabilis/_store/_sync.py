@@ -40,6 +40,7 @@ from durabilis._store._wave import (
     _UNREACHABLE,
     _drain,
     _drop,
+    _kept_reply,
     _Lost,
     _read_by,
     _unknown,
@@ -285,6 +286,7 @@ class Store(StoreBase):
         hiredis (the very bytes redis-py's packer makes, in C)."""
         pool = self.client.connection_pool
         conn = pool.get_connection()
+        sent = False
         try:
             if (_PACK is not None and type(pool) is _ReadyPool
                     and type(conn._command_packer) is _HIREDIS_PACKER):
@@ -301,12 +303,21 @@ class Store(StoreBase):
                 ]))
                 conn.send_packed_command(
                     [packed], check_health=bool(conn.health_check_interval))
+                sent = True
                 return _read_reply(conn)  # (EVALSHA: no response callback)
             conn.send_command(*args)
-            return self.client.parse_response(conn, args[0])
+            sent = True
+            return conn.read_response(disconnect_on_error=False)  # (EVALSHA: as is)
         except redis.exceptions.ResponseError:
             raise
-        except BaseException:
+        except BaseException as exc:
+            if sent and not isinstance(exc, Exception):
+                # Interrupted (Ctrl-C, SystemExit) waiting for the reply: the
+                # script was written and runs. Its reply is waited for (one
+                # socket timeout at most, or another interruption) so that the
+                # plan's compensation on another connection, a claim's release,
+                # never overtakes it (the claim would then be held by nobody).
+                _drain(self.client, conn, 1, None, release=False)
             conn.disconnect()
             raise
         finally:
@@ -444,12 +455,11 @@ class Store(StoreBase):
                     _drop(on[0], on[1])
                     out.append(_unknown(call, on[2].name))
                 else:
-                    redis_node, conn, node = on
-                    reply = self._reply_of(call, redis_node, conn, node, deadline=deadline)
+                    reply = self._reply_of(call, on, deadline, failed)
                     if isinstance(reply, StorageUnavailable) and not isinstance(
                         reply, NotReplicated
                     ):
-                        failed[node.name] = None
+                        failed[on[2].name] = None
                     out.append(reply)
         finally:
             self._left_unread(calls, unread, failed, deadline)
@@ -523,27 +533,39 @@ class Store(StoreBase):
         return redis_node, conn, node
 
     def _reply_of(
-        self, call: ScriptCall, redis_node: Any, conn: Any, node: Any,
-        deadline: float | None = None,
+        self, call: ScriptCall, on: tuple[Any, Any, Any], deadline: float | None,
+        failed: dict[str, DurabilisError | None],
     ) -> Any:
-        """The reply of a script :meth:`_send_to_node` wrote (or its DurabilisError),
-        waited for until ``deadline`` at the most (then: lost, outcome unknown)."""
+        """The reply of a script :meth:`_send_to_node` wrote (``on``: its node's
+        client, the connection, the node; or its DurabilisError),
+        waited for until ``deadline`` at the most (then: lost, outcome unknown).
+
+        Interrupted while waiting (Ctrl-C, ``SystemExit``), the connection is
+        drained within the same deadline before the interruption goes on, as
+        :meth:`_left_unread` drains the calls not read yet: the script was
+        written and runs, and the plan's compensation (a claim's release, on
+        another connection) must not overtake it. (Read with redis-py's
+        ``disconnect_on_error=False``: an interrupted read is parsed again
+        from where it stood; its default drops the connection.)"""
+        redis_node, conn, node = on
         pool = redis_node.connection_pool
+        waits = self._waits(call)
+        left = 2 if waits else 1
         try:
             with _read_by(conn, deadline):
-                try:
-                    reply = redis_node.parse_response(conn, "EVALSHA")
-                except redis.exceptions.ResponseError as exc:
-                    reply = exc
-                acked = _wait_reply(redis_node, conn) if self._waits(call) else None
+                reply = _kept_reply(conn)
+                left = 1 if waits else 0
+                acked = _kept_reply(conn) if waits else None
         except Exception as exc:  # lost on the way: the outcome is unknown
             conn.disconnect()
             pool.release(conn)
             self._reread_slots(node)
             return map_error(exc, call)
         except BaseException:
-            conn.disconnect()
-            pool.release(conn)
+            if left and not _drain(redis_node, conn, left, deadline):
+                failed[node.name] = None  # (its other calls: dropped, not waited for)
+            elif not left:
+                pool.release(conn)
             raise
         pool.release(conn)
         if isinstance(reply, _NOT_RUN):  # a redirect, NOSCRIPT, a failover: nothing ran

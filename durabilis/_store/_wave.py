@@ -24,9 +24,22 @@ def _wait_reply(target: Any, conn: Any) -> Any:
         return exc
 
 
-def _drain(redis_node: Any, conn: Any, replies: int = 1, deadline: float | None = None) -> bool:
+def _kept_reply(conn: Any) -> Any:
+    """One reply (an error reply returned, not raised). The connection is kept as
+    it stands when the read fails or is interrupted (the caller drops or drains it)."""
+    try:
+        return conn.read_response(disconnect_on_error=False)
+    except redis.exceptions.ResponseError as exc:
+        return exc
+
+
+def _drain(
+    redis_node: Any, conn: Any, replies: int = 1, deadline: float | None = None,
+    release: bool = True,
+) -> bool:
     """Read and drop the ``replies`` written to ``conn`` (a script, its WAIT), then give
-    ``conn`` back (disconnected if a reply did not come by ``deadline``: False)."""
+    ``conn`` back (disconnected if a reply did not come by ``deadline``: False).
+    ``release=False``: the caller gives it back."""
     try:
         with _read_by(conn, deadline):
             for _ in range(replies):
@@ -36,7 +49,8 @@ def _drain(redis_node: Any, conn: Any, replies: int = 1, deadline: float | None 
         conn.disconnect()
         return False
     finally:
-        redis_node.connection_pool.release(conn)
+        if release:
+            redis_node.connection_pool.release(conn)
     return True
 
 

@@ -172,6 +172,7 @@ class _LayerShell(Generic[S]):
         if cfg.acks_level is not None:
             store = store.with_acks(cfg.acks_level)
         self.store: S = store
+        _check_lease(store, cfg)
         self._compose(store, cfg, replica_id)
         self._core = _LayerCore(
             store, cfg, self.idempotency.ops, self.retry, self.breakers,
@@ -247,6 +248,25 @@ class _LayerShell(Generic[S]):
         """This process's waiting counts sent, then the fleet's totals read."""
         yield from self._core.flush_plan()
         return self._core.decode_stats_reply((yield self._core.stats_call()))
+
+
+LEASE_SOCKET_TIMEOUTS = 6
+"""On Cluster, the lease a hung node leaves the claims on healthy nodes, in socket
+timeouts (docs/layer.md, "Orphans": a keep-alive tick may wait that long)."""
+
+
+def _check_lease(store: Any, cfg: DurabilityConfig) -> None:
+    """Warn when, on Cluster, the lease is shorter than LEASE_SOCKET_TIMEOUTS socket
+    timeouts: one hung node could then hold the keep-alive's renewals of claims on
+    healthy nodes past their lease, and a live operation could be taken over."""
+    timeout = getattr(store, "socket_timeout", None)
+    lease = float(cfg.idempotency.in_progress_ttl_seconds)
+    if store.is_cluster and timeout and lease < LEASE_SOCKET_TIMEOUTS * timeout:
+        _log.warning(
+            "durability_lease_short_for_socket_timeout", lease_seconds=lease,
+            socket_timeout=timeout, at_least=LEASE_SOCKET_TIMEOUTS * timeout,
+            why="a hung Cluster node can hold renewals of healthy claims this long",
+        )
 
 
 def _counts_not_sent(exc: BaseException) -> None:

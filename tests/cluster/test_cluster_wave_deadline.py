@@ -21,6 +21,14 @@ import durabilis
 from durabilis._scripts import ScriptCall
 from durabilis.errors import StorageUnavailable
 from tests.support.cluster import LocalCluster
+from tests.support.interrupts import (
+    INTERRUPT_AFTER,
+    PAUSE_MS,
+    Interrupted,
+    claim,
+    interrupted_after,
+    state,
+)
 
 pytestmark = pytest.mark.serial
 
@@ -102,3 +110,37 @@ def test_waves_after_a_node_hangs_fail_its_calls_at_once_fresh_connections_too(
             node.execute_command("CLIENT", "UNPAUSE")
         store.close()
         raw.close()
+
+
+def test_an_interrupted_wave_waits_for_the_call_it_was_reading(
+    cluster: LocalCluster, namespace: str, raw: Any
+) -> None:
+    """Found by the fifth review: Ctrl-C while a wave read one call's reply
+    dropped that connection unread (the calls not read yet were waited for):
+    the plan's release of the claim could overtake it (held by nobody for a
+    lease). Now that read is finished first, within the wave's time
+    (tests/integration/test_interrupted_read.py: the standalone send)."""
+    store = durabilis.connect(cluster.url, namespace=namespace, socket_timeout=5)
+    try:
+        paused = sorted(cluster.topology()["primaries"])[0]
+        on, other = None, None
+        i = 0
+        while on is None or other is None:  # a key on the paused primary, one elsewhere
+            name = f"wave-{i}"
+            i += 1
+            if raw.get_node_from_key(store.keys.idem(name)).port == paused:
+                on = on or name
+            else:
+                other = other or name
+        store.run_many([claim(store, f"{on}-warm"), claim(store, f"{other}-warm")])
+        with cluster.node(paused) as node:
+            node.execute_command("CLIENT", "PAUSE", PAUSE_MS, "WRITE")
+        # The paused primary's call is read first: the interruption lands in its read.
+        with interrupted_after(INTERRUPT_AFTER), pytest.raises(Interrupted):
+            store.run_many([claim(store, on), claim(store, other)])
+        assert state(raw, store, on) == b"p"  # (before: still queued on the node)
+        assert state(raw, store, other) == b"p"
+    finally:
+        with cluster.node(paused) as node:
+            node.execute_command("CLIENT", "UNPAUSE")
+        store.close()
