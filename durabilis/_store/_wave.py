@@ -1,18 +1,21 @@
-"""A Cluster wave's helpers for the synchronous store (:meth:`Store._wave`): one
-deadline for its reads, and what a call left unread or lost becomes."""
+"""A Cluster wave of the synchronous store (:class:`ClusterWaves`, which
+:class:`~durabilis._store._sync.Store` is): its calls written to their nodes,
+then read within one deadline; and what a call left unread or lost becomes."""
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import redis
 
 from durabilis._scripts import ScriptCall
-from durabilis.errors import StorageUnavailable
+from durabilis._store._base import _NOT_RUN, StoreBase
+from durabilis._store._errors import map_error
+from durabilis.errors import DurabilisError, NotReplicated, StorageUnavailable
 
 
 def _wait_reply(target: Any, conn: Any) -> Any:
@@ -104,3 +107,180 @@ def _read_by(conn: Any, deadline: float | None) -> Iterator[None]:
     finally:
         if conn._sock is sock:
             sock.settimeout(conn.socket_timeout)
+
+
+class ClusterWaves(StoreBase):
+    """The sync store's Cluster waves (:meth:`_wave`): the calls of a step's wave
+    written to their nodes, then read within one deadline."""
+
+    def _caught(self, call: ScriptCall) -> Any:
+        """``run(call)``'s reply, or its DurabilisError (the store's own)."""
+        raise NotImplementedError
+
+    def _wave(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        """Each call's reply or DurabilisError. Cluster: each call written to its
+        key's primary before any reply is read (one round trip for the wave; a
+        redirect, NOSCRIPT or failover reply, or a call that could not be
+        written, goes again through redis-py's own routing). Otherwise one by
+        one (the simulator's unfused standalone store)."""
+        if len(calls) == 1 or not self.is_cluster:
+            return [self._caught(c) for c in calls]
+        # A node that hangs costs the wave one socket timeout, not one per call
+        # on it (read one after another, N calls there held the wave for N
+        # timeouts, and the keep-alive's renewals of the claims on healthy nodes
+        # with it: their leases ran out, a live operation was taken over). The
+        # wave has one deadline; once a node failed in it (a connect, a write or
+        # a read), its other calls fail at once: not sent, or their outcome
+        # unknown (a plan compensates, as for any lost reply).
+        deadline = None if self.socket_timeout is None else (
+            time.monotonic() + self.socket_timeout)
+        failed: dict[str, DurabilisError | None] = {}  # node -> the error its calls get
+        unread: list[Any] = []
+        out: list[Any] = []
+        try:
+            for call in calls:  # every call written first...
+                unread.append(self._send_to_node(call, failed))
+            for i, call in enumerate(calls):  # ...then each reply read
+                on, unread[i] = unread[i], None  # (each connection given back)
+                if on is None:  # not written, for no node's fault: the usual path
+                    out.append(self._caught(call))
+                elif type(on) is str:  # not written: its node failed in this wave
+                    out.append(self._unreached(call, on, failed))
+                elif type(on) is _Lost:  # a write that timed out: it may run
+                    out.append(_unknown(call, on.node))
+                elif on[2].name in failed:  # written; its node failed since: unknown
+                    _drop(on[0], on[1])
+                    out.append(_unknown(call, on[2].name))
+                else:
+                    reply = self._reply_of(call, on, deadline, failed)
+                    if isinstance(reply, StorageUnavailable) and not isinstance(
+                        reply, NotReplicated
+                    ):
+                        failed[on[2].name] = None
+                    out.append(reply)
+        finally:
+            self._left_unread(calls, unread, failed, deadline)
+        return out
+
+    def _left_unread(
+        self, calls: Sequence[ScriptCall], unread: list[Any],
+        failed: dict[str, DurabilisError | None], deadline: float | None,
+    ) -> None:
+        """Interrupted (KeyboardInterrupt, SystemExit): the calls written still run;
+        wait for their replies (within the wave's time; not on a node that failed
+        in it) so that the plan's compensation never overtakes one of them."""
+        for call, on in zip(calls, unread, strict=False):
+            if type(on) is tuple:
+                if on[2].name in failed:
+                    _drop(on[0], on[1])
+                elif not _drain(on[0], on[1], 2 if self._waits(call) else 1, deadline):
+                    failed[on[2].name] = None  # (its other calls: dropped, not waited for)
+
+    def _unreached(
+        self, call: ScriptCall, name: str, failed: dict[str, DurabilisError | None]
+    ) -> Any:
+        """A call not written because its node failed in this wave: the first goes
+        the usual way (redis-py re-reads the slots: a failover, a moved slot);
+        if that fails too, the others fail at once with its error."""
+        error = failed.get(name)
+        if error is not None:
+            return error
+        reply = self._caught(call)
+        if isinstance(reply, StorageUnavailable):
+            failed[name] = reply
+        else:  # (the usual way works: the others go that way too)
+            failed.pop(name, None)
+        return reply
+
+    def _send_to_node(
+        self, call: ScriptCall, failed: dict[str, DurabilisError | None]
+    ) -> tuple[Any, Any, Any] | str | _Lost | None:
+        """Write one script to the connection of its key's primary (Cluster).
+        ``None`` if it could not be written whole (then nothing ran: the usual
+        path sends it); the node's name if the node failed (connecting, writing)
+        in this wave, now or before (``failed``): then nothing is tried there."""
+        try:
+            node = self.client.get_node_from_key(call.keys[0])
+        except Exception:
+            return None
+        if node.name in failed:
+            return str(node.name)
+        try:
+            redis_node = self.client.get_redis_connection(node)
+            conn = redis_node.connection_pool.get_connection()
+        except _UNREACHABLE:
+            failed[node.name] = None
+            return str(node.name)
+        except Exception:
+            return None
+        try:
+            if self._waits(call):
+                conn.send_packed_command(conn.pack_commands([self._evalsha(call), self._wait()]))
+            else:
+                conn.send_command(*self._evalsha(call))
+        except BaseException as exc:
+            conn.disconnect()
+            redis_node.connection_pool.release(conn)
+            if isinstance(exc, _UNREACHABLE):  # part of it may be in the node's
+                failed[node.name] = None  # buffers (a script whole, its WAIT not):
+                return _Lost(str(node.name))  # it may run, so it is never sent again
+            if isinstance(exc, Exception):  # not written whole: it does not run
+                return None
+            raise
+        return redis_node, conn, node
+
+    def _reply_of(
+        self, call: ScriptCall, on: tuple[Any, Any, Any], deadline: float | None,
+        failed: dict[str, DurabilisError | None],
+    ) -> Any:
+        """The reply of a script :meth:`_send_to_node` wrote (``on``: its node's
+        client, the connection, the node; or its DurabilisError),
+        waited for until ``deadline`` at the most (then: lost, outcome unknown).
+
+        Interrupted while waiting (Ctrl-C, ``SystemExit``), the connection is
+        drained within the same deadline before the interruption goes on, as
+        :meth:`_left_unread` drains the calls not read yet: the script was
+        written and runs, and the plan's compensation (a claim's release, on
+        another connection) must not overtake it. (Read with redis-py's
+        ``disconnect_on_error=False``: an interrupted read is parsed again
+        from where it stood; its default drops the connection.)"""
+        redis_node, conn, node = on
+        pool = redis_node.connection_pool
+        waits = self._waits(call)
+        left = 2 if waits else 1
+        try:
+            with _read_by(conn, deadline):
+                reply = _kept_reply(conn)
+                left = 1 if waits else 0
+                acked = _kept_reply(conn) if waits else None
+        except Exception as exc:  # lost on the way: the outcome is unknown
+            conn.disconnect()
+            pool.release(conn)
+            self._reread_slots(node)
+            return map_error(exc, call)
+        except BaseException:
+            if left and not _drain(redis_node, conn, left, deadline):
+                failed[node.name] = None  # (its other calls: dropped, not waited for)
+            elif not left:
+                pool.release(conn)
+            raise
+        pool.release(conn)
+        if isinstance(reply, _NOT_RUN):  # a redirect, NOSCRIPT, a failover: nothing ran
+            return self._caught(call)  # the usual path
+        if isinstance(reply, redis.exceptions.ResponseError):
+            return map_error(reply, call)
+        if self._waits(call):
+            try:
+                self._confirmed(acked, call)
+            except NotReplicated as exc:
+                return exc
+        return reply
+
+    def _reread_slots(self, node: Any) -> None:
+        """After a connection failed, as redis-py does: the node tried last, the slot
+        map read again (a failover moves the slots to a new primary)."""
+        try:
+            self.client.nodes_manager.move_node_to_end_of_cached_nodes(node.name)
+            self.client.nodes_manager.initialize(last_failed_node_name=node.name)
+        except Exception:  # the next call finds out again
+            pass
