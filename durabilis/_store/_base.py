@@ -65,24 +65,28 @@ def unloaded(replies: Sequence[Any]) -> list[int]:
 def raise_first(calls: Sequence[ScriptCall], replies: list[Any]) -> None:
     """Once every call was tried: the first failure (in call order) raised, its
     ``partial`` telling what each call replied; nothing when none failed."""
-    for call, reply in zip(calls, replies, strict=True):
-        if isinstance(reply, DurabilisError):
-            failed = reply
-        elif isinstance(reply, Exception):
-            failed = map_error(reply, call)
+    first: DurabilisError | None = None
+    for i, (call, reply) in enumerate(zip(calls, replies, strict=True)):
+        failed = reply
+        if isinstance(reply, Exception) and not isinstance(reply, DurabilisError):
+            failed = replies[i] = map_error(reply, call)
             failed.__cause__ = reply
-        else:
-            continue
-        failed.partial = told(replies)
-        raise failed
+        if first is None and isinstance(failed, DurabilisError):
+            first = failed
+    if first is not None:
+        first.partial = told(replies)
+        raise first
 
 
 def told(outcomes: Sequence[Any]) -> Replies:
     """Independent calls' outcomes as :class:`Replies`: a reply ``c``, an error
-    ``?`` (its reply ``None``)."""
+    ``?`` (its value: the call's DurabilisError, else ``None``)."""
     failed = [isinstance(o, BaseException) for o in outcomes]
-    return Replies([None if f else o for f, o in zip(failed, outcomes, strict=True)],
-                   "".join("?" if f else "c" for f in failed))
+    return Replies(
+        [(o if isinstance(o, DurabilisError) else None) if f else o
+         for f, o in zip(failed, outcomes, strict=True)],
+        "".join("?" if f else "c" for f in failed),
+    )
 
 
 def _argv(call: ScriptCall) -> list[Any]:

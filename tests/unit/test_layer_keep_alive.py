@@ -256,3 +256,67 @@ def test_renewals_that_took_long_leave_the_deferred_outcomes_their_own_time() ->
     now[0] += ka.config.renew_interval  # ...waited on a node that hangs
     assert plan.send([[1, 1], 1]) == IO([first], None)
     assert plan.send(Replies(["ok"], "c")) == IO([second], None)
+
+
+def deferred_step(leases: LeaseBook, key: str, nonce: str, n: int) -> list[ScriptCall]:
+    """A deferred outcome of ``n`` calls (a record, then e.g. a breaker's report),
+    the first gated: a refusal ends the step."""
+    calls = [ScriptCall("idem_record", [f"ka:idem:{{{key}}}"], [nonce, i]) for i in range(n)]
+    leases.defer(Defer(key, nonce, "", calls, {0: lambda r: r == "refused"}, 60.0))
+    return calls
+
+
+def test_unfused_deferred_outcomes_go_side_by_side_one_hung_node_costs_one_round() -> None:
+    """Found by the fifth review: with K outcomes on a node that hangs listed
+    ahead of one on a healthy node, each hung one spent the tick's budget and
+    the healthy one waited K ticks. On Cluster the outcomes now go in rounds:
+    the next call of every step at once (one Batch: one wave's time for the
+    hung node, however many of its outcomes), each step on to its next call
+    once this one replied."""
+    now = [0.0]
+    ka = core(fuses=False)
+    ka.clock = lambda: now[0]
+    leases = LeaseBook()
+    hung = [deferred_step(leases, f"h{i}", f"nh{i}", 2) for i in range(3)]
+    healthy = deferred_step(leases, "ok", "nok", 2)
+    refused = deferred_step(leases, "gone", "ngone", 2)
+    plan = ka.keep_alive_plan(leases)
+    renew = next(plan)  # (the claims the outcomes keep: renewed first)
+    first = plan.send([[1]] * (len(renew.calls) - 1) + [1])
+    assert type(first) is Batch  # every step's first call, at once
+    assert first.calls == [*(h[0] for h in hung), healthy[0], refused[0]]
+    timed_out = StorageUnavailable("node 1 did not answer in this step")
+    timed_out.partial = Replies([timed_out, timed_out, timed_out, "ok", "refused"], "???cc")
+    now[0] += 5.0  # one socket timeout for the whole round
+    with capture_logs() as logs:
+        second = plan.throw(timed_out)
+        assert type(second) is Batch and second.calls == [healthy[1]]  # on to its next call
+        with pytest.raises(StopIteration):
+            plan.send(["reported"])
+    left = sorted(d.step.key for d in leases.deferred())
+    assert left == ["h0", "h1", "h2"]  # kept for the next tick (their time is not out)
+    assert [e["event"] for e in logs] == ["durability_outcome_recorded_late"] * 2
+
+
+def test_unfused_deferred_rounds_abandon_only_the_corrupt_one_and_stop_when_time_is_up() -> None:
+    now = [0.0]
+    ka = core(fuses=False)
+    ka.clock = lambda: now[0]
+    leases = LeaseBook()
+    corrupt = deferred_step(leases, "bad", "nb", 1)
+    slow = deferred_step(leases, "slow", "ns", 2)
+    plan = ka.keep_alive_plan(leases)
+    next(plan)  # the renewal
+    assert plan.send([[1], [1], 1]).calls == [corrupt[0], slow[0]]
+    bad = CorruptData("ka:idem:{bad}", "WRONGTYPE")
+    failed = CorruptData("ka:idem:{bad}", "WRONGTYPE")
+    failed.partial = Replies([bad, "ok"], "?c")
+    now[0] += ka.config.renew_interval  # the round took the tick's time
+    with capture_logs() as logs, pytest.raises(StopIteration):
+        plan.throw(failed)
+    assert [e["event"] for e in logs] == ["durability_outcome_abandoned"]
+    [left] = leases.deferred()  # cut short: whole again at the next tick
+    assert left.step.key == "slow"
+    plan = ka.keep_alive_plan(leases)
+    next(plan)
+    assert plan.send([[1], 1]) == IO(slow, left.step.gates)  # (one outcome: its own step)

@@ -11,7 +11,7 @@ from durabilis._scripts import Replies, ScriptCall
 from durabilis._steps import Deferred, LeaseBook
 from durabilis.core.breaker import Permit
 from durabilis.core.steps import IO, Batch, Plan
-from durabilis.errors import CorruptData, DurabilisError
+from durabilis.errors import CorruptData, DurabilisError, StorageUnavailable
 from durabilis.layer._config import LayerStats
 from durabilis.layer._plans.base import (
     _STOPPED,
@@ -21,6 +21,12 @@ from durabilis.layer._plans.base import (
     _renewed,
 )
 from durabilis.layer._plans.requests import _Requests
+
+
+def _lost(item: Deferred) -> DurabilisError:
+    return StorageUnavailable(
+        f"the outcome of {item.step.key} was not recorded this time (its call failed)"
+    )
 
 
 class _Notes(_Requests):
@@ -185,6 +191,9 @@ class _Notes(_Requests):
             self._deferred_turn = turn + 1
             waiting = waiting[turn:] + waiting[:turn]
         began = self.clock()  # (their time counts from here: renewals may have taken theirs)
+        if len(waiting) > 1 and not self.fuses:
+            yield from self._deferred_together(leases, waiting, began)
+            return
         for n, item in enumerate(waiting):
             if n and self.clock() - began > self.config.renew_interval / 2:
                 break  # (one at least each tick: the turn moves on)
@@ -194,6 +203,53 @@ class _Notes(_Requests):
                 self.deferred_failed(leases, item, exc)
                 continue
             self.deferred_sent(leases, item, sent)
+
+    def _deferred_together(
+        self, leases: LeaseBook, waiting: Sequence[Deferred], began: float
+    ) -> Plan[None]:
+        """Unfused (Cluster): the deferred outcomes' steps side by side, in rounds.
+        A round sends the next call of every step still going as one
+        :class:`Batch` (on Cluster: concurrently, each to its node, one wave's
+        time). A step goes on to its next call once this one replied (a gated
+        refusal or a failure ends it, as a wave does), so each step's calls still
+        go one after another; the steps are independent claims. So a node that
+        hangs costs a round one wave's time, not a socket timeout per outcome
+        on it, and an outcome on a healthy node never waits ticks behind those
+        of a hung one. Rounds stop once half a ``renew_interval`` has gone (one
+        at least); a step cut short goes again whole at the next tick, as a
+        failed one does."""
+        # Each step still going: its item, its replies so far, their status.
+        going: list[tuple[Deferred, list[Any], list[str]]] = [
+            (i, [], []) for i in waiting if i.step.calls
+        ]
+        while going:
+            calls = [item.step.calls[len(replies)] for item, replies, _ in going]
+            try:
+                outcomes: Sequence[Any] = yield Batch(calls)
+                told = "c" * len(calls)
+            except DurabilisError as exc:  # (each failed call's own error, if known)
+                outcomes = exc.partial if exc.partial is not None else [exc] * len(calls)
+                told = exc.partial.status if exc.partial is not None else "?" * len(calls)
+            after = []
+            for (item, replies, status), out, did in zip(going, outcomes, told, strict=True):
+                if did != "c":
+                    error = out if isinstance(out, DurabilisError) else _lost(item)
+                    self.deferred_failed(leases, item, error)
+                    continue
+                gates = item.step.gates
+                refused = bool(gates and len(replies) in gates and gates[len(replies)](out))
+                replies.append(out)
+                status.append("r" if refused else "c")
+                if refused or len(replies) == len(item.step.calls):
+                    unsent = len(item.step.calls) - len(replies)  # (after a refusal)
+                    self.deferred_sent(leases, item, Replies(
+                        [*replies, *[None] * unsent], "".join(status) + "n" * unsent
+                    ))
+                else:
+                    after.append((item, replies, status))
+            going = after
+            if self.clock() - began > self.config.renew_interval / 2:
+                break  # (the steps still going: whole again at the next tick)
 
     def renew_calls(self, held: Sequence[tuple[str, str, str]]) -> list[ScriptCall]:
         """The keep-alive's calls for the claims held (key, nonce, member): their leases
