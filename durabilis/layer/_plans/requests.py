@@ -17,6 +17,11 @@ from durabilis.idempotency import IdempotencyKey, content_digest
 from durabilis.layer._plans.base import _KNOWN_PAIRS, _REASON_ROOM, _Base, _Request
 
 
+def _size(text: str) -> int:
+    """``text``'s bytes in UTF-8 (a lone surrogate as ``?``, as ``_park_room`` counts)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "replace"))
+
+
 class _Requests(_Base):
     """Request building: every check before any I/O, the keys, the notes' calls."""
 
@@ -53,6 +58,12 @@ class _Requests(_Base):
         pair = (agent_id, operation_type)
         known = (self._known.get(pair) if type(agent_id) is str and type(operation_type) is str
                  else None)
+        if (known is not None and idempotency_key is None and task_id is None and phase is None
+                and wait is None and deadline_seconds is None and not replay
+                and not self._previous_secrets):
+            return self._common_request(
+                agent_id, operation_type, payload, known, dependency, park_on_open
+            )
         if idempotency_key is None and known is not None:
             key = IdempotencyKey(known + content_digest(payload, self._key_secret))
         else:
@@ -125,6 +136,43 @@ class _Requests(_Base):
         return _Request(
             agent_id, operation_type, payload, key, dep, task_id, phase, wait,
             park_on_open, deadline_seconds, replay, envelope, park, aliases=aliases,
+        )
+
+    def _common_request(  # noqa: PLR0917  (request's arguments, as they came)
+        self, agent_id: str, operation_type: str, payload: Any, known: str,
+        dependency: str | None, park_on_open: bool,
+    ) -> _Request:
+        """:meth:`request` in its common case (a content key of a pair seen
+        before; no task, ``wait``, deadline or replay; no previous key secret):
+        the same checks and encodings, without those of the options not given
+        (tests/unit/test_layer_requests.py: the two give equal requests)."""
+        key = IdempotencyKey(known + content_digest(payload, self._key_secret))
+        dep = dependency if dependency is not None else self.config.dependencies.get(
+            operation_type
+        )
+        if dep is not None:
+            self._breakers.ops.entry(dep)  # DependencyNotFound before any I/O
+        envelope = bytes(self._idem.pack_value(
+            {
+                "agent_id": agent_id, "operation_type": operation_type, "payload": payload,
+                "dependency": dep, "task_id": None, "phase": None, "fingerprint": None,
+            },
+            "payload",
+        ))
+        # The DLQ record's room (see request): its metadata are the key and the
+        # dependency (a content key has no fingerprint), sized as _park_room does.
+        room = int(self._dlq.config.max_payload_bytes) - _REASON_ROOM - 15 - _size(key.value)
+        if dep:
+            room -= 10 + _size(dep)
+        park = None
+        if len(envelope) > room:
+            park = self._dlq.prepare(
+                agent_id, operation_type, payload, self._metadata(key.value, dep, None, None),
+                spare_bytes=_REASON_ROOM,
+            )
+        return _Request(
+            agent_id, operation_type, payload, key, dep, None, None, None, park_on_open, None,
+            False, envelope, park,
         )
 
     def _remember(self, pair: tuple[str, str], key: IdempotencyKey) -> None:
