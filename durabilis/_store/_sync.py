@@ -88,7 +88,7 @@ def _read_reply(conn: Any) -> Any:
     parser = conn._parser
     reader = getattr(parser, "_reader", None)
     if type(parser) is not _HIREDIS_PARSER or reader is None or conn.health_check_interval:
-        return conn.read_response()
+        return conn.read_response(disconnect_on_error=False)  # (the caller drops it)
     push = getattr(parser, "_hiredis_PushNotificationType", None)
     while True:
         reply = reader.gets()
