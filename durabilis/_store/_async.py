@@ -330,8 +330,9 @@ class AsyncStore(_base.StoreBase):
             return exc
 
     async def _wave(self, calls: Sequence[ScriptCall]) -> list[Any]:
-        """See :meth:`Store._wave` (Cluster: gathered)."""
-        if len(calls) <= 1 or not self.is_cluster:
+        """See :meth:`Store._wave` (Cluster: gathered, one call too: a cancelled
+        caller waits for what it sent, below)."""
+        if not calls or not self.is_cluster:
             return [await self._caught(c) for c in calls]
         tasks = [asyncio.ensure_future(self._caught(c)) for c in calls]
         try:

@@ -12,12 +12,14 @@ session cluster is shared).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 import pytest
 
 import durabilis
+from durabilis import aio
 from durabilis._scripts import ScriptCall
 from durabilis.errors import StorageUnavailable
 from tests.support.cluster import LocalCluster
@@ -144,3 +146,37 @@ def test_an_interrupted_wave_waits_for_the_call_it_was_reading(
         with cluster.node(paused) as node:
             node.execute_command("CLIENT", "UNPAUSE")
         store.close()
+
+
+def test_a_cancelled_async_step_waits_for_its_one_call_on_cluster(
+    cluster: LocalCluster, namespace: str, raw: Any
+) -> None:
+    """The asyncio twin: a wave of several calls already waited for them when its
+    caller was cancelled, but a wave of one call (a claim step's waves are) was
+    read in the caller's task, and redis-py dropped its connection at the
+    cancellation: the plan's release could overtake the claim. Now it waits."""
+    paused = sorted(cluster.topology()["primaries"])[0]
+    name = next(
+        f"one-{i}" for i in range(10_000)
+        if raw.get_node_from_key(f"{namespace}:idem:{{one-{i}}}").port == paused
+    )
+
+    async def scenario() -> None:
+        store = aio.connect(cluster.url, namespace=namespace, socket_timeout=5)
+        try:
+            assert raw.get_node_from_key(store.keys.idem(name)).port == paused
+            await store.run_step([claim(store, f"{name}-warm")])
+            with cluster.node(paused) as node:
+                node.execute_command("CLIENT", "PAUSE", PAUSE_MS, "WRITE")
+            step = asyncio.ensure_future(store.run_step([claim(store, name)]))
+            await asyncio.sleep(INTERRUPT_AFTER)
+            step.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await step
+            assert state(raw, store, name) == b"p"  # (before: still queued on the node)
+        finally:
+            with cluster.node(paused) as node:
+                node.execute_command("CLIENT", "UNPAUSE")
+            await store.close()
+
+    asyncio.run(scenario())

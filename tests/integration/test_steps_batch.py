@@ -47,9 +47,10 @@ def _planted(raw: redis.Redis) -> tuple[KeySpace, KeySpace]:
 def _check(raw: redis.Redis, foreign: KeySpace, fine: KeySpace, seen: list[Any]) -> None:
     failed, again = seen
     assert isinstance(failed, DurabilisError)  # the plan is told ...
-    # ... with what each call replied: the one that failed unknown, the other's reply
+    # ... with what each call replied: the one that failed unknown (its own error
+    # as its value: the first failure is the one raised), the other's reply
     assert failed.partial is not None and failed.partial.status == "?c"
-    assert failed.partial[0] is None and failed.partial[1] == 1
+    assert failed.partial[0] is failed and failed.partial[1] == 1
     members = {m.decode() for m in raw.zrange(fine.layer("inflight"), 0, -1)}
     assert members == {"m-fine", "m-again"}  # ... the other call ran all the same
     assert isinstance(again, list) and len(again) == 1

@@ -12,6 +12,7 @@ from typing import Any
 
 import durabilis
 from durabilis._scripts import ScriptCall
+from durabilis.aio import Store as AsyncStore
 from durabilis.idempotency import IdempotencyGuard
 
 PAUSE_MS = 1500
@@ -46,11 +47,12 @@ def interrupted_after(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGUSR1, previous)
 
 
-def claim(store: durabilis.Store, name: str) -> ScriptCall:
-    ops = IdempotencyGuard(store)._ops
+def claim(store: durabilis.Store | AsyncStore, name: str) -> ScriptCall:
+    """An idempotency claim of ``name`` (the call: sent by the test)."""
+    ops = IdempotencyGuard(store)._ops  # type: ignore[arg-type]
     return ops.claim(ops.validate_key(name), None)
 
 
-def state(raw: Any, store: durabilis.Store, name: str) -> bytes | None:
+def state(raw: Any, store: durabilis.Store | AsyncStore, name: str) -> bytes | None:
     value = raw.hget(store.keys.idem(name), "s")
     return value if isinstance(value, bytes) else None
