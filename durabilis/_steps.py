@@ -152,6 +152,29 @@ class LeaseBook:
         with self._lock:
             return list(self._deferred)
 
+    def rest(self, deferred: Deferred, done: int) -> Deferred:
+        """The first ``done`` calls of a deferred outcome landed: it is the rest of
+        its calls from now on (its gates renumbered; its time and claim kept).
+        Returns what stands for it now (``deferred`` itself if nothing changed,
+        or it is not waiting any more)."""
+        step = deferred.step
+        if done <= 0:
+            return deferred
+        gates = None if step.gates is None else {
+            i - done: gate for i, gate in step.gates.items() if i >= done
+        }
+        rest = Deferred(
+            Defer(step.key, step.nonce, step.member, list(step.calls[done:]), gates,
+                  step.seconds),
+            deferred.until, deferred.item,
+        )
+        with self._lock:
+            for i, waiting in enumerate(self._deferred):
+                if waiting is deferred:
+                    self._deferred[i] = rest
+                    return rest
+        return deferred
+
     def settle(self, deferred: Deferred) -> None:
         """The deferred outcome landed (or its time ran out): forget it."""
         with self._lock:

@@ -184,7 +184,7 @@ class AsyncStore(_base.StoreBase):
             try:
                 acked = await node.parse_response(conn, "WAIT")
             except redis.exceptions.ResponseError as exc:
-                acked = exc  # see _wait_reply
+                acked = exc  # (see _kept_reply)
         except BaseException as exc:
             await conn.disconnect()
             if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):

@@ -34,7 +34,7 @@ from durabilis._store._base import (
     wave_groups,
 )
 from durabilis._store._errors import map_error
-from durabilis._store._wave import ClusterWaves, _drain, _wait_reply
+from durabilis._store._wave import ClusterWaves, _drain, _kept_reply
 from durabilis.errors import (
     DurabilisError,
     StorageUnavailable,
@@ -249,14 +249,18 @@ class Store(ClusterWaves):
         ``(command's reply or its error reply, WAIT's reply)``."""
         pool = target.connection_pool
         conn = pool.get_connection()
+        left = 0  # replies written and not read yet
         try:
             conn.send_packed_command(conn.pack_commands([command, self._wait()]))
-            try:
-                reply = target.parse_response(conn, command[0])
-            except redis.exceptions.ResponseError as exc:
-                reply = exc
-            return reply, _wait_reply(target, conn)
-        except BaseException:
+            left = 2
+            reply = _kept_reply(conn)  # (EVALSHA / EVAL: no response callback)
+            left = 1
+            acked = _kept_reply(conn)
+            left = 0
+            return reply, acked
+        except BaseException as exc:
+            if left and not isinstance(exc, Exception):  # interrupted: as _send
+                _drain(target, conn, left, None, release=False)
             conn.disconnect()
             raise
         finally:

@@ -18,18 +18,11 @@ from durabilis._store._errors import map_error
 from durabilis.errors import DurabilisError, NotReplicated, StorageUnavailable
 
 
-def _wait_reply(target: Any, conn: Any) -> Any:
-    """``WAIT``'s reply, or its error reply (a node demoted to replica refuses WAIT:
-    then the script before it was refused too, or its write counts as unconfirmed)."""
-    try:
-        return target.parse_response(conn, "WAIT")
-    except redis.exceptions.ResponseError as exc:
-        return exc
-
-
 def _kept_reply(conn: Any) -> Any:
-    """One reply (an error reply returned, not raised). The connection is kept as
-    it stands when the read fails or is interrupted (the caller drops or drains it)."""
+    """One reply (an error reply returned, not raised: a node demoted to replica
+    refuses ``WAIT``, its script refused too or its write unconfirmed). The
+    connection is kept as it stands when the read fails or is interrupted (the
+    caller drops or drains it)."""
     try:
         return conn.read_response(disconnect_on_error=False)
     except redis.exceptions.ResponseError as exc:
@@ -42,15 +35,19 @@ def _drain(
 ) -> bool:
     """Read and drop the ``replies`` written to ``conn`` (a script, its WAIT), then give
     ``conn`` back (disconnected if a reply did not come by ``deadline``: False).
-    ``release=False``: the caller gives it back."""
+    ``release=False``: the caller gives it back. Interrupted again (a second
+    Ctrl-C, a SIGTERM's ``SystemExit``), it stops waiting and that goes on."""
     try:
         with _read_by(conn, deadline):
             for _ in range(replies):
                 with contextlib.suppress(redis.exceptions.ResponseError):
                     redis_node.parse_response(conn, "EVALSHA")
-    except BaseException:
+    except Exception:
         conn.disconnect()
         return False
+    except BaseException:
+        conn.disconnect()
+        raise
     finally:
         if release:
             redis_node.connection_pool.release(conn)
@@ -79,6 +76,10 @@ def _unknown(call: ScriptCall, node: str) -> StorageUnavailable:
         f"Redis unavailable (script {call.name}): node {node} did not answer in this "
         "step; the call was sent, its outcome is unknown"
     )
+
+
+_HURRY = "*"
+"""In a wave's ``failed``: interrupted twice, every call left is dropped unread."""
 
 
 _UNREACHABLE = (redis.exceptions.TimeoutError, TimeoutError)
@@ -169,12 +170,21 @@ class ClusterWaves(StoreBase):
         """Interrupted (KeyboardInterrupt, SystemExit): the calls written still run;
         wait for their replies (within the wave's time; not on a node that failed
         in it) so that the plan's compensation never overtakes one of them."""
-        for call, on in zip(calls, unread, strict=False):
-            if type(on) is tuple:
-                if on[2].name in failed:
-                    _drop(on[0], on[1])
-                elif not _drain(on[0], on[1], 2 if self._waits(call) else 1, deadline):
-                    failed[on[2].name] = None  # (its other calls: dropped, not waited for)
+        for i, (call, on) in enumerate(zip(calls, unread, strict=False)):
+            if type(on) is not tuple:
+                continue
+            unread[i] = None
+            if on[2].name in failed or _HURRY in failed:
+                _drop(on[0], on[1])
+                continue
+            try:
+                drained = _drain(on[0], on[1], 2 if self._waits(call) else 1, deadline)
+            except BaseException:  # interrupted again: the rest dropped, unread
+                failed[_HURRY] = None
+                self._left_unread(calls, unread, failed, deadline)
+                raise
+            if not drained:
+                failed[on[2].name] = None  # (its other calls: dropped, not waited for)
 
     def _unreached(
         self, call: ScriptCall, name: str, failed: dict[str, DurabilisError | None]
@@ -253,16 +263,22 @@ class ClusterWaves(StoreBase):
                 reply = _kept_reply(conn)
                 left = 1 if waits else 0
                 acked = _kept_reply(conn) if waits else None
+                left = 0
         except Exception as exc:  # lost on the way: the outcome is unknown
             conn.disconnect()
             pool.release(conn)
             self._reread_slots(node)
             return map_error(exc, call)
         except BaseException:
-            if left and not _drain(redis_node, conn, left, deadline):
-                failed[node.name] = None  # (its other calls: dropped, not waited for)
-            elif not left:
-                pool.release(conn)
+            if not left:  # (every reply read: its timeout may not be restored yet)
+                _drop(redis_node, conn)
+                raise
+            try:
+                if not _drain(redis_node, conn, left, deadline):
+                    failed[node.name] = None  # (its other calls: dropped, not waited for)
+            except BaseException:  # interrupted again: the wave's other calls dropped
+                failed[_HURRY] = None
+                raise
             raise
         pool.release(conn)
         if isinstance(reply, _NOT_RUN):  # a redirect, NOSCRIPT, a failover: nothing ran

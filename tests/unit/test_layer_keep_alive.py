@@ -298,7 +298,8 @@ def test_unfused_deferred_outcomes_go_side_by_side_one_hung_node_costs_one_round
     assert [e["event"] for e in logs] == ["durability_outcome_recorded_late"] * 2
 
 
-def test_unfused_deferred_rounds_abandon_only_the_corrupt_one_and_stop_when_time_is_up() -> None:
+def test_unfused_deferred_rounds_abandon_only_the_corrupt_one_and_stop_when_time_is_up(
+) -> None:
     now = [0.0]
     ka = core(fuses=False)
     ka.clock = lambda: now[0]
@@ -315,8 +316,69 @@ def test_unfused_deferred_rounds_abandon_only_the_corrupt_one_and_stop_when_time
     with capture_logs() as logs, pytest.raises(StopIteration):
         plan.throw(failed)
     assert [e["event"] for e in logs] == ["durability_outcome_abandoned"]
-    [left] = leases.deferred()  # cut short: whole again at the next tick
-    assert left.step.key == "slow"
+    [left] = leases.deferred()  # cut short: its next call at the next tick
+    assert left.step.key == "slow" and left.step.calls == slow[1:]
     plan = ka.keep_alive_plan(leases)
     next(plan)
-    assert plan.send([[1], 1]) == IO(slow, left.step.gates)  # (one outcome: its own step)
+    assert plan.send([[1], 1]) == IO(slow[1:], {})  # (one outcome: its own step)
+
+
+def test_unfused_deferred_rounds_keep_what_landed_so_a_hung_node_never_stalls_the_others() -> None:
+    """Found by the review of the rounds: with a round on a hung node taking the
+    tick's whole time (the default socket timeout is half the default
+    renew_interval), a healthy step cut short started again from its first
+    call at each tick: its release was never sent (the claim held for the
+    outcome's whole time), a landed breaker report counted again every tick.
+    Now what landed stays sent: the step moves by a call a tick at least."""
+    now = [0.0]
+    ka = core(fuses=False)
+    ka.clock = lambda: now[0]
+    leases = LeaseBook()
+    hung = deferred_step(leases, "h", "nh", 2)
+    healthy = deferred_step(leases, "ok", "nok", 3)
+    sent: list[ScriptCall] = []
+    for _tick in range(3):
+        plan = ka.keep_alive_plan(leases)
+        step = next(plan)  # the renewal
+        step = plan.send([[1]] * (len(step.calls) - 1) + [1])
+        assert type(step) is Batch
+        sent += step.calls
+        replies = ["ok" if c not in hung else None for c in step.calls]
+        failed = StorageUnavailable("node h did not answer in this step")
+        failed.partial = Replies(replies, "".join("c" if r else "?" for r in replies))
+        if hung[0] in step.calls:
+            now[0] += ka.config.renew_interval  # the round waited on the hung node
+        with capture_logs(), pytest.raises(StopIteration):
+            plan.throw(failed) if None in replies else plan.send(replies)
+    assert [c for c in sent if c in healthy] == healthy  # each call once, in order
+    assert [d.step.key for d in leases.deferred()] == ["h"]  # the healthy one settled
+    assert leases.held() == [("h", "nh", "")]
+
+
+def test_a_deferred_step_that_failed_midway_goes_on_from_the_call_that_failed() -> None:
+    """Standalone-unfused or a single outcome (its own step): the calls that
+    landed before the failure are not sent again at the next tick."""
+    leases = LeaseBook()
+    calls = deferred_step(leases, "k", "n", 3)
+    plan = core(fuses=False).keep_alive_plan(leases)
+    next(plan)
+    gates = leases.deferred()[0].step.gates
+    assert plan.send([[1], 1]) == IO(calls, gates)
+    failed = StorageUnavailable("the third call's node is down")
+    failed.partial = Replies(["ok", "ok", None], "cc?")
+    with capture_logs(), pytest.raises(StopIteration):
+        plan.throw(failed)
+    [left] = leases.deferred()
+    assert left.step.calls == calls[2:] and not left.step.gates  # (the gate was call 0's)
+
+
+def test_an_unfused_deferred_outcome_with_no_call_left_is_settled() -> None:
+    leases = LeaseBook()
+    leases.defer(Defer("e", "ne", "", [], None, 60.0))
+    deferred_step(leases, "k", "n", 1)
+    plan = core(fuses=False).keep_alive_plan(leases)
+    next(plan)
+    batch = plan.send([[1], [1], 1])
+    with capture_logs(), pytest.raises(StopIteration):
+        plan.send(["ok"] * len(batch.calls))
+    assert leases.deferred() == [] and not leases.busy()

@@ -1,4 +1,5 @@
-"""A request's common case takes a shorter way through the same checks.
+"""A request's common case takes a shorter way through the same checks (and
+what a deferred success keeps of its step's gates).
 
 ``_Requests.request`` validates and encodes an operation before any I/O. For
 its common case (a content key of an (agent, operation) pair seen before, no
@@ -19,8 +20,10 @@ import pytest
 
 import durabilis
 from durabilis import CircuitBreakerConfig, DlqConfig
+from durabilis.core.steps import IO, Defer
+from durabilis.errors import StorageUnavailable
 from durabilis.layer import DurabilityConfig, DurabilityLayer
-from durabilis.layer._plans.base import _Request
+from durabilis.layer._plans.base import _Claim, _Request
 
 CAP = 2048  # the DLQ record's payload cap here (1 MiB by default)
 OPTIONS: dict[str, Any] = dict(
@@ -97,3 +100,34 @@ def test_the_dlq_record_is_prepared_for_the_same_payload_sizes_either_way(
         assert common == general, size
         seen.add("error" if type(general[0]) is type else general[12] is not None)
     assert seen == {False, True, "error"}  # (the range holds both boundaries)
+
+
+def test_a_deferred_success_s_checkpoint_save_does_not_gate_its_record(
+    layer: DurabilityLayer,
+) -> None:
+    """Found by a review: a success whose record step could not be sent for its
+    lease is handed to the keep-alive with the step's gates; the checkpoint
+    save's gate ended that step at a refused save (stale eviction hints, a
+    conflict: the plan itself decodes those, the keep-alive decodes nothing),
+    so the record was never sent, the claim lapsed and a replay ran the
+    operation again. The deferred step keeps the record's gate only."""
+    core = layer._core
+    core.clock = lambda: now[0]
+    now = [0.0]
+    req = core.request("agent-1", "memory.store", {"fact": "x"}, **{
+        **OPTIONS, "task_id": "t1", "phase": "p1",
+    })
+    claim = _Claim("nonce1", "", "7")
+    plan = core._succeeded(req, claim, None, {"ok": True}, 1.0)
+    step = next(plan)
+    names = [c.name for c in step.calls]
+    assert "ckpt_save" in names and "idem_record" in names
+    while type(step) is not Defer:  # the record step fails until its time is out
+        if type(step) is IO:
+            now[0] += 60.0
+            step = plan.throw(StorageUnavailable("down"))
+        else:  # (its backoff)
+            step = plan.send(None)
+    gated = {step.calls[i].name for i in step.gates or {}}
+    assert gated == {"idem_record"}  # (was: the save too)
+    assert [c.name for c in step.calls][:2] == names[:2]

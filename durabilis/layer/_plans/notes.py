@@ -23,6 +23,17 @@ from durabilis.layer._plans.base import (
 from durabilis.layer._plans.requests import _Requests
 
 
+def _landed(partial: Replies | None) -> int:
+    """How many calls of a failed step landed before the first that did not."""
+    if partial is None:
+        return 0
+    status = partial.status
+    n = 0
+    while n < len(status) and status[n] == "c":
+        n += 1
+    return n
+
+
 def _lost(item: Deferred) -> DurabilisError:
     return StorageUnavailable(
         f"the outcome of {item.step.key} was not recorded this time (its call failed)"
@@ -199,8 +210,8 @@ class _Notes(_Requests):
                 break  # (one at least each tick: the turn moves on)
             try:
                 sent = yield IO(item.step.calls, item.step.gates)
-            except DurabilisError as exc:
-                self.deferred_failed(leases, item, exc)
+            except DurabilisError as exc:  # (its calls that landed stay sent)
+                self.deferred_failed(leases, leases.rest(item, _landed(exc.partial)), exc)
                 continue
             self.deferred_sent(leases, item, sent)
 
@@ -216,12 +227,16 @@ class _Notes(_Requests):
         hangs costs a round one wave's time, not a socket timeout per outcome
         on it, and an outcome on a healthy node never waits ticks behind those
         of a hung one. Rounds stop once half a ``renew_interval`` has gone (one
-        at least); a step cut short goes again whole at the next tick, as a
-        failed one does."""
+        at least); what a step sent stays sent (:meth:`LeaseBook.rest`): the
+        next tick goes on with its next call, so each outcome moves by a call
+        a tick at least and no call that landed is sent again."""
         # Each step still going: its item, its replies so far, their status.
-        going: list[tuple[Deferred, list[Any], list[str]]] = [
-            (i, [], []) for i in waiting if i.step.calls
-        ]
+        going: list[tuple[Deferred, list[Any], list[str]]] = []
+        for item in waiting:
+            if item.step.calls:
+                going.append((item, [], []))
+            else:  # (nothing to send: settled)
+                self.deferred_sent(leases, item, Replies([], ""))
         while going:
             calls = [item.step.calls[len(replies)] for item, replies, _ in going]
             try:
@@ -232,9 +247,9 @@ class _Notes(_Requests):
                 told = exc.partial.status if exc.partial is not None else "?" * len(calls)
             after = []
             for (item, replies, status), out, did in zip(going, outcomes, told, strict=True):
-                if did != "c":
+                if did != "c":  # (what it sent before stays sent; this one again)
                     error = out if isinstance(out, DurabilisError) else _lost(item)
-                    self.deferred_failed(leases, item, error)
+                    self.deferred_failed(leases, leases.rest(item, len(replies)), error)
                     continue
                 gates = item.step.gates
                 refused = bool(gates and len(replies) in gates and gates[len(replies)](out))
@@ -249,7 +264,9 @@ class _Notes(_Requests):
                     after.append((item, replies, status))
             going = after
             if self.clock() - began > self.config.renew_interval / 2:
-                break  # (the steps still going: whole again at the next tick)
+                for item, replies, _ in going:  # the rest at the next tick
+                    leases.rest(item, len(replies))
+                return
 
     def renew_calls(self, held: Sequence[tuple[str, str, str]]) -> list[ScriptCall]:
         """The keep-alive's calls for the claims held (key, nonce, member): their leases

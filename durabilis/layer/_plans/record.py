@@ -242,6 +242,12 @@ class _Records(_Notes):
                 self._breakers.forget(req.dependency)  # its report did not land (yet)
             # After the record, by the keep-alive.
             unsent.calls.append(self._note("rem", [cl.member] if cl.member else [], **counts))
+            # The keep-alive decodes nothing: a checkpoint save it sends that is
+            # refused (stale eviction hints, a conflict) must not end the step
+            # before the record, as a gate would (the claim would then lapse and
+            # a replay run the operation again). The outcome is recorded; the
+            # checkpoint may not be, as when _persist gives up a save for good.
+            unsent.gates = {i: g for i, g in unsent.gates.items() if g is not _save_refused}
             yield from self._defer(req, cl, unsent)
             raise OutcomeUnrecorded(
                 req.key.value, succeeded=True, result=result
