@@ -23,28 +23,37 @@ class Interrupted(BaseException):
     """What the test's signal handler raises (as KeyboardInterrupt would)."""
 
 
+class InterruptedAgain(BaseException):
+    """What a second signal's handler raises (as a SIGTERM handler's sys.exit)."""
+
+
 @contextmanager
-def interrupted_after(seconds: float) -> Iterator[None]:
-    """SIGUSR1 to this process after ``seconds``; its handler raises Interrupted
-    (only while armed: a late signal after the block raises nothing)."""
-    armed = threading.Event()
-    armed.set()
+def interrupted_after(seconds: float, again: float | None = None) -> Iterator[None]:
+    """SIGUSR1 to this process after ``seconds``, its handler raising Interrupted;
+    with ``again``, SIGUSR2 after that many seconds, raising InterruptedAgain.
+    Each raises only while armed: a late signal after the block raises nothing."""
+    armed = {signal.SIGUSR1: Interrupted, signal.SIGUSR2: InterruptedAgain}
+    timers = [threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGUSR1))]
+    if again is not None:
+        timers.append(threading.Timer(again, os.kill, (os.getpid(), signal.SIGUSR2)))
 
     def handler(signum: int, frame: Any) -> None:
-        if armed.is_set():
-            armed.clear()
-            raise Interrupted
+        raised = armed.pop(signal.Signals(signum), None)
+        if raised is not None:
+            raise raised
 
-    previous = signal.signal(signal.SIGUSR1, handler)
-    timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGUSR1))
-    timer.start()
+    previous = [signal.signal(s, handler) for s in (signal.SIGUSR1, signal.SIGUSR2)]
+    for timer in timers:
+        timer.start()
     try:
         yield
     finally:
         armed.clear()
-        timer.cancel()
-        timer.join()
-        signal.signal(signal.SIGUSR1, previous)
+        for timer in timers:
+            timer.cancel()
+            timer.join()
+        signal.signal(signal.SIGUSR1, previous[0])
+        signal.signal(signal.SIGUSR2, previous[1])
 
 
 def claim(store: durabilis.Store | AsyncStore, name: str) -> ScriptCall:
