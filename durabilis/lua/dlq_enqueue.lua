@@ -39,7 +39,9 @@ id the caller derives from the key); when the by-key hash names another,
 nothing is written and the answer is "miss" with that id, to send again with it. Each parking carries its own id
 (the claim's), kept in the record ("pid:<id>": "c" for the parking that created
 the record, 1 for one merged into it): a parking sent again after a
-lost reply changes nothing. A record parked without its payload (metadata
+lost reply changes nothing, even once the record was settled meanwhile (the
+operation's later success must not be followed by a new pending record that
+a replay would run again). A record parked without its payload (metadata
 "payload_error": recovery could not read the claim's) is marked "np"; the
 first parking of the operation that carries a payload FILLS IT IN: the
 record's stream entry is replaced by that parking's (payload, agent,
@@ -176,9 +178,12 @@ if mkey ~= "" then
   if kinds[HC] ~= "none" then
     f = redis.call("HMGET", HC, "st", "exp", "sid", "fp", "np", "op", "pid:" .. id)
     local hexp = tonumber(f[2])
+    -- This very parking landed in the record before (its reply lost, sent again):
+    -- nothing changes, whatever became of the record since. Settled meanwhile
+    -- (the operation since succeeded, or was replayed or abandoned), a parking
+    -- sent again late must not park the operation anew.
+    if f[7] then return {"exists", f[3] or "", cand, f[7] == "c" and 1 or 0} end
     if cur == cand and f[1] == "pending" and hexp and hexp > now and (f[4] or "") == fpr then
-      local mine = f[7]
-      if mine then return {"exists", f[3], cand, mine == "c" and 1 or 0} end
       merge_into, fill = true, f[5] and f[3] and not nopay
     end
   elseif cur ~= cand then

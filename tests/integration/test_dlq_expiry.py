@@ -241,6 +241,43 @@ def test_a_parking_sent_again_after_a_lost_reply_counts_its_operation_once(
     layer.close()
 
 
+def test_a_parking_sent_again_late_after_the_operation_succeeded_parks_nothing(
+    store: durabilis.Store,
+) -> None:
+    """Found by this stop's third review (the simulator with faults in the
+    keep-alive, seed 2777): a park step that landed but lost its reply is sent
+    again later (its record step's retry, or the keep-alive). Meanwhile the
+    released claim was taken by a redelivery, which succeeded and settled the
+    DLQ record. The late parking made a new pending record of the completed
+    operation, which a replay ran again. Now it finds its own parking in the
+    settled record ("exists") and writes nothing."""
+    sent: list[tuple[Any, Any]] = []
+    run_step = store.run_step
+
+    def spy(calls: Any, gates: Any = None, waves: Any = None) -> Any:
+        if any(c.name == "dlq_enqueue" for c in calls):
+            sent.append((list(calls), gates))
+        return run_step(calls, gates, waves)
+
+    store.run_step = spy  # type: ignore[method-assign]
+    layer = DurabilityLayer(store, fast_config(breaker=CircuitBreakerConfig(
+        "svc", 1.0, 4, 1, 1, 10, 1)))
+
+    def down(_ctx: Any) -> Any:
+        raise OperationError("NETWORK_TIMEOUT", "down")
+
+    with instant_retries(), pytest.raises(durabilis.RetryExhausted) as parked:
+        layer.execute("agent-1", "job", {"n": 7}, down)
+    (calls, gates), = sent
+    assert layer.execute("agent-1", "job", {"n": 7}, lambda _ctx: "done") == "done"
+    record = layer.dlq.get(str(parked.value.dlq_id))
+    assert record is not None and record.status is DlqStatus.REPLAYED  # settled by it
+    again = run_step(calls, gates)  # the late parking
+    assert again[0][0] == b"exists"
+    assert layer.dlq.stats().pending == 0  # (before: a new pending record)
+    layer.close()
+
+
 # --- adversarial review 31 (F2, F4, F5, F6) -----------------------------------------------
 
 NEVER_TRIPS = CircuitBreakerConfig("svc", 1.0, 4, 1, 1, 10, 1)

@@ -382,3 +382,19 @@ def test_an_unfused_deferred_outcome_with_no_call_left_is_settled() -> None:
     with capture_logs(), pytest.raises(StopIteration):
         plan.send(["ok"] * len(batch.calls))
     assert leases.deferred() == [] and not leases.busy()
+
+
+def test_an_interruption_between_rounds_keeps_what_the_earlier_rounds_landed() -> None:
+    """Found by the third review of this stop: a cancellation during a round
+    left the lease book as the tick found it, and the next tick sent again
+    the calls earlier rounds had landed (an enqueue, a release)."""
+    leases = LeaseBook()
+    one = deferred_step(leases, "a", "na", 3)
+    two = deferred_step(leases, "b", "nb", 2)
+    plan = core(fuses=False).keep_alive_plan(leases)
+    next(plan)
+    assert plan.send([[1], [1], 1]).calls == [one[0], two[0]]
+    assert plan.send(["ok", "ok"]).calls == [one[1], two[1]]
+    with pytest.raises(asyncio.CancelledError):
+        plan.throw(asyncio.CancelledError())
+    assert [d.step.calls for d in leases.deferred()] == [one[1:], two[1:]]

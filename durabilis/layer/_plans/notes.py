@@ -245,28 +245,40 @@ class _Notes(_Requests):
             except DurabilisError as exc:  # (each failed call's own error, if known)
                 outcomes = exc.partial if exc.partial is not None else [exc] * len(calls)
                 told = exc.partial.status if exc.partial is not None else "?" * len(calls)
-            after = []
-            for (item, replies, status), out, did in zip(going, outcomes, told, strict=True):
-                if did != "c":  # (what it sent before stays sent; this one again)
-                    error = out if isinstance(out, DurabilisError) else _lost(item)
-                    self.deferred_failed(leases, leases.rest(item, len(replies)), error)
-                    continue
-                gates = item.step.gates
-                refused = bool(gates and len(replies) in gates and gates[len(replies)](out))
-                replies.append(out)
-                status.append("r" if refused else "c")
-                if refused or len(replies) == len(item.step.calls):
-                    unsent = len(item.step.calls) - len(replies)  # (after a refusal)
-                    self.deferred_sent(leases, item, Replies(
-                        [*replies, *[None] * unsent], "".join(status) + "n" * unsent
-                    ))
-                else:
-                    after.append((item, replies, status))
-            going = after
+            except BaseException:  # interrupted: what earlier rounds landed stays sent
+                for item, replies, _ in going:
+                    leases.rest(item, len(replies))
+                raise
+            going = self._round_done(leases, going, outcomes, told)
             if self.clock() - began > self.config.renew_interval / 2:
                 for item, replies, _ in going:  # the rest at the next tick
                     leases.rest(item, len(replies))
                 return
+
+    def _round_done(
+        self, leases: LeaseBook, going: list[tuple[Deferred, list[Any], list[str]]],
+        outcomes: Sequence[Any], told: str,
+    ) -> list[tuple[Deferred, list[Any], list[str]]]:
+        """One round's replies taken (:meth:`_deferred_together`): the steps that
+        failed or ended are handed back to the lease book; those still going."""
+        after = []
+        for (item, replies, status), out, did in zip(going, outcomes, told, strict=True):
+            if did != "c":  # (what it sent before stays sent; this one again)
+                error = out if isinstance(out, DurabilisError) else _lost(item)
+                self.deferred_failed(leases, leases.rest(item, len(replies)), error)
+                continue
+            gates = item.step.gates
+            refused = bool(gates and len(replies) in gates and gates[len(replies)](out))
+            replies.append(out)
+            status.append("r" if refused else "c")
+            if refused or len(replies) == len(item.step.calls):
+                unsent = len(item.step.calls) - len(replies)  # (after a refusal)
+                self.deferred_sent(leases, item, Replies(
+                    [*replies, *[None] * unsent], "".join(status) + "n" * unsent
+                ))
+            else:
+                after.append((item, replies, status))
+        return after
 
     def renew_calls(self, held: Sequence[tuple[str, str, str]]) -> list[ScriptCall]:
         """The keep-alive's calls for the claims held (key, nonce, member): their leases
