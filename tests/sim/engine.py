@@ -44,6 +44,14 @@ so that a run without them is the run it was before them):
   (a content key under each secret is one operation); at the end every record
   still parked is replayed once without faults, so that a record parked under
   one key of an operation completed under another must be settled;
+- **outcomes left to the keep-alive**: a record or park step that fails once
+  is handed to the process's keep-alive at once (an ``OutcomeUnrecorded``
+  for its caller, as after a whole lease without Redis), and while the run
+  has faults the keep-alive's own steps get them too: a step failing midway
+  (its first calls applied, the failing one applied or not, its reply
+  lost), a fused step's reply lost (applied or not), a round of
+  side-by-side steps losing some calls' replies. The checks above must hold
+  once the survivors' keep-alives have sent what was left;
 - **budget settings that differ between replicas**: a ``RetryBudget`` per
   replica (its own window, ratio and minimum), changed mid-run by a restart.
   Every budget script applied is logged with its server time (bracketed by
@@ -95,6 +103,7 @@ from durabilis._keys import bucket_tag
 from durabilis._scripts import Replies, ScriptCall, unfuse
 from durabilis._steps import (
     IO,
+    Batch,
     Command,
     Defer,
     Hold,
@@ -226,6 +235,7 @@ class Knobs:
     fork: bool = False  # a worker forks mid-run; the child takes part, the parent may die
     rotation: bool = False  # content keys under a key secret rotated mid-run (rolling)
     budgets: bool = False  # a retry budget whose setting differs between replicas
+    keepalive: bool = False  # outcomes left to the keep-alive at once, its steps faulted
 
 
 class Simulation:
@@ -254,6 +264,9 @@ class Simulation:
         self.knobs.fork = x.random() < 0.2
         self.knobs.rotation = self.knobs.dedup and x.random() < 0.2
         self.knobs.budgets = x.random() < 0.2
+        # (its own stream too: drawn from x, it would change the seams above)
+        self.krng = random.Random(f"keepalive-{seed}")
+        self.knobs.keepalive = self.krng.random() < 0.2
         # Rotation: every replica starts on (S1, previous S2) (the runbook's step 1
         # done); at rotate_at some switch to (S2, previous S1), at rotate_all_at
         # the rest (step 2, a rolling deploy). Names not listed follow the fleet.
@@ -352,6 +365,9 @@ class Simulation:
         layer = DurabilityLayer(self.store, self._config_for(name), replica_id=name)
         layer._core.clock = lambda: self.now
         layer._core.on_wait = None  # (its keep-alive is simulated: _flush at its ticks)
+        if self.knobs.keepalive:  # a record or park step that fails once is deferred
+            layer._core._lease_s = 0.0
+            layer._core._late_tries = 1
         self._tally(layer)
         return layer
 
@@ -684,13 +700,88 @@ class Simulation:
                     deferred = a.leases.deferred()  # outcomes the keep-alive still sends
                     self._not_the_parents(a, "records", [item.item[1] for item in deferred])
                     # The layer's own keep-alive plan (what both twins drive).
-                    drive(a.layer._core.keep_alive_plan(a.leases), self.store)
-                    if a.leases.deferred():  # (no fault is injected here: each one lands)
-                        raise AssertionError("a deferred outcome was not sent by the keep-alive")
+                    plan = a.layer._core.keep_alive_plan(a.leases)
+                    if self.knobs.keepalive and self.faults:
+                        self._keep_alive_faulted(plan)
+                    else:
+                        drive(plan, self.store)
+                        if a.leases.deferred():  # (no fault here: each one lands)
+                            raise AssertionError(
+                                "a deferred outcome was not sent by the keep-alive"
+                            )
                     for _ in deferred:
                         self.log(f"{a.name} keep-alive records a deferred outcome")
                     self._flush(a)
         self.log(f"time -> {self.now:.3f}")
+
+    def _keep_alive_faulted(self, plan: Any) -> None:
+        """A keep-alive tick whose deferred outcomes' steps may fail (the seam
+        "outcomes left to the keep-alive"); its renewals and notes run clean."""
+        rng, store = self.krng, self.store
+        try:
+            step = next(plan)
+            while True:
+                renewal = type(step) is Batch and any(
+                    c.name == "idem_renew" or (c.name == "layer_note" and c.args[0] in (
+                        "renew", "back")) for c in step.calls
+                )
+                if renewal or rng.random() >= 0.5:
+                    try:
+                        reply = (store.run_step(step.calls, step.gates, step.waves)
+                                 if type(step) is IO else store.run_many(step.calls))
+                    except DurabilisError as exc:
+                        step = plan.throw(exc)
+                        continue
+                    step = plan.send(reply)
+                    continue
+                failed = self._deferred_fault(step)
+                if isinstance(failed, Replies):
+                    step = plan.send(failed)
+                else:
+                    self.log(f"keep-alive fault: {failed}")
+                    step = plan.throw(failed)
+        except StopIteration:
+            return
+
+    def _deferred_fault(self, step: Any) -> DurabilisError | Replies:
+        """A fault in a deferred outcome's step (see :meth:`_keep_alive_faulted`);
+        the replies themselves when its calls happen to end it first."""
+        rng, store, calls = self.krng, self.store, list(step.calls)
+        if type(step) is IO and (store.fuses or len(calls) == 1):
+            if rng.random() < 0.5:  # applied, its reply lost; else not applied
+                store.run_step(calls, step.gates, step.waves)
+            failed = StorageUnavailable("sim: a deferred step's reply lost")
+            failed.partial = Replies([None] * len(calls), "?" * len(calls))
+            return failed
+        if type(step) is IO:  # one by one: its first k calls applied, the next lost
+            k = rng.randrange(len(calls))
+            replies, status = [None] * len(calls), ["n"] * len(calls)
+            for i in range(k):
+                replies[i] = store.run(calls[i])
+                refused = bool(step.gates and i in step.gates and step.gates[i](replies[i]))
+                status[i] = "r" if refused else "c"
+                if refused:
+                    return Replies(replies, "".join(status))
+            if rng.random() < 0.5:
+                store.run(calls[k])
+            status[k] = "?"
+            failed = StorageUnavailable(f"sim: a deferred step failed at call {k}")
+            failed.partial = Replies(replies, "".join(status))
+            return failed
+        # A round of side-by-side steps (a Batch): each call applied or not, some lost.
+        outs: list[Any] = []
+        for call in calls:
+            applied = rng.random() < 0.6
+            reply = store.run(call) if applied else None
+            outs.append(reply if applied and rng.random() < 0.6
+                        else StorageUnavailable("sim: lost in a round"))
+        lost = [o for o in outs if isinstance(o, DurabilisError)]
+        if not lost:
+            return Replies(outs, "c" * len(outs))
+        lost[0].partial = Replies(
+            outs, "".join("?" if isinstance(o, DurabilisError) else "c" for o in outs)
+        )
+        return lost[0]
 
     def _flush(self, actor: Actor) -> None:
         """What the keep-alive's tick (or stats(), close()) sends of the counts and
@@ -1157,7 +1248,8 @@ class Simulation:
                 # StorageUnavailable means "nothing ran": once fn ran, the caller
                 # gets its outcome, RetryExhausted (parked) or OutcomeUnrecorded.
                 out.append(f"{sub.actor} {sub.label}: StorageUnavailable after fn ran")
-            if isinstance(sub.error, durabilis.OutcomeUnrecorded) and not sub.stalled:
+            if (isinstance(sub.error, durabilis.OutcomeUnrecorded) and not sub.stalled
+                    and not self.knobs.keepalive):  # (that seam defers at the first failure)
                 # Faults here last one step; a lease outlasts them by far.
                 out.append(f"{sub.actor} {sub.label}: gave up recording its outcome "
                            "while Redis answered")

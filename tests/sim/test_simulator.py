@@ -18,7 +18,9 @@ redis-server, with faults injected at every step boundary, then checked:
 - the seams (see the engine's docstring): a forked child never acts on its
   parent's claims or counts; under a key secret rotation the checks above hold
   per logical operation (its key under each secret); the fleet never grants
-  more retries than the strictest retry budget setting in use allows.
+  more retries than the strictest retry budget setting in use allows; the
+  checks above hold when outcomes are left to the keep-alive at once and its
+  own steps fail too.
 
 ``--sim-seeds N`` runs N seeds (default 2000, about 2 minutes), split in
 ``PARTS`` tests of consecutive seeds (so pytest-xdist spreads them over its

@@ -286,6 +286,7 @@ class _Base:
         self._previous_secrets = config.idempotency.content_key_previous_secrets
         self._lease_s = float(config.idempotency.in_progress_ttl_seconds)
         self._lease_ms = max(1, int(self._lease_s * 1000))
+        self._late_tries = _LATE_TRIES  # (the simulator defers outcomes sooner)
         # (agent_id, operation_type) -> the content key's checked, escaped head
         self._known: dict[tuple[str, str], str] = {}
         # Duplicates answered on standalone are counted here and carried by a

@@ -86,7 +86,7 @@ class _Records(_Notes):
                 if retry_until is None:
                     retry_until = now + self._lease_s
                 late += now >= retry_until
-                if late >= _LATE_TRIES:
+                if late >= self._late_tries:
                     names = [n for n in order if n in pending]
                     raise _Unsent(exc, [pending[n] for n in names], {
                         i: gates[n] for i, n in enumerate(names) if n in gates
