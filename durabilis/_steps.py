@@ -42,7 +42,7 @@ import contextvars
 import inspect
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -157,21 +157,14 @@ class LeaseBook:
         its calls from now on (its gates renumbered; its time and claim kept).
         Returns what stands for it now (``deferred`` itself if nothing changed,
         or it is not waiting any more)."""
+        step = deferred.step
         if done <= 0:
             return deferred
-        return self.keep(deferred, range(done, len(deferred.step.calls)))
-
-    def keep(self, deferred: Deferred, calls: Iterable[int]) -> Deferred:
-        """A deferred outcome is those of its calls from now on (in their order,
-        their gates renumbered; its time and claim kept). Returns what stands for
-        it now (``deferred`` itself if it is not waiting any more)."""
-        step = deferred.step
-        kept = list(calls)
         gates = None if step.gates is None else {
-            new: step.gates[old] for new, old in enumerate(kept) if old in step.gates
+            i - done: gate for i, gate in step.gates.items() if i >= done
         }
         rest = Deferred(
-            Defer(step.key, step.nonce, step.member, [step.calls[i] for i in kept], gates,
+            Defer(step.key, step.nonce, step.member, list(step.calls[done:]), gates,
                   step.seconds),
             deferred.until, deferred.item,
         )

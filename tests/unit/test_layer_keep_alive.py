@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import threading
 from dataclasses import dataclass
-from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -399,46 +398,3 @@ def test_an_interruption_between_rounds_keeps_what_the_earlier_rounds_landed() -
     with pytest.raises(asyncio.CancelledError):
         plan.throw(asyncio.CancelledError())
     assert [d.step.calls for d in leases.deferred()] == [one[1:], two[1:]]
-
-
-def park_step(leases: LeaseBook, key: str, nonce: str, *, claimed: bool = True) -> list[ScriptCall]:
-    """A deferred parking: its enqueue, its claim's release (or, parked before any
-    claim, a tombstone), its index note."""
-    calls = [
-        ScriptCall("dlq_enqueue", ["ka:dlq:{dlq}:stream"], [nonce]),
-        ScriptCall("idem_release" if claimed else "idem_tombstone", [f"ka:idem:{{{key}}}"],
-                   [nonce]),
-        ScriptCall("layer_note", ["ka:layer:{layer}:inflight"], ["rem"]),
-    ]
-    leases.defer(Defer(key, nonce, "", calls, {0: lambda r: r == "miss"}, 60.0))
-    return calls
-
-
-@pytest.mark.parametrize("fuses", [True, False])
-def test_a_deferred_parking_whose_claim_is_not_ours_any_more_is_not_parked_again(
-    fuses: bool,
-) -> None:
-    """Found by the fourth review of this stop: a parking that landed but lost
-    its reply was sent again late by the keep-alive; meanwhile its own release
-    had freed the claim, a redelivery had succeeded, settled the DLQ record,
-    and an operator purged it: the late enqueue parked the completed operation
-    anew, and a replay ran it again. A claim the renewal says is not ours any
-    more means the enqueue landed (it goes before the release) or another
-    owner took over: the rest of the step goes without it."""
-    leases = LeaseBook()
-    gone = park_step(leases, "gone", "n1")
-    mine = park_step(leases, "mine", "n2")
-    open_breaker = park_step(leases, "tomb", "n3", claimed=False)  # (no claim to renew)
-    plan = core(fuses=fuses).keep_alive_plan(leases)
-    renew = next(plan)
-    if fuses:
-        reply: list[Any] = [[0, 1, 0], 1]
-    else:
-        reply = [[0], [1], [0], 1]
-    assert len(renew.calls) == len(reply)
-    first = plan.send(reply)
-    if fuses:  # one step at a time: the first as it now stands
-        assert first == IO(gone[1:], {})
-        assert [d.step.calls for d in leases.deferred()] == [gone[1:], mine, open_breaker]
-    else:  # side by side: the first call of each
-        assert first.calls == [gone[1], mine[0], open_breaker[0]]

@@ -185,7 +185,6 @@ class _Notes(_Requests):
                                  error=f"{type(exc).__name__}: {exc}")
                     # What the others replied: those renewed still go back.
                     replies = exc.partial
-                self._parked_already(leases, self._not_held(held, replies))
                 if self.clock() - began > PUT_BACK_WITHIN_SECONDS:
                     replies = None  # (stale: the next tick's renewal puts them back)
                 if replies is not None and (back := self.reindex_calls(held, replies)):
@@ -280,40 +279,6 @@ class _Notes(_Requests):
             else:
                 after.append((item, replies, status))
         return after
-
-    def _not_held(
-        self, held: Sequence[tuple[str, str, str]], replies: Sequence[Any] | None
-    ) -> set[tuple[str, str]]:
-        """The claims (key, nonce) a renewal just said are not ours any more (its
-        reply a 0 for them: not an error, not unknown)."""
-        if not replies:
-            return set()
-        if self.fuses:  # one idem_renew for every key: a 1 or a 0 each
-            each = replies[0]
-            if type(each) is not list or len(each) != len(held):
-                return set()
-        else:
-            each = [r[0] if type(r) is list and r else None for r in replies[:len(held)]]
-        return {(k, n) for (k, n, _), r in zip(held, each, strict=False) if r == 0}
-
-    def _parked_already(self, leases: LeaseBook, lost: set[tuple[str, str]]) -> None:
-        """A deferred parking whose claim is not ours any more is not parked again.
-
-        Its step's enqueue goes before its release (in one script, or a wave
-        earlier), so a claim no longer held by its nonce was released by this
-        very step (its enqueue landed: its reply was lost), or taken over by a
-        worker or recovery (which record or park the operation themselves).
-        Sent again late, the enqueue would park the operation anew once its
-        record was settled and purged (or expired) meanwhile, and a replay would
-        run a completed operation again. The rest of the step still goes (its
-        release refused, its index note). A parking with no claim of its own (an
-        open breaker's: a tombstone, no release) is left as it is."""
-        if not lost:
-            return
-        for item in leases.deferred():
-            names = [c.name for c in item.step.calls]
-            if (item.item[0], item.item[1]) in lost and "idem_release" in names:
-                leases.keep(item, [i for i, n in enumerate(names) if n != "dlq_enqueue"])
 
     def renew_calls(self, held: Sequence[tuple[str, str, str]]) -> list[ScriptCall]:
         """The keep-alive's calls for the claims held (key, nonce, member): their leases
