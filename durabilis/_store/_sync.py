@@ -34,7 +34,7 @@ from durabilis._store._base import (
     wave_groups,
 )
 from durabilis._store._errors import map_error
-from durabilis._store._wave import ClusterWaves, _drain, _kept_reply
+from durabilis._store._wave import ClusterWaves, _kept_reply, _wait_out
 from durabilis.errors import (
     DurabilisError,
     StorageUnavailable,
@@ -259,8 +259,7 @@ class Store(ClusterWaves):
             left = 0
             return reply, acked
         except BaseException as exc:
-            if left and not isinstance(exc, Exception):  # interrupted: as _send
-                _drain(target, conn, left, None, release=False)
+            _wait_out(target, conn, left, exc)
             conn.disconnect()
             raise
         finally:
@@ -303,13 +302,7 @@ class Store(ClusterWaves):
         except redis.exceptions.ResponseError:
             raise
         except BaseException as exc:
-            if sent and not isinstance(exc, Exception):
-                # Interrupted (Ctrl-C, SystemExit) waiting for the reply: the
-                # script was written and runs. Its reply is waited for (one
-                # socket timeout at most, or another interruption) so that the
-                # plan's compensation on another connection, a claim's release,
-                # never overtakes it (the claim would then be held by nobody).
-                _drain(self.client, conn, 1, None, release=False)
+            _wait_out(self.client, conn, 1 if sent else 0, exc)
             conn.disconnect()
             raise
         finally:

@@ -54,6 +54,17 @@ def _drain(
     return True
 
 
+def _wait_out(target: Any, conn: Any, left: int, exc: BaseException) -> None:
+    """A send of one connection failed with ``exc`` while ``left`` of its replies
+    were unread: when that is an interruption (Ctrl-C, ``SystemExit``), the
+    scripts written still run, so their replies are waited for (one socket
+    timeout at most, or another interruption) before it goes on: the plan's
+    compensation on another connection (a claim's release) must never overtake
+    them (the claim would be held by nobody). The caller drops the connection."""
+    if left and not isinstance(exc, Exception):
+        _drain(target, conn, left, None, release=False)
+
+
 class _Lost:
     """A wave's call whose write timed out: it may run, its outcome is unknown."""
 

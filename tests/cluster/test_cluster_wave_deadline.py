@@ -37,7 +37,9 @@ pytestmark = pytest.mark.serial
 TIMEOUT = 0.5  # the store's socket timeout here
 
 
-def keys_on(store: durabilis.Store, raw: Any, port: int, n: int, other: bool = False) -> list[str]:
+def keys_on(
+    store: durabilis.Store | aio.Store, raw: Any, port: int, n: int, other: bool = False
+) -> list[str]:
     """``n`` idempotency keys whose record is on primary ``port`` (or, ``other``, not)."""
     out: list[str] = []
     i = 0
@@ -125,15 +127,8 @@ def test_an_interrupted_wave_waits_for_the_call_it_was_reading(
     store = durabilis.connect(cluster.url, namespace=namespace, socket_timeout=5)
     try:
         paused = sorted(cluster.topology()["primaries"])[0]
-        on, other = None, None
-        i = 0
-        while on is None or other is None:  # a key on the paused primary, one elsewhere
-            name = f"wave-{i}"
-            i += 1
-            if raw.get_node_from_key(store.keys.idem(name)).port == paused:
-                on = on or name
-            else:
-                other = other or name
+        # A key on the paused primary, one elsewhere.
+        [on], [other] = keys_on(store, raw, paused, 1), keys_on(store, raw, paused, 1, other=True)
         store.run_many([claim(store, f"{on}-warm"), claim(store, f"{other}-warm")])
         with cluster.node(paused) as node:
             node.execute_command("CLIENT", "PAUSE", PAUSE_MS, "WRITE")
@@ -156,15 +151,11 @@ def test_a_cancelled_async_step_waits_for_its_one_call_on_cluster(
     read in the caller's task, and redis-py dropped its connection at the
     cancellation: the plan's release could overtake the claim. Now it waits."""
     paused = sorted(cluster.topology()["primaries"])[0]
-    name = next(
-        f"one-{i}" for i in range(10_000)
-        if raw.get_node_from_key(f"{namespace}:idem:{{one-{i}}}").port == paused
-    )
 
     async def scenario() -> None:
         store = aio.connect(cluster.url, namespace=namespace, socket_timeout=5)
         try:
-            assert raw.get_node_from_key(store.keys.idem(name)).port == paused
+            [name] = keys_on(store, raw, paused, 1)
             await store.run_step([claim(store, f"{name}-warm")])
             with cluster.node(paused) as node:
                 node.execute_command("CLIENT", "PAUSE", PAUSE_MS, "WRITE")

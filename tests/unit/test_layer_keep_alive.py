@@ -40,6 +40,14 @@ def core(*, fuses: bool) -> _LayerCore:
     )
 
 
+def clocked(*, fuses: bool) -> tuple[_LayerCore, list[float]]:
+    """A core whose clock reads ``now[0]`` (the test moves it)."""
+    now = [0.0]
+    ka = core(fuses=fuses)
+    ka.clock = lambda: now[0]
+    return ka, now
+
+
 def book(*claims: tuple[str, str, str]) -> LeaseBook:
     leases = LeaseBook()
     for key, nonce, member in claims:
@@ -226,9 +234,7 @@ def test_deferred_outcomes_go_while_the_tick_has_time_the_next_tick_starts_after
     """A node that hangs costs each of its deferred outcomes a socket timeout: the
     tick sends them for half a renew_interval at most (the next renewal waits for
     the tick), and the next tick starts with the ones this one did not reach."""
-    now = [0.0]
-    ka = core(fuses=True)
-    ka.clock = lambda: now[0]
+    ka, now = clocked(fuses=True)
     half = ka.config.renew_interval / 2
     leases = LeaseBook()
     calls = [deferred(leases, f"k{i}", f"n{i}") for i in range(3)]
@@ -246,9 +252,7 @@ def test_deferred_outcomes_go_while_the_tick_has_time_the_next_tick_starts_after
 def test_renewals_that_took_long_leave_the_deferred_outcomes_their_own_time() -> None:
     """Found by a review: renewals waiting on a node that hangs used the tick's
     whole budget, and an outcome whose node is healthy waited out the hang."""
-    now = [0.0]
-    ka = core(fuses=True)
-    ka.clock = lambda: now[0]
+    ka, now = clocked(fuses=True)
     leases = LeaseBook()
     first, second = deferred(leases, "k0", "n0"), deferred(leases, "k1", "n1")
     plan = ka.keep_alive_plan(leases)
@@ -273,9 +277,7 @@ def test_unfused_deferred_outcomes_go_side_by_side_one_hung_node_costs_one_round
     the next call of every step at once (one Batch: one wave's time for the
     hung node, however many of its outcomes), each step on to its next call
     once this one replied."""
-    now = [0.0]
-    ka = core(fuses=False)
-    ka.clock = lambda: now[0]
+    ka, now = clocked(fuses=False)
     leases = LeaseBook()
     hung = [deferred_step(leases, f"h{i}", f"nh{i}", 2) for i in range(3)]
     healthy = deferred_step(leases, "ok", "nok", 2)
@@ -300,9 +302,7 @@ def test_unfused_deferred_outcomes_go_side_by_side_one_hung_node_costs_one_round
 
 def test_unfused_deferred_rounds_abandon_only_the_corrupt_one_and_stop_when_time_is_up(
 ) -> None:
-    now = [0.0]
-    ka = core(fuses=False)
-    ka.clock = lambda: now[0]
+    ka, now = clocked(fuses=False)
     leases = LeaseBook()
     corrupt = deferred_step(leases, "bad", "nb", 1)
     slow = deferred_step(leases, "slow", "ns", 2)
@@ -330,9 +330,7 @@ def test_unfused_deferred_rounds_keep_what_landed_so_a_hung_node_never_stalls_th
     call at each tick: its release was never sent (the claim held for the
     outcome's whole time), a landed breaker report counted again every tick.
     Now what landed stays sent: the step moves by a call a tick at least."""
-    now = [0.0]
-    ka = core(fuses=False)
-    ka.clock = lambda: now[0]
+    ka, now = clocked(fuses=False)
     leases = LeaseBook()
     hung = deferred_step(leases, "h", "nh", 2)
     healthy = deferred_step(leases, "ok", "nok", 3)
