@@ -154,11 +154,12 @@ class LeaseBook:
 
     def rest(self, deferred: Deferred, done: int) -> Deferred:
         """The first ``done`` calls of a deferred outcome landed: it is the rest of
-        its calls from now on (its gates renumbered; its time and claim kept).
+        its calls from now on (its gates renumbered; its time and claim kept; a
+        guard that landed without its call stays in front of it).
         Returns what stands for it now (``deferred`` itself if nothing changed,
         or it is not waiting any more)."""
         step = deferred.step
-        if done <= 0:
+        if done <= 0 or (step.guarded and done == 1):  # (a guard goes with its call)
             return deferred
         gates = None if step.gates is None else {
             i - done: gate for i, gate in step.gates.items() if i >= done

@@ -113,7 +113,9 @@ class Defer:
 
     The keep-alive keeps renewing the claim (by its nonce) and sending
     ``calls`` until they land or ``seconds`` have passed, after the plan
-    itself has returned (``OutcomeUnrecorded``).
+    itself has returned (``OutcomeUnrecorded``). ``guarded``: ``calls[0]`` is
+    a read-only guard of ``calls[1]`` (a parking's, see ``idem_check``): it
+    goes again in front of every send of that call, even once it landed.
     """
 
     key: str
@@ -122,6 +124,7 @@ class Defer:
     calls: Sequence[ScriptCall]
     gates: Gates | None
     seconds: float
+    guarded: bool = False
 
 
 def shielded(step: Any) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import threading
 import time
 from collections.abc import Callable, MutableMapping
 from typing import Any
@@ -241,16 +242,22 @@ def test_a_parking_sent_again_after_a_lost_reply_counts_its_operation_once(
     layer.close()
 
 
+@pytest.mark.parametrize("then", ["settled", "purged"])
 def test_a_parking_sent_again_late_after_the_operation_succeeded_parks_nothing(
-    store: durabilis.Store,
+    store: durabilis.Store, then: str,
 ) -> None:
-    """Found by this stop's third review (the simulator with faults in the
+    """Found by the third review of stop 39 (the simulator with faults in the
     keep-alive, seed 2777): a park step that landed but lost its reply is sent
     again later (its record step's retry, or the keep-alive). Meanwhile the
     released claim was taken by a redelivery, which succeeded and settled the
     DLQ record. The late parking made a new pending record of the completed
-    operation, which a replay ran again. Now it finds its own parking in the
-    settled record ("exists") and writes nothing."""
+    operation, which a replay ran again once the dedup window had passed.
+
+    ``settled``: the record still there, the enqueue alone finds its own
+    parking in it ("exists"). ``purged`` (the fourth review): an operator
+    purged the replayed record meanwhile, and the enqueue alone parked anew
+    (a new pending record). Both are now met first by the parking's guard,
+    which finds the operation completed: nothing of the step is written."""
     sent: list[tuple[Any, Any]] = []
     run_step = store.run_step
 
@@ -269,13 +276,119 @@ def test_a_parking_sent_again_late_after_the_operation_succeeded_parks_nothing(
     with instant_retries(), pytest.raises(durabilis.RetryExhausted) as parked:
         layer.execute("agent-1", "job", {"n": 7}, down)
     (calls, gates), = sent
+    assert [c.name for c in calls[:2]] == ["idem_check", "dlq_enqueue"]
     assert layer.execute("agent-1", "job", {"n": 7}, lambda _ctx: "done") == "done"
-    record = layer.dlq.get(str(parked.value.dlq_id))
+    dlq_id = str(parked.value.dlq_id)
+    record = layer.dlq.get(dlq_id)
     assert record is not None and record.status is DlqStatus.REPLAYED  # settled by it
-    again = run_step(calls, gates)  # the late parking
-    assert again[0][0] == b"exists"
-    assert layer.dlq.stats().pending == 0  # (before: a new pending record)
+    if then == "purged":
+        assert layer.dlq.purge([dlq_id], status="replayed") == {dlq_id: "purged"}
+    else:  # (the enqueue alone: the record's own check, without the guard)
+        alone = run_step(calls[1:], {i - 1: g for i, g in gates.items() if i})
+        assert alone[0][0] == b"exists"
+    again = run_step(calls, gates)  # the late parking, as the keep-alive sends it
+    assert again.status[0] == "r" and again[0] == [b"done"]
+    assert "c" not in again.status  # (nothing of the step written)
+    assert layer.dlq.stats().pending == 0  # (before, purged: a new pending record)
     layer.close()
+
+
+def test_a_parkings_guard_refuses_on_a_completed_record_or_without_a_claim_a_live_one(
+    store: durabilis.Store,
+) -> None:
+    """The guard refuses on a completed record; a parking without a claim of
+    its own (its breaker open before it claimed) also while another delivery
+    holds a live claim. No record (a claim that expired), a claim whose lease
+    ended, a tombstone or foreign data let the parking go (the reverted guard
+    of stop 39 dropped such parkings and lost operations)."""
+    layer = DurabilityLayer(store, fast_config())
+    key = IdempotencyKey.from_raw("guarded-key")
+    (rkey,) = layer._core._idem.parking_guard(key, claimed=True).keys
+    now_ms = int(time.time() * 1000)
+    states: dict[str, list[Any]] = {
+        "none": [],
+        "live claim": ["HSET", rkey, "s", "p", "le", now_ms + 60_000],
+        "ended claim": ["HSET", rkey, "s", "p", "le", now_ms - 1_000],
+        "tombstone": ["HSET", rkey, "s", "x"],
+        "foreign": ["SET", rkey, "foreign"],
+        "completed": ["HSET", rkey, "s", "d"],
+    }
+    answers = {}
+    for state, setup in states.items():
+        store.command("DEL", rkey)
+        if setup:
+            store.command(*setup)
+        answers[state] = tuple(
+            store.run(layer._core._idem.parking_guard(key, claimed=claimed))[0].decode()
+            for claimed in (True, False)
+        )
+    store.command("DEL", rkey)
+    assert answers == {  # (with a claim, without)
+        "none": ("open", "open"), "live claim": ("open", "held"),
+        "ended claim": ("open", "open"), "tombstone": ("open", "open"),
+        "foreign": ("open", "open"), "completed": ("done", "done"),
+    }
+    layer.close()
+
+
+@pytest.mark.parametrize("other", ["holds", "completed"])
+def test_a_parking_without_a_claim_gives_way_to_another_delivery_of_its_operation(
+    store: durabilis.Store, redis_url: str, namespace: str, other: str,
+) -> None:
+    """Found by the simulator (seed 9676, beyond the default 2,000): a delivery
+    whose claim step the open breaker refused (standalone: the fused step wrote
+    nothing, no claim) parks the operation (``park_on_open``). Another delivery
+    claimed the key in between, ran it and succeeded: its success did not
+    settle a record parked behind its back, and the completed operation stayed
+    pending, for a replay to run again once the dedup window had passed. Now
+    the parking's guard gives way (nothing written) and the call claims again:
+    a duplicate's answer (in progress; or the stored result)."""
+    if not store.fuses:
+        pytest.skip("on Cluster the claim lands before the breaker refuses: the parking "
+                    "holds a claim of its own, so no other delivery can claim in between")
+    layer = DurabilityLayer(store, fast_config())
+    layer.breakers.force_open("svc")
+    other_store = durabilis.connect(redis_url, namespace=namespace)
+    theirs = DurabilityLayer(other_store, fast_config(dependencies={}))  # (no breaker)
+    running, finish = threading.Event(), threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def run(_ctx: Any) -> str:
+        running.set()
+        if other == "holds":
+            finish.wait(10)
+        return "theirs"
+
+    def deliver() -> None:
+        outcome["other"] = theirs.execute("agent-1", "job", {"n": 9}, run)
+
+    run_step = store.run_step
+    delivery = threading.Thread(target=deliver)
+
+    def spy(calls: Any, gates: Any = None, waves: Any = None) -> Any:
+        if any(c.name == "dlq_enqueue" for c in calls) and not delivery.is_alive():
+            delivery.start()  # (the other delivery claims between the two steps)
+            assert running.wait(10)
+            if other == "completed":
+                delivery.join(10)
+        return run_step(calls, gates, waves)
+
+    store.run_step = spy  # type: ignore[method-assign]
+    try:
+        if other == "holds":
+            with pytest.raises(durabilis.OperationInProgress):
+                layer.execute("agent-1", "job", {"n": 9}, run, park_on_open=True)
+            finish.set()
+            delivery.join(10)
+        else:
+            assert layer.execute("agent-1", "job", {"n": 9}, run, park_on_open=True) == "theirs"
+        assert outcome == {"other": "theirs"}
+        assert layer.dlq.stats().pending == 0  # (before: parked, and left pending)
+    finally:
+        finish.set()
+        layer.close()
+        theirs.close()
+        other_store.close()
 
 
 # --- adversarial review 31 (F2, F4, F5, F6) -----------------------------------------------

@@ -117,7 +117,7 @@ from durabilis._steps import (
 )
 from durabilis._store import _waves as _store_waves
 from durabilis.checkpoint import _RunPlan
-from durabilis.dlq import DlqConfig
+from durabilis.dlq import DlqConfig, DlqStatus
 from durabilis.layer import DurabilityConfig, DurabilityLayer, OperationContext, _plans
 from durabilis.layer._plans import base as _plans_base
 from durabilis.retry import RetryBudget
@@ -236,6 +236,7 @@ class Knobs:
     rotation: bool = False  # content keys under a key secret rotated mid-run (rolling)
     budgets: bool = False  # a retry budget whose setting differs between replicas
     keepalive: bool = False  # outcomes left to the keep-alive at once, its steps faulted
+    purge: bool = False  # an operator purges the replayed DLQ records now and then
 
 
 class Simulation:
@@ -267,6 +268,9 @@ class Simulation:
         # (its own stream too: drawn from x, it would change the seams above)
         self.krng = random.Random(f"keepalive-{seed}")
         self.knobs.keepalive = self.krng.random() < 0.2
+        self.prng = random.Random(f"purge-{seed}")  # (and its own, for the same reason)
+        self.purged: set[str] = set()  # the DLQ records the operator purged
+        self.knobs.purge = self.knobs.dedup and self.prng.random() < 0.2
         # Rotation: every replica starts on (S1, previous S2) (the runbook's step 1
         # done); at rotate_at some switch to (S2, previous S1), at rotate_all_at
         # the rest (step 2, a rolling deploy). Names not listed follow the fleet.
@@ -619,6 +623,8 @@ class Simulation:
             self.log(f"key secret rotation: {switched} switch to (S2, previous S1)")
         if not events:
             return
+        if self.knobs.purge and self.prng.random() < 0.05:
+            self._purge_replayed()
         if self.knobs.budgets and x.random() < 0.03:
             a = x.choice(self.actors)
             self.budget_of[a.name] = self._draw_budget()
@@ -629,6 +635,18 @@ class Simulation:
             holders = [a for a in parents if len(a.leases)]
             if holders or (parents and x.random() < 0.2):
                 self._fork(x.choice(holders or parents))
+
+    def _purge_replayed(self) -> None:
+        """An operator's housekeeping (``dlq purge --status replayed``): the settled
+        records go for good, so a parking sent late can no longer find itself in
+        its record (the parking's guard must hold: the fourth review of stop 39)."""
+        dlq = self.actors[0].layer.dlq
+        records, _ = dlq.list_all(limit=1000)
+        done = [r.dlq_id for r in records if r.status is DlqStatus.REPLAYED]
+        if done:
+            out = dlq.purge(done, status="replayed")
+            self.purged.update(i for i, what in out.items() if what == "purged")
+            self.log(f"operator purges {len(done)} replayed DLQ records")
 
     def _restart(self, actor: Actor) -> None:
         """A replica redeployed with its new settings, between two plans: its old
@@ -1279,7 +1297,7 @@ class Simulation:
                     out.append(f"{sub.actor} got a result for {sub.key} but it is not recorded")
             error = sub.error
             if isinstance(error, durabilis.RetryExhausted) and error.dlq_id not in (
-                    None, *dlq_ids):
+                    None, *dlq_ids, *self.purged):  # (settled, then purged by the operator)
                 out.append(f"{sub.key}: RetryExhausted names {error.dlq_id}, not parked")
         out += [f"{key}: duplicates got different answers {sorted(seen)}"
                 for key, seen in answers.items() if len(seen) > 1]

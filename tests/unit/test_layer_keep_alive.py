@@ -396,3 +396,72 @@ def test_an_interruption_between_rounds_keeps_what_the_earlier_rounds_landed() -
     with pytest.raises(asyncio.CancelledError):
         plan.throw(asyncio.CancelledError())
     assert [d.step.calls for d in leases.deferred()] == [one[1:], two[1:]]
+
+
+def deferred_parking(leases: LeaseBook, key: str, nonce: str) -> list[ScriptCall]:
+    """A parking left to the keep-alive as the park plan leaves it: its guard
+    (idem_check mode "g", gated), the enqueue (gated on a miss), the release."""
+    calls = [
+        ScriptCall("idem_check", [f"ka:idem:{{{key}}}"], ["g"]),
+        ScriptCall("dlq_enqueue", [f"ka:dlq:{{dlq}}:rec:{key}"], [nonce]),
+        ScriptCall("idem_release", [f"ka:idem:{{{key}}}"], [nonce]),
+    ]
+    gates = {0: lambda r: r == [b"done"], 1: lambda r: r == [b"miss"]}
+    leases.defer(Defer(key, nonce, "", calls, gates, 60.0, guarded=True))
+    return calls
+
+
+def test_a_deferred_parkings_guard_goes_again_in_front_of_an_enqueue_that_did_not_land() -> None:
+    """The guard of a parking (it refuses once the operation completed) landed,
+    then the enqueue failed: the next tick sends the guard again before the
+    enqueue (a step cut short goes on from the call that failed, but a guard
+    read earlier says nothing of what happened since)."""
+    for fuses in (False, True):
+        ka = core(fuses=fuses)
+        leases = LeaseBook()
+        calls = deferred_parking(leases, "k", "n")
+        lost = StorageUnavailable("the enqueue's reply was lost")
+        lost.partial = Replies([[b"open"], None, None], "c?n")
+        plan = ka.keep_alive_plan(leases)
+        next(plan)  # the renewal
+        assert plan.send([[1], 1]) == IO(calls, leases.deferred()[0].step.gates)
+        with pytest.raises(StopIteration):
+            plan.throw(lost)
+        [item] = leases.deferred()
+        assert list(item.step.calls) == calls and item.step.guarded  # guard kept in front
+
+
+def test_unfused_rounds_keep_a_guard_in_front_of_its_enqueue() -> None:
+    ka = core(fuses=False)
+    leases = LeaseBook()
+    first, second = deferred_parking(leases, "a", "na"), deferred_parking(leases, "b", "nb")
+    plan = ka.keep_alive_plan(leases)
+    renew = next(plan)
+    guards = plan.send([[1]] * (len(renew.calls) - 1) + [1])
+    assert type(guards) is Batch and guards.calls == [first[0], second[0]]
+    enqueues = plan.send([[b"open"], [b"open"]])
+    assert type(enqueues) is Batch and enqueues.calls == [first[1], second[1]]
+    lost = StorageUnavailable("one node did not answer")
+    lost.partial = Replies([lost, [b"ok"]], "?c")
+    releases = plan.throw(lost)
+    assert type(releases) is Batch and releases.calls == [second[2]]
+    with pytest.raises(StopIteration):
+        plan.send([1])
+    [item] = leases.deferred()
+    assert list(item.step.calls) == first  # from its guard again, not from the enqueue
+
+
+def test_a_deferred_parking_whose_guard_finds_the_operation_completed_sends_nothing_more() -> None:
+    """A redelivery succeeded meanwhile (and the operator may have purged its
+    settled DLQ record): the guard refuses and the parking is dropped, with
+    its own event (not "recorded late")."""
+    ka = core(fuses=False)
+    leases = LeaseBook()
+    calls = deferred_parking(leases, "k", "n")
+    plan = ka.keep_alive_plan(leases)
+    next(plan)
+    assert plan.send([[1], 1]) == IO(calls, leases.deferred()[0].step.gates)
+    with capture_logs() as logs, pytest.raises(StopIteration):
+        plan.send(Replies([[b"done"], None, None], "rnn"))
+    assert leases.deferred() == []
+    assert [e["event"] for e in logs] == ["durability_parking_dropped"]

@@ -220,6 +220,14 @@ class IdemOps:
         (see :meth:`decode_alias`), not ``{"none"}``."""
         return ScriptCall("idem_check", [self.keys.idem(key.value)], ["x"] if tombstones else [])
 
+    def parking_guard(self, key: IdempotencyKey, *, claimed: bool) -> ScriptCall:
+        """The ``idem_check`` guard of a parking: gated in front of its enqueue,
+        it refuses (nothing of the step written) once the operation's record is
+        completed (``{"done"}``) and, for a parking without a claim of its own
+        (not ``claimed``), while another holds a live claim (``{"held"}``);
+        anything else lets the parking go (``{"open"}``)."""
+        return ScriptCall("idem_check", [self.keys.idem(key.value)], ["g" if claimed else "G"])
+
     def decode_alias(
         self, key: IdempotencyKey, reply: Any
     ) -> Duplicate | Literal["released", "touched"] | None:

@@ -52,6 +52,7 @@ _STOPPED: tuple[type[BaseException], ...] = (DurabilisError, *INTERRUPTS)
 _CLAIM_AGAIN = object()
 _SETTLED_BY = "a later delivery"  # who finished a parked record its operation completed
 _GIVE_UP = object()
+_VOID = object()  # (a step's reply: the operation completed elsewhere, nothing of it goes)
 DUPLICATES_FLUSH_SECONDS = 1.0  # how long a duplicate's count may wait in its process
 # Cluster: the keep-alive puts back the entries it renewed only if its renewals
 # took at most this long: less than layer_note keeps an owner's removal marked
@@ -139,6 +140,12 @@ def _record_refused(reply: Any) -> bool:
 def _missed(reply: Any) -> bool:
     """An enqueue refused because the operation's record is another (see dlq_enqueue)."""
     return _tag(reply) == "miss"
+
+
+def _guard_refused(reply: Any) -> bool:
+    """A parking's guard refused: the operation's record is completed, or (a
+    parking without a claim) another holds a live claim (see idem_check)."""
+    return _tag(reply) in ("done", "held")
 
 
 def _not_released(reply: Any) -> bool:
@@ -319,14 +326,23 @@ class _Base:
             self._unsure = []
 
 
+class _ClaimAgain(Exception):
+    """A parking its guard dropped (the operation completed elsewhere, or another
+    delivery holds it): the call claims again and gets a duplicate's answer."""
+
+
 class _Unsent(Exception):
     """A step that could not be sent within the lease: what was left of it."""
 
-    def __init__(self, cause: DurabilisError, calls: list[ScriptCall], gates: Any) -> None:
+    def __init__(
+        self, cause: DurabilisError, calls: list[ScriptCall], gates: Any, *,
+        guarded: bool = False,
+    ) -> None:
         super().__init__(str(cause))
         self.cause = cause
         self.calls = calls
         self.gates = gates
+        self.guarded = guarded  # calls[0] is the guard of calls[1] (see Defer)
 
 
 def _settle(
@@ -338,6 +354,9 @@ def _settle(
         pending[name] = out
         return
     pending.pop(name, None)
+    if out is _VOID:
+        pending.clear()
+        return
     if out is _GIVE_UP:  # the claim is not ours any more: write nothing of it
         for other in (*gates, "note", *(n for n in list(pending) if n.startswith("settle"))):
             pending.pop(other, None)

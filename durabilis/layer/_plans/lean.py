@@ -19,6 +19,7 @@ from durabilis.layer._plans.base import (
     _breaker_refused,
     _Claim,
     _claim_refused,
+    _ClaimAgain,
     _log,
     _record_refused,
     _Request,
@@ -56,12 +57,19 @@ class _LeanPath(_Claims):
     def _execute_plan(self, req: _Request, fn: Callable[[OperationContext], Any]) -> Plan[Any]:
         wait_until = None if req.wait is None else self.clock() + req.wait
         policy = self._retry.get_policy(req.operation_type)
+        # (_ClaimAgain: a parking its guard dropped, see _Parking._park)
         if self._lean(req, policy):
-            outcome = yield from self._lean_plan(req, fn, policy, wait_until)
+            try:
+                outcome = yield from self._lean_plan(req, fn, policy, wait_until)
+            except _ClaimAgain:
+                outcome = _CLAIM_AGAIN
             if outcome is not _CLAIM_AGAIN:
                 return outcome
         while True:
-            outcome = yield from self._claim_and_run(req, fn, wait_until)
+            try:
+                outcome = yield from self._claim_and_run(req, fn, wait_until)
+            except _ClaimAgain:
+                continue
             if outcome is not _CLAIM_AGAIN:
                 return outcome
 

@@ -326,6 +326,10 @@ class _Notes(_Requests):
     def deferred_sent(self, leases: LeaseBook, item: Deferred, replies: Replies) -> None:
         """The keep-alive sent a deferred outcome: it landed (or the claim is gone)."""
         leases.settle(item)
+        if item.step.guarded and replies.status[:1] == "r":
+            _log.warning("durability_parking_dropped", idempotency_key=item.step.key,
+                         reason="the operation completed, or another delivery holds it")
+            return
         _log.warning(
             "durability_outcome_recorded_late", idempotency_key=item.step.key,
             status=replies.status,

@@ -12,7 +12,15 @@ from durabilis.core.steps import IO, Plan
 from durabilis.errors import CorruptData, DurabilisError, OutcomeUnrecorded, RetryExhausted
 from durabilis.events import error_text
 from durabilis.layer._config import WORKER_LOST
-from durabilis.layer._plans.base import _Claim, _log, _missed, _Request, _Unsent, dlq_id_for
+from durabilis.layer._plans.base import (
+    _Claim,
+    _ClaimAgain,
+    _log,
+    _missed,
+    _Request,
+    _Unsent,
+    dlq_id_for,
+)
 from durabilis.layer._plans.record import _Records
 from durabilis.retry import emit_retry_stop
 
@@ -159,13 +167,23 @@ class _Parking(_Records):
         if self._buckets and cl.token and self.config.idempotency.enabled:
             calls["birth"] = self._birth_gone(req.key.value, cl.nonce)
 
+        # A parking sent late (a lost reply, the keep-alive) of an operation that
+        # succeeded meanwhile must park nothing; nor one without a claim while
+        # another delivery holds the operation: a guard goes in front of it.
+        guard = None
+        if "enqueue" in calls and self.config.idempotency.enabled:
+            claimed = bool(cl.token or cl.member)
+            guard = (self._idem.parking_guard(req.key, claimed=claimed), "enqueue")
+        parked = False
+
         def on_reply(name: str, reply: Any) -> Any:
-            nonlocal dlq_id
+            nonlocal dlq_id, parked
             if name == "enqueue":
                 again = self._dlq.enqueue_again(calls["enqueue"], reply)
                 if again is not None:  # the operation's record is another: park there
                     calls["enqueue"] = again
                     return again
+                parked = True
                 made = self._dlq.decode_enqueue(calls["enqueue"], reply)
                 dlq_id = made.dlq_id
                 if made.new_record:  # an operation parked, not a re-parking
@@ -176,7 +194,7 @@ class _Parking(_Records):
             yield from self._persist(
                 req.key.value, calls, ("enqueue", "release", "note", "birth"),
                 {"enqueue": _missed} if "enqueue" in calls else {}, on_reply,
-                {"enqueue": 0, "release": 1, "note": 2, "birth": 2},
+                {"enqueue": 0, "release": 1, "note": 2, "birth": 2}, guard=guard,
             )
         except _Unsent as unsent:
             yield from self._defer(req, cl, unsent)
@@ -187,6 +205,8 @@ class _Parking(_Records):
                 operation_type=req.operation_type, error=f"{type(exc).__name__}: {exc}",
             )
             raise OutcomeUnrecorded(req.key.value, succeeded=False) from exc
+        if guard is not None and not parked:  # (the guard dropped it: see _ClaimAgain)
+            raise _ClaimAgain
         if decision is not None:
             emit_retry_stop(
                 req.operation_type, decision, agent_id=req.agent_id, dlq_id=dlq_id,

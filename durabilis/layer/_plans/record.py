@@ -23,7 +23,9 @@ from durabilis.layer._plans.base import (
     _LATE_TRIES,
     _RECORD_BACKOFF,
     _SETTLED_BY,
+    _VOID,
     _Claim,
+    _guard_refused,
     _log,
     _record_refused,
     _Request,
@@ -34,6 +36,32 @@ from durabilis.layer._plans.base import (
 )
 from durabilis.layer._plans.notes import _Notes
 
+_DROPPED = {"done": "the operation completed meanwhile",
+            "held": "another delivery holds the operation"}
+
+
+def _guarded(
+    key: str, order: Sequence[str], gates: Mapping[str, Callable[[Any], bool]],
+    waves: Mapping[str, int] | None, on_reply: Callable[[str, Any], Any],
+) -> tuple[Sequence[str], Mapping[str, Callable[[Any], bool]], Mapping[str, int] | None,
+           Callable[[str, Any], Any]]:
+    """A step's order, gates, waves and decoding with a parking's guard in front
+    (see :meth:`_Records._persist`)."""
+
+    def decode(name: str, reply: Any) -> Any:
+        if name != "guard":
+            return on_reply(name, reply)
+        if _guard_refused(reply):
+            _log.warning("durability_parking_dropped", idempotency_key=key,
+                         reason=_DROPPED[_tag(reply)])
+            return _VOID
+        return None  # (armed again in front of its call while that is pending)
+
+    return (
+        ("guard", *order), {**gates, "guard": _guard_refused},
+        {**waves, "guard": min(waves.values()) - 1} if waves else None, decode,
+    )
+
 
 class _Records(_Notes):
     """The record step: after the effect, the outcome recorded first."""
@@ -42,6 +70,7 @@ class _Records(_Notes):
         self, key: str, calls: dict[str, ScriptCall], order: Sequence[str],
         gates: Mapping[str, Callable[[Any], bool]], on_reply: Callable[[str, Any], Any],
         waves: Mapping[str, int] | None = None, *, first: Replies | DurabilisError | None = None,
+        guard: tuple[ScriptCall, str] | None = None,
     ) -> Plan[None]:
         """Send a step until every call of it is settled, shielded, while the lease lasts.
 
@@ -52,12 +81,29 @@ class _Records(_Notes):
         sent again, less the calls that committed, with backoff; once the
         lease's time has run out it is given up after ``_LATE_TRIES`` more
         failures (after a long pause, the process tries again before it gives up).
+
+        ``guard``: ``(call, name)``, a parking's guard (``idem_check`` modes
+        ``"g"``/``"G"``) and the enqueue it guards: it goes in front of every
+        send of that call, gated (a wave before it unfused), and once it finds
+        the operation completed (or, for a parking without a claim, held by
+        another delivery) nothing more of the step goes (its enqueue may have
+        landed with its reply lost, and a redelivery succeeded since: parked
+        again, the completed operation would be run again by a replay). It
+        stays in front of the call in what is left to the keep-alive.
         """
         pending = dict(calls)
+        if guard is not None:
+            order, gates, waves, on_reply = _guarded(key, order, gates, waves, on_reply)
+
+        def arm() -> None:
+            if guard is not None and guard[1] in pending:
+                pending["guard"] = guard[0]
+
         retry_until: float | None = None
         late = 0  # failures since the lease's time ran out (a paused process tries again first)
         delay = _RECORD_BACKOFF[0]
         while pending:
+            arm()
             names = [n for n in order if n in pending]
             step_gates = {i: gates[n] for i, n in enumerate(names) if n in gates}
             try:
@@ -87,10 +133,11 @@ class _Records(_Notes):
                     retry_until = now + self._lease_s
                 late += now >= retry_until
                 if late >= self._late_tries:
+                    arm()
                     names = [n for n in order if n in pending]
                     raise _Unsent(exc, [pending[n] for n in names], {
                         i: gates[n] for i, n in enumerate(names) if n in gates
-                    }) from exc
+                    }, guarded="guard" in pending) from exc
                 _log.warning(
                     "durability_record_retry", idempotency_key=key,
                     error=f"{type(exc).__name__}: {exc}", delay_seconds=round(delay, 3),
@@ -324,5 +371,5 @@ class _Records(_Notes):
         )
         yield Defer(
             req.key.value, cl.nonce, cl.member, unsent.calls, unsent.gates,
-            self.config.idempotency.dedup_window_seconds,
+            self.config.idempotency.dedup_window_seconds, guarded=unsent.guarded,
         )
