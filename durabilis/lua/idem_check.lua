@@ -6,6 +6,8 @@ ARGV[1]  mode                       optional: "x" = answer {"x", touched} for a
                                     key's aliases: an earlier delivery may be parked,
                                     or may have had its effect); "g" / "G" = the
                                     guard of a parking (below)
+ARGV[2]  fingerprint                (modes "g", "G") the parking's payload fingerprint,
+                                    "" = none
 
 THE GUARD OF A PARKING ("g", "G"). It goes in front of a parking's enqueue,
 gated, in the same step (fused on standalone, a wave before it on Cluster), and
@@ -17,9 +19,10 @@ answers before ready() (a gated refusal aborts the step: nothing of it written):
             before it could claim) another delivery holds a live claim: that
             one parks the operation if it fails, recovery if it dies, and its
             success would not settle a record parked behind its back.
-Anything else (no record, a claim whose lease ended, a tombstone, foreign data)
-answers {"open"} after ready(): the parking goes as before (nothing of the
-operation may be lost for a guess). Read-only.
+Anything else (no record, a claim whose lease ended, a tombstone, foreign data,
+a record or claim of another payload fingerprint: a caller key reused, not this
+operation) answers {"open"} after ready(): the parking goes as before (nothing
+of the operation may be lost for a guess). Read-only.
 
 Returns (modes "g" and "G": {"done"}, {"held"} or {"open"}, above) one of
   {"none"}                          no record (or a released claim's tombstone)
@@ -47,10 +50,13 @@ end
 local INT_LIMIT = 1e15  -- int()'s bound (stored milliseconds)
 --@include lib/idem_clock.lua
 if guard then
-  local f = redis.call("HMGET", key, "s", "le")
-  if f[1] == "d" then return {"done"} end
-  local le = int(f[2])
-  if ARGV[1] == "G" and f[1] == "p" and le and now < le then return {"held"} end
+  local f = redis.call("HMGET", key, "s", "le", "fp")
+  local mine = ARGV[2] or ""
+  if mine == "" or not f[3] or f[3] == mine then
+    if f[1] == "d" then return {"done"} end
+    local le = int(f[2])
+    if ARGV[1] == "G" and f[1] == "p" and le and now < le then return {"held"} end
+  end
   ready()
   return {"open"}
 end

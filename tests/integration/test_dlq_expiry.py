@@ -300,9 +300,11 @@ def test_a_parkings_guard_refuses_on_a_completed_record_or_without_a_claim_a_liv
     its own (its breaker open before it claimed) also while another delivery
     holds a live claim. No record (a claim that expired), a claim whose lease
     ended, a tombstone or foreign data let the parking go (the reverted guard
-    of stop 39 dropped such parkings and lost operations)."""
+    of stop 39 dropped such parkings and lost operations), and so does a record
+    of another payload under a caller key reused: not this operation."""
     layer = DurabilityLayer(store, fast_config())
-    key = IdempotencyKey.from_raw("guarded-key")
+    key = IdempotencyKey.caller("agent-1", "guarded-key", {"n": 1})  # (a fingerprint)
+    assert key.fingerprint
     (rkey,) = layer._core._idem.parking_guard(key, claimed=True).keys
     now_ms = int(time.time() * 1000)
     states: dict[str, list[Any]] = {
@@ -312,6 +314,11 @@ def test_a_parkings_guard_refuses_on_a_completed_record_or_without_a_claim_a_liv
         "tombstone": ["HSET", rkey, "s", "x"],
         "foreign": ["SET", rkey, "foreign"],
         "completed": ["HSET", rkey, "s", "d"],
+        "completed, same payload": ["HSET", rkey, "s", "d", "fp", key.fingerprint],
+        # (a caller key reused for another payload: not this operation)
+        "completed, other payload": ["HSET", rkey, "s", "d", "fp", "other"],
+        "live claim, other payload": ["HSET", rkey, "s", "p", "le", now_ms + 60_000,
+                                      "fp", "other"],
     }
     answers = {}
     for state, setup in states.items():
@@ -327,6 +334,9 @@ def test_a_parkings_guard_refuses_on_a_completed_record_or_without_a_claim_a_liv
         "none": ("open", "open"), "live claim": ("open", "held"),
         "ended claim": ("open", "open"), "tombstone": ("open", "open"),
         "foreign": ("open", "open"), "completed": ("done", "done"),
+        "completed, same payload": ("done", "done"),
+        "completed, other payload": ("open", "open"),
+        "live claim, other payload": ("open", "open"),
     }
     layer.close()
 

@@ -16,14 +16,15 @@ def lose_replies(
     store: durabilis.Store, script: str, *, landed: bool, times: int
 ) -> list[int]:
     """The next ``times`` steps whose first call runs ``script`` (after a
-    parking's guard, ``idem_check`` mode ``"g"``) lose their reply, after it
+    parking's guard, ``idem_check`` mode ``"g"`` or ``"G"``) lose their reply, after it
     ran in Redis when ``landed``. Returns ``[how many are left]`` (``[0]``:
     every one was lost)."""
     real = store.run_step
     left = [times]
 
     def run_step(calls: Any, gates: Any = None, waves: Any = None) -> Any:
-        first = calls[1] if calls[0].name == "idem_check" and calls[0].args == ["g"] else calls[0]
+        guarded = calls[0].name == "idem_check" and calls[0].args[:1] in (["g"], ["G"])
+        first = calls[1] if guarded else calls[0]
         if left[0] and first.name == script:
             left[0] -= 1
             if landed:

@@ -225,8 +225,12 @@ class IdemOps:
         it refuses (nothing of the step written) once the operation's record is
         completed (``{"done"}``) and, for a parking without a claim of its own
         (not ``claimed``), while another holds a live claim (``{"held"}``);
-        anything else lets the parking go (``{"open"}``)."""
-        return ScriptCall("idem_check", [self.keys.idem(key.value)], ["g" if claimed else "G"])
+        anything else (a record of another payload fingerprint too) lets the
+        parking go (``{"open"}``)."""
+        return ScriptCall(
+            "idem_check", [self.keys.idem(key.value)],
+            ["g" if claimed else "G", key.fingerprint or ""],
+        )
 
     def decode_alias(
         self, key: IdempotencyKey, reply: Any
