@@ -297,7 +297,10 @@ def test_unfused_deferred_outcomes_go_side_by_side_one_hung_node_costs_one_round
             plan.send(["reported"])
     left = sorted(d.step.key for d in leases.deferred())
     assert left == ["h0", "h1", "h2"]  # kept for the next tick (their time is not out)
-    assert [e["event"] for e in logs] == ["durability_outcome_recorded_late"] * 2
+    assert [(e["event"], e["idempotency_key"]) for e in logs] == [
+        ("durability_outcome_refused_late", "gone"),  # (its gate refused: not recorded)
+        ("durability_outcome_recorded_late", "ok"),
+    ]
 
 
 def test_unfused_deferred_rounds_abandon_only_the_corrupt_one_and_stop_when_time_is_up(

@@ -330,6 +330,15 @@ class _Notes(_Requests):
             _log.warning("durability_parking_dropped", idempotency_key=item.step.key,
                          reason="the operation completed, or another delivery holds it")
             return
+        if "r" in replies.status:  # a gated refusal ended it (the keep-alive decodes none)
+            # A record refused: the claim was taken over (its new owner records).
+            # An enqueue refused ("miss": the operation's record is another): the
+            # claim lapses and recovery parks it there.
+            _log.warning(
+                "durability_outcome_refused_late", idempotency_key=item.step.key,
+                status=replies.status, then="the claim's new owner, or recovery, settles it",
+            )
+            return
         _log.warning(
             "durability_outcome_recorded_late", idempotency_key=item.step.key,
             status=replies.status,
