@@ -164,16 +164,26 @@ class LeaseBook:
         gates = None if step.gates is None else {
             i - done: gate for i, gate in step.gates.items() if i >= done
         }
-        rest = Deferred(
-            Defer(step.key, step.nonce, step.member, list(step.calls[done:]), gates,
-                  step.seconds),
-            deferred.until, deferred.item,
-        )
+        return self._swap(deferred, Defer(
+            step.key, step.nonce, step.member, list(step.calls[done:]), gates, step.seconds,
+        ))
+
+    def reguard(self, deferred: Deferred, guard: ScriptCall) -> Deferred:
+        """A guarded outcome whose guard is ``guard`` from now on (its time and
+        claim kept). Returns what stands for it now."""
+        step = deferred.step
+        return self._swap(deferred, Defer(
+            step.key, step.nonce, step.member, [guard, *step.calls[1:]], step.gates,
+            step.seconds, guarded=True,
+        ))
+
+    def _swap(self, deferred: Deferred, step: Defer) -> Deferred:
+        now = Deferred(step, deferred.until, deferred.item)
         with self._lock:
             for i, waiting in enumerate(self._deferred):
                 if waiting is deferred:
-                    self._deferred[i] = rest
-                    return rest
+                    self._deferred[i] = now
+                    return now
         return deferred
 
     def settle(self, deferred: Deferred) -> None:

@@ -51,8 +51,7 @@ local INT_LIMIT = 1e15  -- int()'s bound (stored milliseconds)
 --@include lib/idem_clock.lua
 if guard then
   local f = redis.call("HMGET", key, "s", "le", "fp")
-  local mine = ARGV[2] or ""
-  if mine == "" or not f[3] or f[3] == mine then
+  if (f[3] or "") == (ARGV[2] or "") then  -- (idem_claim's rule: same fingerprint, same operation)
     if f[1] == "d" then return {"done"} end
     local le = int(f[2])
     if ARGV[1] == "G" and f[1] == "p" and le and now < le then return {"held"} end

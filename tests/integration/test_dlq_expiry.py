@@ -307,16 +307,17 @@ def test_a_parkings_guard_refuses_on_a_completed_record_or_without_a_claim_a_liv
     assert key.fingerprint
     (rkey,) = layer._core._idem.parking_guard(key, claimed=True).keys
     now_ms = int(time.time() * 1000)
+    fp = key.fingerprint
     states: dict[str, list[Any]] = {
         "none": [],
-        "live claim": ["HSET", rkey, "s", "p", "le", now_ms + 60_000],
-        "ended claim": ["HSET", rkey, "s", "p", "le", now_ms - 1_000],
-        "tombstone": ["HSET", rkey, "s", "x"],
+        "live claim": ["HSET", rkey, "s", "p", "le", now_ms + 60_000, "fp", fp],
+        "ended claim": ["HSET", rkey, "s", "p", "le", now_ms - 1_000, "fp", fp],
+        "tombstone": ["HSET", rkey, "s", "x", "fp", fp],
         "foreign": ["SET", rkey, "foreign"],
-        "completed": ["HSET", rkey, "s", "d"],
-        "completed, same payload": ["HSET", rkey, "s", "d", "fp", key.fingerprint],
-        # (a caller key reused for another payload: not this operation)
+        "completed": ["HSET", rkey, "s", "d", "fp", fp],
+        # (a caller key reused for another payload, or none: not this operation)
         "completed, other payload": ["HSET", rkey, "s", "d", "fp", "other"],
+        "completed, no fingerprint": ["HSET", rkey, "s", "d"],
         "live claim, other payload": ["HSET", rkey, "s", "p", "le", now_ms + 60_000,
                                       "fp", "other"],
     }
@@ -334,8 +335,8 @@ def test_a_parkings_guard_refuses_on_a_completed_record_or_without_a_claim_a_liv
         "none": ("open", "open"), "live claim": ("open", "held"),
         "ended claim": ("open", "open"), "tombstone": ("open", "open"),
         "foreign": ("open", "open"), "completed": ("done", "done"),
-        "completed, same payload": ("done", "done"),
         "completed, other payload": ("open", "open"),
+        "completed, no fingerprint": ("open", "open"),
         "live claim, other payload": ("open", "open"),
     }
     layer.close()

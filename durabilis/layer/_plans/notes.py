@@ -19,6 +19,7 @@ from durabilis.layer._plans.base import (
     PUT_BACK_WITHIN_SECONDS,
     _log,
     _renewed,
+    _tag,
 )
 from durabilis.layer._plans.requests import _Requests
 
@@ -325,10 +326,20 @@ class _Notes(_Requests):
 
     def deferred_sent(self, leases: LeaseBook, item: Deferred, replies: Replies) -> None:
         """The keep-alive sent a deferred outcome: it landed (or the claim is gone)."""
+        if item.step.guarded and replies.status[:1] == "r" and _tag(replies[0]) == "held":
+            # A parking without a claim, and another delivery holds a live claim:
+            # not proof that the operation will end parked or recorded (an
+            # interrupted holder parks nothing), and the call that handed it over
+            # returned long ago. It waits, sent again each tick; once its time is
+            # out it parks all the same (only a completed record drops it).
+            if time.monotonic() >= item.until:
+                guard = item.step.calls[0]
+                leases.reguard(item, ScriptCall(guard.name, guard.keys, ["g", *guard.args[1:]]))
+            return
         leases.settle(item)
         if item.step.guarded and replies.status[:1] == "r":
             _log.warning("durability_parking_dropped", idempotency_key=item.step.key,
-                         reason="the operation completed, or another delivery holds it")
+                         reason="the operation completed meanwhile")
             return
         if "r" in replies.status:  # a gated refusal ended it (the keep-alive decodes none)
             # A record refused: the claim was taken over (its new owner records).
