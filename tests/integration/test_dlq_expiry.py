@@ -25,7 +25,12 @@ import durabilis
 from durabilis import CircuitBreakerConfig, IdempotencyConfig, IdempotencyKey, OperationError
 from durabilis.dlq import DeadLetterQueue, DlqConfig, DlqStatus, ReplayOutcome
 from durabilis.http import OrphanRecovery
-from durabilis.layer import AsyncDurabilityLayer, DurabilityConfig, DurabilityLayer
+from durabilis.layer import (
+    AsyncDurabilityLayer,
+    DurabilityConfig,
+    DurabilityLayer,
+    OperationContext,
+)
 from durabilis.metrics import DurabilisMetrics
 from durabilis.testing import instant_retries
 from tests.integration._layer_support import fast_config
@@ -293,51 +298,60 @@ def test_a_parking_sent_again_late_after_the_operation_succeeded_parks_nothing(
     layer.close()
 
 
-def test_a_parkings_guard_refuses_on_a_completed_record_or_without_a_claim_a_live_one(
+def test_a_parkings_guard_refuses_on_a_completed_record_or_another_deliverys_live_claim(
     store: durabilis.Store,
 ) -> None:
-    """The guard refuses on a completed record; a parking without a claim of
-    its own (its breaker open before it claimed) also while another delivery
-    holds a live claim. No record (a claim that expired), a claim whose lease
-    ended, a tombstone or foreign data let the parking go (the reverted guard
-    of stop 39 dropped such parkings and lost operations), and so does a record
-    of another payload under a caller key reused: not this operation."""
+    """The guard refuses on a completed record, and (mode G) while another
+    delivery holds a live claim: not the parking's own (named by its nonce),
+    which it had none of (its breaker open before it claimed) or which
+    expired. No record (a claim that expired), a claim whose lease ended, a
+    tombstone or foreign data let the parking go (the reverted guard of stop
+    39 dropped such parkings and lost operations), and so does a record of
+    another payload under a caller key reused: not this operation. Mode g
+    (a parking whose wait for another's claim ran out) refuses a completed
+    record only."""
     layer = DurabilityLayer(store, fast_config())
     key = IdempotencyKey.caller("agent-1", "guarded-key", {"n": 1})  # (a fingerprint)
     assert key.fingerprint
-    (rkey,) = layer._core._idem.parking_guard(key, claimed=True).keys
+    (rkey,) = layer._core._idem.parking_guard(key, "mine").keys
     now_ms = int(time.time() * 1000)
-    fp = key.fingerprint
+    fp, live = key.fingerprint, now_ms + 60_000
     states: dict[str, list[Any]] = {
         "none": [],
-        "live claim": ["HSET", rkey, "s", "p", "le", now_ms + 60_000, "fp", fp],
-        "ended claim": ["HSET", rkey, "s", "p", "le", now_ms - 1_000, "fp", fp],
+        "own live claim": ["HSET", rkey, "s", "p", "le", live, "fp", fp, "cn", "mine"],
+        "another's live claim": ["HSET", rkey, "s", "p", "le", live, "fp", fp, "cn", "theirs"],
+        "ended claim": ["HSET", rkey, "s", "p", "le", now_ms - 1_000, "fp", fp, "cn", "theirs"],
         "tombstone": ["HSET", rkey, "s", "x", "fp", fp],
         "foreign": ["SET", rkey, "foreign"],
         "completed": ["HSET", rkey, "s", "d", "fp", fp],
         # (a caller key reused for another payload, or none: not this operation)
         "completed, other payload": ["HSET", rkey, "s", "d", "fp", "other"],
         "completed, no fingerprint": ["HSET", rkey, "s", "d"],
-        "live claim, other payload": ["HSET", rkey, "s", "p", "le", now_ms + 60_000,
-                                      "fp", "other"],
+        "live claim, other payload": ["HSET", rkey, "s", "p", "le", live, "fp", "other"],
+    }
+    guards = {  # the parking's own claim's nonce, or none; waiting (G) or not (g)
+        "G mine": layer._core._idem.parking_guard(key, "mine"),
+        "G none": layer._core._idem.parking_guard(key, ""),
+        "g mine": layer._core._idem.parking_guard(key, "mine", wait=False),
     }
     answers = {}
     for state, setup in states.items():
         store.command("DEL", rkey)
         if setup:
             store.command(*setup)
-        answers[state] = tuple(
-            store.run(layer._core._idem.parking_guard(key, claimed=claimed))[0].decode()
-            for claimed in (True, False)
-        )
+        answers[state] = tuple(store.run(g)[0].decode() for g in guards.values())
     store.command("DEL", rkey)
-    assert answers == {  # (with a claim, without)
-        "none": ("open", "open"), "live claim": ("open", "held"),
-        "ended claim": ("open", "open"), "tombstone": ("open", "open"),
-        "foreign": ("open", "open"), "completed": ("done", "done"),
-        "completed, other payload": ("open", "open"),
-        "completed, no fingerprint": ("open", "open"),
-        "live claim, other payload": ("open", "open"),
+    assert answers == {  # (G mine, G none, g mine)
+        "none": ("open", "open", "open"),
+        "own live claim": ("open", "held", "open"),
+        "another's live claim": ("held", "held", "open"),
+        "ended claim": ("open", "open", "open"),
+        "tombstone": ("open", "open", "open"),
+        "foreign": ("open", "open", "open"),
+        "completed": ("done", "done", "done"),
+        "completed, other payload": ("open", "open", "open"),
+        "completed, no fingerprint": ("open", "open", "open"),
+        "live claim, other payload": ("open", "open", "open"),
     }
     layer.close()
 
@@ -395,6 +409,74 @@ def test_a_parking_without_a_claim_gives_way_to_another_delivery_of_its_operatio
             assert layer.execute("agent-1", "job", {"n": 9}, run, park_on_open=True) == "theirs"
         assert outcome == {"other": "theirs"}
         assert layer.dlq.stats().pending == 0  # (before: parked, and left pending)
+    finally:
+        finish.set()
+        layer.close()
+        theirs.close()
+        other_store.close()
+
+
+@pytest.mark.parametrize("then", ["it succeeds", "it is interrupted"])
+def test_a_parking_whose_claim_expired_waits_for_another_deliverys_claim_to_end(
+    store: durabilis.Store, redis_url: str, namespace: str, then: str,
+) -> None:
+    """The review of the guard (F4): a parking whose claim expired (an outage,
+    a pause) while another delivery claimed the key afresh and runs it was
+    parked behind its back; that delivery's success did not settle the
+    record (it claimed before the record existed), which a replay after the
+    dedup window ran again. Now the guard finds that live claim ("held"): the
+    call raises OutcomeUnrecorded and the keep-alive waits for the claim to
+    end. Completed, the parking is dropped; released (the holder was
+    interrupted in fn: it parks nothing by design), it is parked."""
+    layer = DurabilityLayer(store, fast_config(renew_every_seconds=0.2))
+    other_store = durabilis.connect(redis_url, namespace=namespace)
+    theirs = DurabilityLayer(other_store, fast_config(dependencies={}))
+    running, finish = threading.Event(), threading.Event()
+    outcome: dict[str, Any] = {}
+    attempts: list[int] = []
+
+    def hold(_ctx: Any) -> str:
+        running.set()
+        assert finish.wait(20)
+        if then == "it is interrupted":
+            raise KeyboardInterrupt
+        return "theirs"
+
+    def deliver() -> None:
+        try:
+            outcome["other"] = theirs.execute("agent-1", "job", {"n": 11}, hold)
+        except BaseException as exc:
+            outcome["other"] = type(exc).__name__
+
+    delivery = threading.Thread(target=deliver)
+
+    def down(ctx: OperationContext) -> Any:
+        attempts.append(ctx.attempt)
+        if len(attempts) == 3:  # the last attempt: its claim expires, another claims
+            store.command("DEL", store.keys.idem(ctx.idempotency_key))
+            delivery.start()
+            assert running.wait(10)
+        raise OperationError("NETWORK_TIMEOUT", "down")
+
+    try:
+        with instant_retries(), pytest.raises(durabilis.OutcomeUnrecorded):
+            layer.execute("agent-1", "job", {"n": 11}, down)
+        [waiting] = layer._leases.deferred()
+        assert waiting.step.guarded
+        time.sleep(0.6)  # a few keep-alive ticks: it waits, nothing parked
+        assert layer._leases.deferred() and layer.dlq.stats().pending == 0
+        finish.set()
+        delivery.join(10)
+        deadline = time.monotonic() + 10
+        while layer._leases.deferred() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not layer._leases.deferred()
+        if then == "it succeeds":
+            assert outcome == {"other": "theirs"}
+            assert layer.dlq.stats().pending == 0  # (before: parked, and left pending)
+        else:
+            assert outcome == {"other": "KeyboardInterrupt"}
+            assert layer.dlq.stats().pending == 1  # (never dropped on a guess)
     finally:
         finish.set()
         layer.close()

@@ -327,11 +327,11 @@ class _Notes(_Requests):
     def deferred_sent(self, leases: LeaseBook, item: Deferred, replies: Replies) -> None:
         """The keep-alive sent a deferred outcome: it landed (or the claim is gone)."""
         if item.step.guarded and replies.status[:1] == "r" and _tag(replies[0]) == "held":
-            # A parking without a claim, and another delivery holds a live claim:
-            # not proof that the operation will end parked or recorded (an
+            # Another delivery holds a live claim (not the parking's own): not
+            # proof that the operation will end parked or recorded (an
             # interrupted holder parks nothing), and the call that handed it over
-            # returned long ago. It waits, sent again each tick; once its time is
-            # out it parks all the same (only a completed record drops it).
+            # has returned. It waits, sent again each tick; once its time is out
+            # it parks all the same (only a completed record drops it then).
             if time.monotonic() >= item.until:
                 guard = item.step.calls[0]
                 leases.reguard(item, ScriptCall(guard.name, guard.keys, ["g", *guard.args[1:]]))

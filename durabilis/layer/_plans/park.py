@@ -9,12 +9,19 @@ from durabilis._retry_core import RetryDecision
 from durabilis._scripts import ScriptCall
 from durabilis.core.breaker import Permit
 from durabilis.core.steps import IO, Plan
-from durabilis.errors import CorruptData, DurabilisError, OutcomeUnrecorded, RetryExhausted
+from durabilis.errors import (
+    CorruptData,
+    DurabilisError,
+    OperationInProgress,
+    OutcomeUnrecorded,
+    RetryExhausted,
+)
 from durabilis.events import error_text
 from durabilis.layer._config import WORKER_LOST
 from durabilis.layer._plans.base import (
     _Claim,
     _ClaimAgain,
+    _guard_refused,
     _log,
     _missed,
     _Request,
@@ -102,6 +109,25 @@ class _Parking(_Records):
             calls, "durability_release_failed", req.key.value, waves=waves,
         ))
 
+    def _guard_gave_way(
+        self, req: _Request, cl: _Claim, calls: dict[str, ScriptCall], guard: ScriptCall,
+        answer: str,
+    ) -> Plan[None]:
+        """A parking its guard refused (nothing of it written). Raises
+        :class:`_ClaimAgain` (a duplicate's answer: the stored result, or in
+        progress), or, for a parking whose claim expired while another delivery
+        has claimed since (``held``), hands it to the keep-alive, which waits for
+        that claim to end, then parks it (released) or drops it (completed), and
+        raises ``OutcomeUnrecorded``."""
+        if answer == "held" and (cl.token or cl.member):
+            left = [calls[n] for n in ("enqueue", "release", "note") if n in calls]
+            yield from self._defer(req, cl, _Unsent(
+                OperationInProgress(req.key.value), [guard, *left],
+                {0: _guard_refused, 1: _missed}, guarded=True,
+            ))
+            raise OutcomeUnrecorded(req.key.value, succeeded=False)
+        raise _ClaimAgain
+
     def _park_failed(
         self, req: _Request, cl: _Claim, failed: tuple[BaseException, RetryDecision] | None,
         broke: DurabilisError | None,
@@ -168,12 +194,14 @@ class _Parking(_Records):
             calls["birth"] = self._birth_gone(req.key.value, cl.nonce)
 
         # A parking sent late (a lost reply, the keep-alive) of an operation that
-        # succeeded meanwhile must park nothing; nor one without a claim while
-        # another delivery holds the operation: a guard goes in front of it.
+        # succeeded meanwhile must park nothing, nor one made while another
+        # delivery holds the operation (its success would not settle it): a
+        # guard goes in front of it.
         guard = None
+        refused: list[str] = []
         if "enqueue" in calls and self.config.idempotency.enabled:
-            claimed = bool(cl.token or cl.member)
-            guard = (self._idem.parking_guard(req.key, claimed=claimed), "enqueue")
+            nonce = cl.nonce if cl.token or cl.member else ""
+            guard = (self._idem.parking_guard(req.key, nonce), "enqueue", refused)
         parked = False
 
         def on_reply(name: str, reply: Any) -> Any:
@@ -205,8 +233,8 @@ class _Parking(_Records):
                 operation_type=req.operation_type, error=f"{type(exc).__name__}: {exc}",
             )
             raise OutcomeUnrecorded(req.key.value, succeeded=False) from exc
-        if guard is not None and not parked:  # (the guard dropped it: see _ClaimAgain)
-            raise _ClaimAgain
+        if guard is not None and not parked:  # the guard refused: nothing was written
+            yield from self._guard_gave_way(req, cl, calls, guard[0], refused[-1])
         if decision is not None:
             emit_retry_stop(
                 req.operation_type, decision, agent_id=req.agent_id, dlq_id=dlq_id,
