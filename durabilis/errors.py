@@ -236,11 +236,6 @@ class OutcomeUnrecorded(DurabilisError):
     ``recover_orphans`` as ``WORKER_LOST``), so a downstream that dedups on the
     forwarded idempotency key keeps it exactly once.
 
-    A failure whose claim expired while another delivery claimed the
-    operation afresh is not parked behind that delivery's back either (its
-    success would not settle the record): the keep-alive parks it once that
-    claim ends released, or drops it once it ends completed (docs/dlq.md).
-
     Attributes:
         key: The idempotency key.
         succeeded: ``fn`` succeeded (its result was not recorded); ``False``:
@@ -248,13 +243,11 @@ class OutcomeUnrecorded(DurabilisError):
         result: ``fn``'s result when it succeeded.
     """
 
-    def __init__(
-        self, key: str, *, succeeded: bool, result: Any = None,
-        why: str = "Redis unavailable for the whole lease",
-    ) -> None:
+    def __init__(self, key: str, *, succeeded: bool, result: Any = None) -> None:
         what = "succeeded" if succeeded else "failed"
         super().__init__(
-            f"operation {key!r} ran and {what}, but its outcome could not be recorded ({why})"
+            f"operation {key!r} ran and {what}, but its outcome could not be recorded "
+            "(Redis unavailable for the whole lease)"
         )
         self.key = key
         self.succeeded = succeeded

@@ -229,8 +229,7 @@ class DurabilityLayer(_LayerShell[Store]):
             ResultNotStored: ``fn`` ran and completed, but its result cannot be
                 stored (recorded as such: never run again for this key).
             OutcomeUnrecorded: ``fn`` ran, but Redis did not take its outcome
-                for the whole lease (or, failed, its claim expired and another
-                delivery holds it: the keep-alive parks it once that ends).
+                for the whole lease.
             LeaseLost: ``fn`` succeeded but its claim had been taken over.
             StorageUnavailable: Redis is down; nothing ran (fail closed).
             LayerClosed: :meth:`close` was called.

@@ -125,10 +125,7 @@ class _Parking(_Records):
                 OperationInProgress(req.key.value), [guard, *left],
                 {0: _guard_refused, 1: _missed}, guarded=True,
             ))
-            raise OutcomeUnrecorded(
-                req.key.value, succeeded=False,
-                why="its claim expired and another delivery holds it: parked once that ends",
-            )
+            raise OutcomeUnrecorded(req.key.value, succeeded=False)
         raise _ClaimAgain
 
     def _park_failed(
