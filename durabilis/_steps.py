@@ -168,15 +168,6 @@ class LeaseBook:
             step.key, step.nonce, step.member, list(step.calls[done:]), gates, step.seconds,
         ))
 
-    def reguard(self, deferred: Deferred, guard: ScriptCall) -> Deferred:
-        """A guarded outcome whose guard is ``guard`` from now on (its time and
-        claim kept). Returns what stands for it now."""
-        step = deferred.step
-        return self._swap(deferred, Defer(
-            step.key, step.nonce, step.member, [guard, *step.calls[1:]], step.gates,
-            step.seconds, guarded=True,
-        ))
-
     def _swap(self, deferred: Deferred, step: Defer) -> Deferred:
         now = Deferred(step, deferred.until, deferred.item)
         with self._lock:

@@ -230,7 +230,8 @@ class DurabilityLayer(_LayerShell[Store]):
                 stored (recorded as such: never run again for this key).
             OutcomeUnrecorded: ``fn`` ran, but Redis did not take its outcome
                 for the whole lease.
-            LeaseLost: ``fn`` succeeded but its claim had been taken over.
+            LeaseLost: ``fn`` succeeded but its claim had been taken over (or
+                failed, and the delivery its claim passed to completed it).
             StorageUnavailable: Redis is down; nothing ran (fail closed).
             LayerClosed: :meth:`close` was called.
             Exception: ``fn``'s own non-retryable error (the claim is released).

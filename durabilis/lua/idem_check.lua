@@ -8,7 +8,6 @@ ARGV[1]  mode                       optional: "x" = answer {"x", touched} for a
                                     guard of a parking (below)
 ARGV[2]  fingerprint                (modes "g", "G") the parking's payload fingerprint,
                                     "" = none
-ARGV[3]  nonce                      (mode "G") the parking's own claim's nonce, "" = none
 
 THE GUARD OF A PARKING ("g", "G"). It goes in front of a parking's enqueue,
 gated, in the same step (fused on standalone, a wave before it on Cluster), and
@@ -16,11 +15,10 @@ answers before ready() (a gated refusal aborts the step: nothing of it written):
   {"done"}  the operation's record is completed: the operation succeeded (a
             redelivery, a replay, a new owner), so a parking of it, sent late,
             must not make a pending record that a replay would run again;
-  {"held"}  (mode "G") another delivery holds a live claim (not the parking's
-            own: its claim expired, or it had none, its breaker open before it
-            could claim): its success would not settle a record parked behind
-            its back. The parking waits (the layer's keep-alive sends it again)
-            until that claim ends: completed, it is dropped; released, parked.
+  {"held"}  (mode "G": a parking without a claim of its own, its breaker open
+            before it could claim) another delivery holds a live claim: its
+            success would not settle a record parked behind its back, and the
+            call, having run nothing, claims again (a duplicate's answer).
 Anything else (no record, a claim whose lease ended, a tombstone, foreign data,
 a record or claim of another payload fingerprint: a caller key reused, not this
 operation) answers {"open"} after ready(): the parking goes as before (nothing
@@ -52,13 +50,11 @@ end
 local INT_LIMIT = 1e15  -- int()'s bound (stored milliseconds)
 --@include lib/idem_clock.lua
 if guard then
-  local f = redis.call("HMGET", key, "s", "le", "fp", "cn")
+  local f = redis.call("HMGET", key, "s", "le", "fp")
   if (f[3] or "") == (ARGV[2] or "") then  -- (idem_claim's rule: same fingerprint, same operation)
     if f[1] == "d" then return {"done"} end
-    local le, mine = int(f[2]), ARGV[3] or ""
-    if ARGV[1] == "G" and f[1] == "p" and le and now < le and (mine == "" or f[4] ~= mine) then
-      return {"held"}
-    end
+    local le = int(f[2])
+    if ARGV[1] == "G" and f[1] == "p" and le and now < le then return {"held"} end
   end
   ready()
   return {"open"}

@@ -27,8 +27,17 @@ ARGV[5]  touched                    "1": fn had started (the run was interrupted
                                     recovery parks a dead worker's claim): the
                                     tombstone is touched; "" = as the claim was
 
-Returns 1 when released, 0 when neither holds an in-progress claim, 2 when
-kept because it was taken over (with keep_taken).
+A PARKING THAT NO LONGER HOLDS ITS CLAIM (with hold_ms; the claim expired, and
+another delivery claimed the key since, or released it) still leaves its hold
+on the key, whoever holds it: "hd" = at least now + hold_ms on another's live
+claim or a tombstone, whose TTL reaches it. The other delivery's success then
+keeps its record that long (idem_record), so a replay of the parked record
+finds the operation done and never runs it again; its release keeps the hold,
+so a later delivery learns of the parking and settles it.
+
+Returns 1 when released, 0 when neither holds an in-progress claim (its hold
+left, as above, with hold_ms), 2 when kept because it was taken over (with
+keep_taken).
 
 @acks: none   (a release lost in a failover is safe: the key is taken over
               only when its lease ends, as a dead worker's, never run twice)
@@ -70,5 +79,17 @@ if f[1] == "p" and ((token ~= "" and f[2] == token) or (nonce ~= "" and f[3] == 
     redis.call("PEXPIREAT", key, until_ms)
   end
   return 1
+end
+local hold = tonumber(ARGV[4] or "")
+if hold and hold > 0 and (f[1] == "p" or f[1] == "x") then
+  local t = redis.call("TIME")
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local until_ms = tonumber(f[5] or "") or 0
+  if now + hold > until_ms then
+    ready()
+    redis.call("HSET", key, "hd", now + hold)
+    local pttl = redis.call("PTTL", key)
+    if pttl >= 0 and pttl < hold then redis.call("PEXPIREAT", key, now + hold) end
+  end
 end
 return 0

@@ -4,8 +4,10 @@ An operation parked before it could claim its key (its breaker was open:
 park_on_open) holds no claim, so nothing at the key says it was ever
 delivered. This tombstone says so: a later delivery's claim then names a
 previous token, and its success settles the parked DLQ record (see
-layer_note/idem_claim and dlq_finish). A key already claimed or recorded is
-left as it is; a tombstone's hold ("hd", see idem_release) is only extended.
+layer_note/idem_claim and dlq_finish). A recorded key is left as it is; a
+tombstone's hold ("hd", see idem_release) is only extended, and so is that of
+another delivery's claim (claimed meanwhile): its success then keeps its
+record as long, so a replay of the parked record finds the operation done.
 
 KEYS[1]  the record hash            (<ns>:idem:{<key>})
 ARGV[1]  fingerprint                the payload fingerprint, "" = none
@@ -27,11 +29,13 @@ if kind == "none" then
   redis.call("PEXPIREAT", key, until_ms)
   return 1
 end
-if kind ~= "hash" or redis.call("HGET", key, "s") ~= "x" then return 0 end
+local state = kind == "hash" and redis.call("HGET", key, "s")
+if state ~= "x" and state ~= "p" then return 0 end
 if (tonumber(redis.call("HGET", key, "hd") or "") or 0) < until_ms then
   ready()
   redis.call("HSET", key, "hd", until_ms)
-  redis.call("PEXPIREAT", key, until_ms)
+  local pttl = redis.call("PTTL", key)  -- (extended, never shortened)
+  if pttl >= 0 and pttl < hold then redis.call("PEXPIREAT", key, until_ms) end
   return 1
 end
 return 0

@@ -23,7 +23,9 @@ from structlog.testing import capture_logs
 
 import durabilis
 from durabilis import CircuitBreakerConfig, IdempotencyConfig, IdempotencyKey, OperationError
+from durabilis._steps import drive
 from durabilis.dlq import DeadLetterQueue, DlqConfig, DlqStatus, ReplayOutcome
+from durabilis.errors import LeaseLost
 from durabilis.http import OrphanRecovery
 from durabilis.layer import (
     AsyncDurabilityLayer,
@@ -298,29 +300,27 @@ def test_a_parking_sent_again_late_after_the_operation_succeeded_parks_nothing(
     layer.close()
 
 
-def test_a_parkings_guard_refuses_on_a_completed_record_or_another_deliverys_live_claim(
+def test_a_parkings_guard_refuses_on_a_completed_record_or_without_a_claim_a_live_one(
     store: durabilis.Store,
 ) -> None:
-    """The guard refuses on a completed record, and (mode G) while another
-    delivery holds a live claim: not the parking's own (named by its nonce),
-    which it had none of (its breaker open before it claimed) or which
-    expired. No record (a claim that expired), a claim whose lease ended, a
-    tombstone or foreign data let the parking go (the reverted guard of stop
-    39 dropped such parkings and lost operations), and so does a record of
-    another payload under a caller key reused: not this operation. Mode g
-    (a parking whose wait for another's claim ran out) refuses a completed
-    record only."""
+    """The guard refuses on a completed record; a parking without a claim of
+    its own (its breaker open before it claimed: mode G) also while another
+    delivery holds a live claim. No record (a claim that expired), a claim
+    whose lease ended, a tombstone or foreign data let the parking go (the
+    reverted guard of stop 39 dropped such parkings and lost operations), and
+    so does a record of another payload under a caller key reused (or none):
+    not this operation."""
     layer = DurabilityLayer(store, fast_config())
     key = IdempotencyKey.caller("agent-1", "guarded-key", {"n": 1})  # (a fingerprint)
     assert key.fingerprint
-    (rkey,) = layer._core._idem.parking_guard(key, "mine").keys
+    guards = {wait: layer._core._idem.parking_guard(key, wait=wait) for wait in (False, True)}
+    (rkey,) = guards[True].keys
     now_ms = int(time.time() * 1000)
     fp, live = key.fingerprint, now_ms + 60_000
     states: dict[str, list[Any]] = {
         "none": [],
-        "own live claim": ["HSET", rkey, "s", "p", "le", live, "fp", fp, "cn", "mine"],
-        "another's live claim": ["HSET", rkey, "s", "p", "le", live, "fp", fp, "cn", "theirs"],
-        "ended claim": ["HSET", rkey, "s", "p", "le", now_ms - 1_000, "fp", fp, "cn", "theirs"],
+        "live claim": ["HSET", rkey, "s", "p", "le", live, "fp", fp],
+        "ended claim": ["HSET", rkey, "s", "p", "le", now_ms - 1_000, "fp", fp],
         "tombstone": ["HSET", rkey, "s", "x", "fp", fp],
         "foreign": ["SET", rkey, "foreign"],
         "completed": ["HSET", rkey, "s", "d", "fp", fp],
@@ -329,11 +329,6 @@ def test_a_parkings_guard_refuses_on_a_completed_record_or_another_deliverys_liv
         "completed, no fingerprint": ["HSET", rkey, "s", "d"],
         "live claim, other payload": ["HSET", rkey, "s", "p", "le", live, "fp", "other"],
     }
-    guards = {  # the parking's own claim's nonce, or none; waiting (G) or not (g)
-        "G mine": layer._core._idem.parking_guard(key, "mine"),
-        "G none": layer._core._idem.parking_guard(key, ""),
-        "g mine": layer._core._idem.parking_guard(key, "mine", wait=False),
-    }
     answers = {}
     for state, setup in states.items():
         store.command("DEL", rkey)
@@ -341,17 +336,13 @@ def test_a_parkings_guard_refuses_on_a_completed_record_or_another_deliverys_liv
             store.command(*setup)
         answers[state] = tuple(store.run(g)[0].decode() for g in guards.values())
     store.command("DEL", rkey)
-    assert answers == {  # (G mine, G none, g mine)
-        "none": ("open", "open", "open"),
-        "own live claim": ("open", "held", "open"),
-        "another's live claim": ("held", "held", "open"),
-        "ended claim": ("open", "open", "open"),
-        "tombstone": ("open", "open", "open"),
-        "foreign": ("open", "open", "open"),
-        "completed": ("done", "done", "done"),
-        "completed, other payload": ("open", "open", "open"),
-        "completed, no fingerprint": ("open", "open", "open"),
-        "live claim, other payload": ("open", "open", "open"),
+    assert answers == {  # (g: with a claim of its own, G: without)
+        "none": ("open", "open"), "live claim": ("open", "held"),
+        "ended claim": ("open", "open"), "tombstone": ("open", "open"),
+        "foreign": ("open", "open"), "completed": ("done", "done"),
+        "completed, other payload": ("open", "open"),
+        "completed, no fingerprint": ("open", "open"),
+        "live claim, other payload": ("open", "open"),
     }
     layer.close()
 
@@ -416,30 +407,37 @@ def test_a_parking_without_a_claim_gives_way_to_another_delivery_of_its_operatio
         other_store.close()
 
 
-@pytest.mark.parametrize("then", ["it succeeds", "it is interrupted"])
-def test_a_parking_whose_claim_expired_waits_for_another_deliverys_claim_to_end(
-    store: durabilis.Store, redis_url: str, namespace: str, then: str,
+@pytest.mark.parametrize("other", ["completed", "is interrupted", "succeeds"])
+def test_a_parking_whose_claim_expired_meets_another_delivery_of_its_operation(
+    store: durabilis.Store, redis_url: str, namespace: str, other: str,
 ) -> None:
-    """The review of the guard (F4): a parking whose claim expired (an outage,
-    a pause) while another delivery claimed the key afresh and runs it was
-    parked behind its back; that delivery's success did not settle the
-    record (it claimed before the record existed), which a replay after the
-    dedup window ran again. Now the guard finds that live claim ("held"): the
-    call raises OutcomeUnrecorded and the keep-alive waits for the claim to
-    end. Completed, the parking is dropped; released (the holder was
-    interrupted in fn: it parks nothing by design), it is parked."""
-    layer = DurabilityLayer(store, fast_config(renew_every_seconds=0.2))
+    """A failure whose claim expired (an outage, a pause) while another
+    delivery claimed the key afresh and runs the operation.
+
+    ``completed`` before the parking: the guard drops it and the call raises
+    LeaseLost (its claim passed to the other, which recorded the outcome),
+    never StorageUnavailable ("nothing ran") nor a claim of its own after fn
+    ran (the second review of the guard, F5). Still running: the parking goes
+    at once (waiting for that holder in the process lost the parking when the
+    process ended: the same review, F1), and leaves its hold on the other's
+    claim (F2: before, a dead release left none). That one ``is interrupted``
+    (it parks nothing): the record is pending, and the key's tombstone holds
+    for it, so a later delivery settles it. It ``succeeds``: its record lasts
+    as long as the parked one, whose replay finds the operation done and runs
+    nothing (before: run again once the dedup window had passed)."""
+    idem = IdempotencyConfig(dedup_window_seconds=60, in_progress_ttl_seconds=30)
+    layer = DurabilityLayer(store, fast_config(idempotency=idem))
     other_store = durabilis.connect(redis_url, namespace=namespace)
-    theirs = DurabilityLayer(other_store, fast_config(dependencies={}))
+    theirs = DurabilityLayer(other_store, fast_config(idempotency=idem, dependencies={}))
     running, finish = threading.Event(), threading.Event()
     outcome: dict[str, Any] = {}
-    attempts: list[int] = []
 
     def hold(_ctx: Any) -> str:
         running.set()
-        assert finish.wait(20)
-        if then == "it is interrupted":
-            raise KeyboardInterrupt
+        if other != "completed":
+            assert finish.wait(20)
+        if other == "is interrupted":
+            raise KeyboardInterrupt  # (interrupted in fn: it parks nothing)
         return "theirs"
 
     def deliver() -> None:
@@ -449,39 +447,79 @@ def test_a_parking_whose_claim_expired_waits_for_another_deliverys_claim_to_end(
             outcome["other"] = type(exc).__name__
 
     delivery = threading.Thread(target=deliver)
+    attempts: list[int] = []
+    rkey = ""
 
     def down(ctx: OperationContext) -> Any:
+        nonlocal rkey
         attempts.append(ctx.attempt)
         if len(attempts) == 3:  # the last attempt: its claim expires, another claims
-            store.command("DEL", store.keys.idem(ctx.idempotency_key))
+            rkey = store.keys.idem(ctx.idempotency_key)
+            store.command("DEL", rkey)
             delivery.start()
             assert running.wait(10)
+            if other == "completed":
+                delivery.join(10)
         raise OperationError("NETWORK_TIMEOUT", "down")
 
     try:
-        with instant_retries(), pytest.raises(durabilis.OutcomeUnrecorded):
-            layer.execute("agent-1", "job", {"n": 11}, down)
-        [waiting] = layer._leases.deferred()
-        assert waiting.step.guarded
-        time.sleep(0.6)  # a few keep-alive ticks: it waits, nothing parked
-        assert layer._leases.deferred() and layer.dlq.stats().pending == 0
+        with instant_retries():
+            if other == "completed":
+                with pytest.raises(LeaseLost):
+                    layer.execute("agent-1", "job", {"n": 11}, down)
+                assert outcome == {"other": "theirs"}
+                assert layer.dlq.stats().pending == 0  # (before: parked, and left pending)
+                return
+            with pytest.raises(durabilis.RetryExhausted) as parked:
+                layer.execute("agent-1", "job", {"n": 11}, down)
+        assert parked.value.dlq_id is not None and not layer._leases.deferred()
         finish.set()
         delivery.join(10)
-        deadline = time.monotonic() + 10
-        while layer._leases.deferred() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not layer._leases.deferred()
-        if then == "it succeeds":
-            assert outcome == {"other": "theirs"}
-            assert layer.dlq.stats().pending == 0  # (before: parked, and left pending)
-        else:
+        assert layer.dlq.stats().pending == 1  # (never dropped on a guess)
+        window_ms = 60_000
+        assert int(store.command("PTTL", rkey)) > 2 * window_ms  # (held for the record)
+        if other == "is interrupted":
             assert outcome == {"other": "KeyboardInterrupt"}
-            assert layer.dlq.stats().pending == 1  # (never dropped on a guess)
+            assert store.command("HGET", rkey, "s") == b"x"
+        else:
+            assert outcome == {"other": "theirs"}
+            ran: list[Any] = []
+            summary = layer.replay_pending(ran.append)
+            assert ran == [] and summary.replayed == 1  # found done, not run again
     finally:
         finish.set()
         layer.close()
         theirs.close()
         other_store.close()
+
+
+def test_a_parking_without_a_claim_left_to_the_keep_alive_parks_whoever_holds_the_key(
+    store: durabilis.Store,
+) -> None:
+    """Left to the keep-alive (its call has returned: it cannot claim again), a
+    parking without a claim of its own goes with the guard that refuses only
+    a completed record: another delivery's live claim no longer drops it (it
+    was LOST when that holder was interrupted: the first review of the guard)
+    and it never waits in the process for that claim (lost when the process
+    ended: the second), and leaves its hold on the other's claim."""
+    layer = DurabilityLayer(store, fast_config())
+    layer._core._lease_s = 0.0  # (a step that fails once goes to the keep-alive at once)
+    layer._core._late_tries = 1
+    layer.breakers.force_open("svc")
+    lose_replies(store, "dlq_enqueue", landed=False, times=1)
+    with pytest.raises(durabilis.OutcomeUnrecorded):
+        layer.execute("agent-1", "job", {"n": 12}, lambda _ctx: "never", park_on_open=True)
+    [waiting] = layer._leases.deferred()
+    guard = waiting.step.calls[0]
+    assert waiting.step.guarded and (guard.name, guard.args[0]) == ("idem_check", "g")
+    key = IdempotencyKey.from_raw(waiting.step.key)
+    store.command("HSET", store.keys.idem(key.value), "s", "p",
+                  "le", int(time.time() * 1000) + 60_000)  # another delivery's live claim
+    drive(layer._core.keep_alive_plan(layer._leases), store)
+    assert not layer._leases.deferred() and layer.dlq.stats().pending == 1
+    # (its hold left on the other's claim: that one's record then lasts as long)
+    assert store.command("HGET", store.keys.idem(key.value), "hd") is not None
+    layer.close()
 
 
 # --- adversarial review 31 (F2, F4, F5, F6) -----------------------------------------------

@@ -469,33 +469,3 @@ def test_a_deferred_parking_whose_guard_finds_the_operation_completed_sends_noth
     assert leases.deferred() == []
     assert [e["event"] for e in logs] == ["durability_parking_dropped"]
 
-
-def test_a_deferred_parking_without_a_claim_waits_while_another_holds_then_parks() -> None:
-    """Found by the review of the guard: a parking without a claim of its own
-    (park_on_open) left to the keep-alive was dropped when its guard found
-    another delivery's live claim ("held"); that delivery, interrupted in fn,
-    parked nothing, and the call had been told its parking would be sent:
-    LOST. Now it waits and is sent again each tick; once its time is out, it
-    parks all the same (its guard then refuses only a completed record)."""
-    ka = core(fuses=True)
-    leases = LeaseBook()
-    calls = deferred_parking(leases, "k", "n")
-    leases.reguard(leases.deferred()[0], ScriptCall("idem_check", calls[0].keys, ["G", ""]))
-
-    def tick(expect: str) -> None:
-        plan = ka.keep_alive_plan(leases)
-        next(plan)  # (the renewal)
-        step = plan.send([[1], 1])
-        assert step.calls[0].args == [expect, ""] and step.calls[1:] == calls[1:]
-        with capture_logs() as logs, pytest.raises(StopIteration):
-            plan.send(Replies([[b"held"], None, None], "rnn"))
-        assert logs == []  # (nothing dropped, nothing recorded)
-
-    tick("G")
-    tick("G")  # (still waiting: sent again at the next tick)
-    [item] = leases.deferred()
-    leases._deferred[0] = type(item)(item.step, 0.0, item.item)  # its time is out
-    tick("G")
-    tick("g")  # (now only a completed record refuses it)
-    [item] = leases.deferred()
-    assert item.step.guarded

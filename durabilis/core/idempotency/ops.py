@@ -220,16 +220,16 @@ class IdemOps:
         (see :meth:`decode_alias`), not ``{"none"}``."""
         return ScriptCall("idem_check", [self.keys.idem(key.value)], ["x"] if tombstones else [])
 
-    def parking_guard(self, key: IdempotencyKey, nonce: str, *, wait: bool = True) -> ScriptCall:
+    def parking_guard(self, key: IdempotencyKey, *, wait: bool) -> ScriptCall:
         """The ``idem_check`` guard of a parking: gated in front of its enqueue,
         it refuses (nothing of the step written) once the operation's record is
-        completed (``{"done"}``) and, with ``wait``, while another delivery
-        holds a live claim (``{"held"}``: not the claim ``nonce`` names, the
-        parking's own; ``""``: it has none); anything else (a record of another
-        payload fingerprint too) lets the parking go (``{"open"}``)."""
+        completed (``{"done"}``) and, with ``wait`` (a parking without a claim
+        of its own), while another delivery holds a live claim (``{"held"}``);
+        anything else (a record of another payload fingerprint too) lets the
+        parking go (``{"open"}``)."""
         return ScriptCall(
             "idem_check", [self.keys.idem(key.value)],
-            ["G" if wait else "g", key.fingerprint or "", nonce],
+            ["G" if wait else "g", key.fingerprint or ""],
         )
 
     def decode_alias(

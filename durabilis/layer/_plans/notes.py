@@ -19,7 +19,6 @@ from durabilis.layer._plans.base import (
     PUT_BACK_WITHIN_SECONDS,
     _log,
     _renewed,
-    _tag,
 )
 from durabilis.layer._plans.requests import _Requests
 
@@ -326,16 +325,6 @@ class _Notes(_Requests):
 
     def deferred_sent(self, leases: LeaseBook, item: Deferred, replies: Replies) -> None:
         """The keep-alive sent a deferred outcome: it landed (or the claim is gone)."""
-        if item.step.guarded and replies.status[:1] == "r" and _tag(replies[0]) == "held":
-            # Another delivery holds a live claim (not the parking's own): not
-            # proof that the operation will end parked or recorded (an
-            # interrupted holder parks nothing), and the call that handed it over
-            # has returned. It waits, sent again each tick; once its time is out
-            # it parks all the same (only a completed record drops it then).
-            if time.monotonic() >= item.until:
-                guard = item.step.calls[0]
-                leases.reguard(item, ScriptCall(guard.name, guard.keys, ["g", *guard.args[1:]]))
-            return
         leases.settle(item)
         if item.step.guarded and replies.status[:1] == "r":
             _log.warning("durability_parking_dropped", idempotency_key=item.step.key,

@@ -12,7 +12,7 @@ from durabilis.core.steps import IO, Plan
 from durabilis.errors import (
     CorruptData,
     DurabilisError,
-    OperationInProgress,
+    LeaseLost,
     OutcomeUnrecorded,
     RetryExhausted,
 )
@@ -21,7 +21,6 @@ from durabilis.layer._config import WORKER_LOST
 from durabilis.layer._plans.base import (
     _Claim,
     _ClaimAgain,
-    _guard_refused,
     _log,
     _missed,
     _Request,
@@ -109,23 +108,15 @@ class _Parking(_Records):
             calls, "durability_release_failed", req.key.value, waves=waves,
         ))
 
-    def _guard_gave_way(
-        self, req: _Request, cl: _Claim, calls: dict[str, ScriptCall], guard: ScriptCall,
-        answer: str,
-    ) -> Plan[None]:
-        """A parking its guard refused (nothing of it written). Raises
-        :class:`_ClaimAgain` (a duplicate's answer: the stored result, or in
-        progress), or, for a parking whose claim expired while another delivery
-        has claimed since (``held``), hands it to the keep-alive, which waits for
-        that claim to end, then parks it (released) or drops it (completed), and
-        raises ``OutcomeUnrecorded``."""
-        if answer == "held" and (cl.token or cl.member):
-            left = [calls[n] for n in ("enqueue", "release", "note") if n in calls]
-            yield from self._defer(req, cl, _Unsent(
-                OperationInProgress(req.key.value), [guard, *left],
-                {0: _guard_refused, 1: _missed}, guarded=True,
-            ))
-            raise OutcomeUnrecorded(req.key.value, succeeded=False)
+    def _guard_gave_way(self, req: _Request, cl: _Claim) -> None:
+        """A parking its guard refused (nothing of it written). With a claim of
+        its own (``fn`` may have run): the operation completed elsewhere, its
+        claim having passed to another delivery, so :class:`LeaseLost` (the new
+        owner recorded the outcome). Without one (nothing ran: its breaker was
+        open before it could claim): :class:`_ClaimAgain`, a duplicate's answer
+        (the stored result, or in progress)."""
+        if cl.token or cl.member:
+            raise LeaseLost(req.key.value)
         raise _ClaimAgain
 
     def _park_failed(
@@ -200,8 +191,12 @@ class _Parking(_Records):
         guard = None
         refused: list[str] = []
         if "enqueue" in calls and self.config.idempotency.enabled:
-            nonce = cl.nonce if cl.token or cl.member else ""
-            guard = (self._idem.parking_guard(req.key, nonce), "enqueue", refused)
+            # With a claim of its own, fn ran: only a completed record refuses it
+            # (another's live claim may end without parking: an interrupted
+            # holder). Without one, another's live claim refuses it too: the
+            # call claims again (nothing ran, nothing is lost).
+            wait = not (cl.token or cl.member)
+            guard = (self._idem.parking_guard(req.key, wait=wait), "enqueue", refused)
         parked = False
 
         def on_reply(name: str, reply: Any) -> Any:
@@ -225,6 +220,8 @@ class _Parking(_Records):
                 {"enqueue": 0, "release": 1, "note": 2, "birth": 2}, guard=guard,
             )
         except _Unsent as unsent:
+            if unsent.guarded:  # (the keep-alive parks: only a completed record refuses)
+                unsent.calls[0] = self._idem.parking_guard(req.key, wait=False)
             yield from self._defer(req, cl, unsent)
             raise OutcomeUnrecorded(req.key.value, succeeded=False) from unsent.cause
         except DurabilisError as exc:
@@ -234,7 +231,7 @@ class _Parking(_Records):
             )
             raise OutcomeUnrecorded(req.key.value, succeeded=False) from exc
         if guard is not None and not parked:  # the guard refused: nothing was written
-            yield from self._guard_gave_way(req, cl, calls, guard[0], refused[-1])
+            self._guard_gave_way(req, cl)
         if decision is not None:
             emit_retry_stop(
                 req.operation_type, decision, agent_id=req.agent_id, dlq_id=dlq_id,
