@@ -26,14 +26,20 @@ ARGV[4]  hold_ms                    "" = none; else keep the tombstone at least 
 ARGV[5]  touched                    "1": fn had started (the run was interrupted, or
                                     recovery parks a dead worker's claim): the
                                     tombstone is touched; "" = as the claim was
+ARGV[6]  fingerprint                the operation's payload fingerprint, "" = none
+                                    (a hold is left only on a record of the same)
+ARGV[7]  late                       "late": a layer parking (below); recovery's
+                                    parking, gated on this release, never sets it
 
-A PARKING THAT NO LONGER HOLDS ITS CLAIM (with hold_ms; the claim expired, and
-another delivery claimed the key since, or released it) still leaves its hold
-on the key, whoever holds it: "hd" = at least now + hold_ms on another's live
-claim or a tombstone, whose TTL reaches it. The other delivery's success then
-keeps its record that long (idem_record), so a replay of the parked record
-finds the operation done and never runs it again; its release keeps the hold,
-so a later delivery learns of the parking and settles it.
+A PARKING THAT NO LONGER HOLDS ITS CLAIM (with hold_ms and "late"; the claim expired, and
+another delivery claimed the key since, released or completed it, or the key is
+gone) still leaves its hold on the key, whatever holds it: "hd" = at least
+now + hold_ms on another's claim, a tombstone or a completed record of the same
+payload fingerprint (ARGV[6]), whose TTL reaches it; on a missing key, a held
+tombstone (as idem_tombstone writes). The other delivery's success then keeps
+its record that long (idem_record), so a replay of the parked record finds the
+operation done and never runs it again; a release keeps the hold, and a later
+delivery, meeting the tombstone, learns of the parking and settles it.
 
 Returns 1 when released, 0 when neither holds an in-progress claim (its hold
 left, as above, with hold_ms), 2 when kept because it was taken over (with
@@ -43,8 +49,22 @@ keep_taken).
               only when its lease ends, as a dead worker's, never run twice)
 ]]
 local key = KEYS[1]
-if redis.call("TYPE", key)["ok"] ~= "hash" then return 0 end
-local f = redis.call("HMGET", key, "s", "tok", "cn", "to", "hd", "tc")
+local kind = redis.call("TYPE", key)["ok"]
+local hold = tonumber(ARGV[4] or "")
+local fp = ARGV[6] or ""
+local late = hold and hold > 0 and ARGV[7] == "late"
+if kind == "none" and late then  -- (a parking: its hold, as a tombstone)
+  local t = redis.call("TIME")
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  ready()
+  redis.call("HSET", key, "s", "x", "tok", ARGV[1] ~= "" and ARGV[1] or "0", "hd", now + hold)
+  if ARGV[5] == "1" then redis.call("HSET", key, "tc", "1") end
+  if fp ~= "" then redis.call("HSET", key, "fp", fp) end
+  redis.call("PEXPIREAT", key, now + hold)
+  return 0
+end
+if kind ~= "hash" then return 0 end
+local f = redis.call("HMGET", key, "s", "tok", "cn", "to", "hd", "tc", "fp")
 local token, nonce = ARGV[1], ARGV[2] or ""
 if f[1] == "p" and ((token ~= "" and f[2] == token) or (nonce ~= "" and f[3] == nonce)) then
   if ARGV[3] == "1" and f[4] == "1" then return 2 end
@@ -69,7 +89,6 @@ if f[1] == "p" and ((token ~= "" and f[2] == token) or (nonce ~= "" and f[3] == 
   local t = redis.call("TIME")
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local until_ms = tonumber(f[5] or "") or 0
-  local hold = tonumber(ARGV[4] or "")
   if hold and hold > 0 and now + hold > until_ms then
     until_ms = now + hold
     redis.call("HSET", key, "hd", until_ms)
@@ -80,8 +99,7 @@ if f[1] == "p" and ((token ~= "" and f[2] == token) or (nonce ~= "" and f[3] == 
   end
   return 1
 end
-local hold = tonumber(ARGV[4] or "")
-if hold and hold > 0 and (f[1] == "p" or f[1] == "x") then
+if late and (f[1] == "p" or f[1] == "x" or f[1] == "d") and (f[7] or "") == fp then
   local t = redis.call("TIME")
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local until_ms = tonumber(f[5] or "") or 0

@@ -522,6 +522,35 @@ def test_a_parking_without_a_claim_left_to_the_keep_alive_parks_whoever_holds_th
     layer.close()
 
 
+def test_a_parkings_release_leaves_its_hold_whatever_holds_the_key(
+    store: durabilis.Store,
+) -> None:
+    """The third review of the guard (C1, C2): a parking whose claim is gone
+    left no hold when the key was missing (its hash expired) or completed by
+    another delivery in between (Cluster: between the guard's wave and the
+    enqueue's): a later delivery settled nothing, and a replay after the
+    window ran the completed operation again. Now the release leaves a held
+    tombstone on a missing key, and extends a completed record of the same
+    payload as long as the DLQ record (never one of another payload)."""
+    layer = DurabilityLayer(store, fast_config())
+    key = IdempotencyKey.caller("agent-1", "held-key", {"n": 1})
+    hold_ms = 600_000
+    release = layer._core._idem.release(key, None, "gone-nonce", hold_ms=hold_ms, late=True)
+    (rkey,) = release.keys
+    assert store.run(release) == 0  # (not released: no claim of its own)
+    fields = store.command("HGETALL", rkey)
+    assert fields[b"s"] == b"x" and fields[b"fp"] == key.fingerprint.encode()
+    assert int(store.command("PTTL", rkey)) > hold_ms - 10_000
+    for fp, held in ((key.fingerprint, True), ("another payload", False)):
+        store.command("DEL", rkey)
+        store.command("HSET", rkey, "s", "d", "fp", fp)
+        store.command("PEXPIRE", rkey, 5_000)
+        store.run(release)
+        assert (int(store.command("PTTL", rkey)) > hold_ms - 10_000) is held
+    store.command("DEL", rkey)
+    layer.close()
+
+
 # --- adversarial review 31 (F2, F4, F5, F6) -----------------------------------------------
 
 NEVER_TRIPS = CircuitBreakerConfig("svc", 1.0, 4, 1, 1, 10, 1)

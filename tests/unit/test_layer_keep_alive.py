@@ -469,3 +469,28 @@ def test_a_deferred_parking_whose_guard_finds_the_operation_completed_sends_noth
     assert leases.deferred() == []
     assert [e["event"] for e in logs] == ["durability_parking_dropped"]
 
+
+
+def test_slow_rounds_never_stop_a_parking_between_its_guard_and_its_enqueue() -> None:
+    """Found by the third review of the guard: with rounds slow enough that a
+    tick had time for one (a hung node: one socket timeout a round), each
+    guarded parking sent its guard, was kept whole (a guard goes with its
+    call) and started from its guard again at the next tick: its enqueue was
+    never sent, and the keep-alive renewed its claim, so recovery could not
+    park it (STUCK). Now a parking whose guard landed gets its enqueue's
+    round before the tick ends."""
+    ka, now = clocked(fuses=False)
+    leases = LeaseBook()
+    first, second = deferred_parking(leases, "a", "na"), deferred_parking(leases, "b", "nb")
+    plan = ka.keep_alive_plan(leases)
+    renew = next(plan)
+    guards = plan.send([[1]] * (len(renew.calls) - 1) + [1])
+    assert type(guards) is Batch and guards.calls == [first[0], second[0]]
+    now[0] += ka.config.renew_interval  # (a round that took a whole tick)
+    enqueues = plan.send([[b"open"], [b"open"]])
+    assert type(enqueues) is Batch and enqueues.calls == [first[1], second[1]]
+    now[0] += ka.config.renew_interval
+    with pytest.raises(StopIteration):
+        plan.send([[b"ok"], [b"ok"]])
+    left = [list(d.step.calls) for d in leases.deferred()]
+    assert left == [first[2:], second[2:]]  # (on from the release at the next tick)

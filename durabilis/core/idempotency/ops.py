@@ -175,13 +175,15 @@ class IdemOps:
 
     def release(
         self, key: IdempotencyKey, token: str | None, nonce: str = "", *,
-        keep_taken: bool = False, hold_ms: int = 0, touched: bool = False,
+        keep_taken: bool = False, hold_ms: int = 0, touched: bool = False, late: bool = False,
     ) -> ScriptCall:
         """The ``idem_release`` call: by the claim's token, or by its nonce.
 
         ``keep_taken``: a claim taken over from a dead owner is not released
         (reply 2): its operation may have run, the caller parks it.
         ``hold_ms``: keep the tombstone at least this long (a parked operation).
+        ``late`` (a layer parking, with ``hold_ms``): the claim no longer held,
+        the hold is left on whatever holds the key (see ``idem_release``).
         ``touched``: ``fn`` had started (an interrupted run, a dead worker's
         claim): the next claim is told an earlier run may have had its effect.
         """
@@ -190,7 +192,7 @@ class IdemOps:
         return ScriptCall(
             "idem_release", [self.keys.idem(key.value)],
             [token or "", nonce, "1" if keep_taken else "", hold_ms or "",
-             "1" if touched else ""],
+             "1" if touched else "", key.fingerprint or "", "late" if late else ""],
         )
 
     def tombstone(self, key: IdempotencyKey, hold_ms: int) -> ScriptCall:

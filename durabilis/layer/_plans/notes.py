@@ -227,9 +227,10 @@ class _Notes(_Requests):
         hangs costs a round one wave's time, not a socket timeout per outcome
         on it, and an outcome on a healthy node never waits ticks behind those
         of a hung one. Rounds stop once half a ``renew_interval`` has gone (one
-        at least); what a step sent stays sent (:meth:`LeaseBook.rest`): the
-        next tick goes on with its next call, so each outcome moves by a call
-        a tick at least and no call that landed is sent again."""
+        at least; a parking whose guard landed gets one more, for its enqueue);
+        what a step sent stays sent (:meth:`LeaseBook.rest`): the next tick
+        goes on with its next call, so each outcome moves by a call a tick at
+        least and no call that landed is sent again."""
         # Each step still going: its item, its replies so far, their status.
         going: list[tuple[Deferred, list[Any], list[str]]] = []
         for item in waiting:
@@ -251,9 +252,18 @@ class _Notes(_Requests):
                 raise
             going = self._round_done(leases, going, outcomes, told)
             if self.clock() - began > self.config.renew_interval / 2:
-                for item, replies, _ in going:  # the rest at the next tick
-                    leases.rest(item, len(replies))
-                return
+                # The rest at the next tick; but a parking's guard that landed
+                # goes on with its enqueue first (kept whole, it would send only
+                # its guard at every tick while rounds are slow: stuck).
+                paired = []
+                for item, replies, status in going:
+                    if item.step.guarded and len(replies) == 1:
+                        paired.append((item, replies, status))
+                    else:
+                        leases.rest(item, len(replies))
+                if not paired:
+                    return
+                going = paired
 
     def _round_done(
         self, leases: LeaseBook, going: list[tuple[Deferred, list[Any], list[str]]],

@@ -173,6 +173,7 @@ class _Parking(_Records):
                 req.key, cl.token, cl.nonce,
                 hold_ms=self._dlq.hold_ms(),  # the record is pending (a replay's too)
                 touched=cl.taken_over,  # (a mark held only by an alias passes on)
+                late=not req.replay,  # (its hold left on whatever holds the key)
             )
         elif self.config.idempotency.enabled and not req.replay:
             # Parked before any claim (open breaker): nothing at the key says it
