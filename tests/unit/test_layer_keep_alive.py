@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -434,14 +435,22 @@ def test_a_deferred_parkings_guard_goes_again_in_front_of_an_enqueue_that_did_no
         assert list(item.step.calls) == calls and item.step.guarded  # guard kept in front
 
 
-def test_unfused_rounds_keep_a_guard_in_front_of_its_enqueue() -> None:
-    ka = core(fuses=False)
+def two_parkings_at_their_guards(
+    ka: _LayerCore,
+) -> tuple[LeaseBook, Any, list[ScriptCall], list[ScriptCall]]:
+    """Two deferred parkings (unfused: side by side in rounds), stepped to the
+    round that sends both guards."""
     leases = LeaseBook()
     first, second = deferred_parking(leases, "a", "na"), deferred_parking(leases, "b", "nb")
     plan = ka.keep_alive_plan(leases)
     renew = next(plan)
     guards = plan.send([[1]] * (len(renew.calls) - 1) + [1])
     assert type(guards) is Batch and guards.calls == [first[0], second[0]]
+    return leases, plan, first, second
+
+
+def test_unfused_rounds_keep_a_guard_in_front_of_its_enqueue() -> None:
+    leases, plan, first, second = two_parkings_at_their_guards(core(fuses=False))
     enqueues = plan.send([[b"open"], [b"open"]])
     assert type(enqueues) is Batch and enqueues.calls == [first[1], second[1]]
     lost = StorageUnavailable("one node did not answer")
@@ -480,12 +489,7 @@ def test_slow_rounds_never_stop_a_parking_between_its_guard_and_its_enqueue() ->
     park it (STUCK). Now a parking whose guard landed gets its enqueue's
     round before the tick ends."""
     ka, now = clocked(fuses=False)
-    leases = LeaseBook()
-    first, second = deferred_parking(leases, "a", "na"), deferred_parking(leases, "b", "nb")
-    plan = ka.keep_alive_plan(leases)
-    renew = next(plan)
-    guards = plan.send([[1]] * (len(renew.calls) - 1) + [1])
-    assert type(guards) is Batch and guards.calls == [first[0], second[0]]
+    leases, plan, first, second = two_parkings_at_their_guards(ka)
     now[0] += ka.config.renew_interval  # (a round that took a whole tick)
     enqueues = plan.send([[b"open"], [b"open"]])
     assert type(enqueues) is Batch and enqueues.calls == [first[1], second[1]]
