@@ -164,17 +164,16 @@ class LeaseBook:
         gates = None if step.gates is None else {
             i - done: gate for i, gate in step.gates.items() if i >= done
         }
-        return self._swap(deferred, Defer(
-            step.key, step.nonce, step.member, list(step.calls[done:]), gates, step.seconds,
-        ))
-
-    def _swap(self, deferred: Deferred, step: Defer) -> Deferred:
-        now = Deferred(step, deferred.until, deferred.item)
+        rest = Deferred(
+            Defer(step.key, step.nonce, step.member, list(step.calls[done:]), gates,
+                  step.seconds),
+            deferred.until, deferred.item,
+        )
         with self._lock:
             for i, waiting in enumerate(self._deferred):
                 if waiting is deferred:
-                    self._deferred[i] = now
-                    return now
+                    self._deferred[i] = rest
+                    return rest
         return deferred
 
     def settle(self, deferred: Deferred) -> None:

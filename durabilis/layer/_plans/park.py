@@ -190,14 +190,13 @@ class _Parking(_Records):
         # delivery holds the operation (its success would not settle it): a
         # guard goes in front of it.
         guard = None
-        refused: list[str] = []
         if "enqueue" in calls and self.config.idempotency.enabled:
             # With a claim of its own, fn ran: only a completed record refuses it
             # (another's live claim may end without parking: an interrupted
             # holder). Without one, another's live claim refuses it too: the
             # call claims again (nothing ran, nothing is lost).
             wait = not (cl.token or cl.member)
-            guard = (self._idem.parking_guard(req.key, wait=wait), "enqueue", refused)
+            guard = (self._idem.parking_guard(req.key, wait=wait), "enqueue")
         parked = False
 
         def on_reply(name: str, reply: Any) -> Any:

@@ -39,21 +39,18 @@ from durabilis.layer._plans.notes import _Notes
 
 def _guarded(
     key: str, order: Sequence[str], gates: Mapping[str, Callable[[Any], bool]],
-    waves: Mapping[str, int] | None, on_reply: Callable[[str, Any], Any], *,
-    refused: list[str],
+    waves: Mapping[str, int] | None, on_reply: Callable[[str, Any], Any],
 ) -> tuple[Sequence[str], Mapping[str, Callable[[Any], bool]], Mapping[str, int] | None,
            Callable[[str, Any], Any]]:
     """A step's order, gates, waves and decoding with a parking's guard in front
-    (see :meth:`_Records._persist`); a refusal's answer goes to ``refused``."""
+    (see :meth:`_Records._persist`)."""
 
     def decode(name: str, reply: Any) -> Any:
         if name != "guard":
             return on_reply(name, reply)
         if _guard_refused(reply):
-            refused.append(_tag(reply))
-            if refused[-1] == "done":
-                _log.warning("durability_parking_dropped", idempotency_key=key,
-                             reason="the operation completed meanwhile")
+            _log.warning("durability_parking_dropped", idempotency_key=key,
+                         reason=_tag(reply))  # (done: completed; held: another's claim)
             return _VOID
         return None  # (armed again in front of its call while that is pending)
 
@@ -70,7 +67,7 @@ class _Records(_Notes):
         self, key: str, calls: dict[str, ScriptCall], order: Sequence[str],
         gates: Mapping[str, Callable[[Any], bool]], on_reply: Callable[[str, Any], Any],
         waves: Mapping[str, int] | None = None, *, first: Replies | DurabilisError | None = None,
-        guard: tuple[ScriptCall, str, list[str]] | None = None,
+        guard: tuple[ScriptCall, str] | None = None,
     ) -> Plan[None]:
         """Send a step until every call of it is settled, shielded, while the lease lasts.
 
@@ -82,19 +79,18 @@ class _Records(_Notes):
         lease's time has run out it is given up after ``_LATE_TRIES`` more
         failures (after a long pause, the process tries again before it gives up).
 
-        ``guard``: ``(call, name, refused)``, a parking's guard (``idem_check``
-        modes ``"g"``/``"G"``) and the enqueue it guards: it goes in front of
-        every send of that call, gated (a wave before it unfused), and once it
-        refuses (the operation completed, or another delivery holds it: its
-        answer goes to ``refused``) nothing more of the step goes (its enqueue
+        ``guard``: ``(call, name)``, a parking's guard (``idem_check`` modes
+        ``"g"``/``"G"``) and the enqueue it guards: it goes in front of every
+        send of that call, gated (a wave before it unfused), and once it
+        refuses (the operation completed, or another delivery holds it)
+        nothing more of the step goes (its enqueue
         may have landed with its reply lost, and a redelivery succeeded since:
         parked again, the completed operation would be run again by a replay).
         It stays in front of the call in what is left to the keep-alive.
         """
         pending = dict(calls)
         if guard is not None:
-            order, gates, waves, on_reply = _guarded(
-                key, order, gates, waves, on_reply, refused=guard[2])
+            order, gates, waves, on_reply = _guarded(key, order, gates, waves, on_reply)
 
         def arm() -> None:
             if guard is not None and guard[1] in pending:
