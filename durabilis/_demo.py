@@ -45,6 +45,7 @@ KILL_IN_PHASE = "review"  # worker 0 is killed inside its first wiki call of thi
 # (mid-task: the task's draft is checkpointed, the review's key claimed)
 FAILURE_RATE = 0.15
 LEASE_SECONDS = 1.5
+FIRST_SECONDS = 10.0  # the longest the other workers wait for worker 0 to hang
 FINISH_SECONDS = 30.0  # the longest the end phase goes on replaying and resuming
 
 
@@ -250,6 +251,7 @@ def _run_workers(
     """Start the workers, kill worker 0 mid-task, run the recovery cron until they end."""
     ctx = multiprocessing.get_context("spawn")
     go = ctx.Event()
+    go_first = ctx.Event()  # worker 0's start: ahead of the others (below)
     ready = ctx.Semaphore(0)  # one release per worker that is imported and connected
     hung = ctx.Event()  # worker 0 is inside a wiki call, mid-task: kill it now
     own = [tasks[w::workers] for w in range(workers)]
@@ -259,18 +261,25 @@ def _run_workers(
         mine = [t for pair in zip(own[w], redelivered, strict=True) for t in pair]
         procs.append(ctx.Process(
             target=_worker,
-            args=(url, store.namespace, mine, go, str(log_dir)),
+            args=(url, store.namespace, mine, go_first if w == 0 else go, str(log_dir)),
             kwargs={"hang": hung if w == 0 else None, "ready": ready},
         ))
     for p in procs:
         p.start()
-    # All start together: on a loaded machine, a worker still importing while
-    # the others ran would find its tasks done by them (and worker 0 might
-    # never reach the call it is killed in).
+    # None starts before all are imported and connected: on a loaded machine,
+    # a worker still importing while the others ran would find its tasks done
+    # by them.
     for _ in procs:
         ready.acquire(timeout=60)
     started_at = time.time()
     store.client.set(store.keys.layer("demo", "start"), repr(started_at), ex=3600)
+    # Worker 0 starts first and the others once it hangs in its KILL_IN_PHASE
+    # call (its first task's draft done: a few wiki calls). Started together,
+    # a worker 0 slowed down by a loaded machine could find each of its
+    # tasks' reviews done by the worker they are redelivered to, or parked
+    # while the breaker is open, and never be killed mid-task.
+    go_first.set()
+    hung.wait(FIRST_SECONDS)
     go.set()
     killed_at: float | None = None
     next_cron = time.time() + 0.5
