@@ -522,6 +522,94 @@ def test_a_parking_without_a_claim_left_to_the_keep_alive_parks_whoever_holds_th
     layer.close()
 
 
+def test_a_parkings_guard_with_its_claims_token_refuses_no_record_past_that_claims_window(
+    store: durabilis.Store,
+) -> None:
+    """The fourth review of the guard (F1): the guard could not tell "no
+    record ever" from "a completed record that expired". With its claim's
+    token (the claim time, server microseconds), no record past that claim's
+    window is ``stale``: refused. Before it, and whatever else the key holds,
+    the answers are as before."""
+    layer = DurabilityLayer(store, fast_config())
+    key = IdempotencyKey.caller("agent-1", "stale-key", {"n": 1})
+    window_ms = layer._core._idem.window_ms
+    now_us = int(time.time() * 1_000_000)
+    past = str(now_us - window_ms * 1000 - 5_000_000)  # its window ended 5 s ago
+    recent = str(now_us - 5_000_000)  # claimed 5 s ago: its window runs on
+    rkey = store.keys.idem(key.value)
+    fp, now_ms = key.fingerprint, now_us // 1000
+    states: dict[str, list[Any]] = {
+        "none": [],
+        "completed": ["HSET", rkey, "s", "d", "fp", fp],
+        "tombstone": ["HSET", rkey, "s", "x", "fp", fp],
+        "ended claim": ["HSET", rkey, "s", "p", "le", now_ms - 1_000, "fp", fp],
+        "foreign": ["SET", rkey, "foreign"],
+    }
+    answers = {}
+    for state, setup in states.items():
+        store.command("DEL", rkey)
+        if setup:
+            store.command(*setup)
+        answers[state] = tuple(
+            store.run(layer._core._idem.parking_guard(key, wait=False, token=t))[0].decode()
+            for t in (past, recent, None, "not a token")
+        )
+    store.command("DEL", rkey)
+    assert answers == {  # (past window, window running, no token, garbage: no bound)
+        "none": ("stale", "open", "open", "open"),
+        "completed": ("done", "done", "done", "done"),
+        "tombstone": ("open",) * 4, "ended claim": ("open",) * 4, "foreign": ("open",) * 4,
+    }
+    layer.close()
+
+
+def test_a_parking_left_to_the_keep_alive_past_its_claims_window_never_outlives_the_record(
+    store: durabilis.Store,
+) -> None:
+    """The fourth review of the guard (F1, ran twice): A's operation failed
+    for good and its parking went to the keep-alive (cut off from Redis),
+    which sent it for a dedup window from the deferral. A's claim lapsed;
+    delivery B took the key over and completed it (no DLQ record yet: B
+    settled nothing); B's record expired; then A's parking landed on the
+    missing key, parked the completed operation, and a replay ran it again.
+    Now the guard carries A's claim's window end: past it, no record is
+    "stale" and nothing of the step is written."""
+    window = 1.0  # (the lease, 30 s, renewed every 10 s: no tick of the keep-alive's
+    # own thread in this test; it is driven below)
+    idem = IdempotencyConfig(dedup_window_seconds=window, in_progress_ttl_seconds=30)
+    a = DurabilityLayer(store, fast_config(idempotency=idem, dependencies={}))
+    a._core._lease_s = 0.0  # (a step that fails once goes to the keep-alive at once)
+    a._core._late_tries = 1
+    lose_replies(store, "dlq_enqueue", landed=False, times=1)
+    with instant_retries(), pytest.raises(durabilis.OutcomeUnrecorded):
+        a.execute("agent-1", "job", {"n": 21}, _down)
+    [waiting] = a._leases.deferred()
+    assert waiting.step.guarded
+    key = waiting.step.key
+    rkey = store.keys.idem(key)
+    store.command("HSET", rkey, "le", 0)  # A's claim lapsed (its renewals failed)
+    b = DurabilityLayer(store, fast_config(idempotency=idem, dependencies={}))
+    ran: list[OperationContext] = []
+
+    def ok(ctx: OperationContext) -> str:
+        ran.append(ctx)
+        return "ok"
+
+    assert b.execute("agent-1", "job", {"n": 21}, ok) == "ok"
+    assert ran[0].recovered  # (B took the claim over)
+    store.command("DEL", rkey)  # B's record expired (its window)
+    time.sleep(window + 0.1)  # A's claim's window has ended too
+    with capture_logs() as logs:
+        drive(a._core.keep_alive_plan(a._leases), store)
+    assert not a._leases.deferred()  # (its step ended: never sent again)
+    assert a.dlq.stats().pending == 0 and not store.command("EXISTS", rkey)
+    dropped = [e for e in logs if e["event"] == "durability_parking_dropped"]
+    assert [(e["refusal"], e["log_level"]) for e in dropped] == [("stale", "error")]
+    assert b.replay_pending(ok).replayed == 0 and len(ran) == 1
+    a.close()
+    b.close()
+
+
 def test_a_parkings_release_leaves_its_hold_whatever_holds_the_key(
     store: durabilis.Store,
 ) -> None:

@@ -142,10 +142,28 @@ def _missed(reply: Any) -> bool:
     return _tag(reply) == "miss"
 
 
+_GUARD_REFUSALS = {
+    "done": "the operation completed meanwhile",
+    "held": "another delivery holds the operation",
+    "stale": "no record left past its claim's window (a completed record may have "
+             "expired; recover_orphans parked the claim if it ran within the window)",
+}
+
+
 def _guard_refused(reply: Any) -> bool:
-    """A parking's guard refused: the operation's record is completed, or (a
-    parking without a claim) another holds a live claim (see idem_check)."""
-    return _tag(reply) in ("done", "held")
+    """A parking's guard refused: the operation's record is completed, (a
+    parking without a claim) another holds a live claim, or (a parking of a
+    claim) no record is left past that claim's window (see idem_check)."""
+    return _tag(reply) in _GUARD_REFUSALS
+
+
+def _log_guard_refusal(key: str, reply: Any) -> None:
+    """``durability_parking_dropped``: an error when the operation may be lost
+    (``stale``), a warning when it completed or another delivery holds it."""
+    tag = _tag(reply)
+    log = _log.error if tag == "stale" else _log.warning
+    log("durability_parking_dropped", idempotency_key=key, refusal=tag,
+        reason=_GUARD_REFUSALS.get(str(tag), "?"))
 
 
 def _not_released(reply: Any) -> bool:

@@ -18,6 +18,7 @@ from durabilis.layer._plans.base import (
     DUPLICATES_FLUSH_SECONDS,
     PUT_BACK_WITHIN_SECONDS,
     _log,
+    _log_guard_refusal,
     _renewed,
 )
 from durabilis.layer._plans.requests import _Requests
@@ -337,8 +338,7 @@ class _Notes(_Requests):
         """The keep-alive sent a deferred outcome: it landed (or the claim is gone)."""
         leases.settle(item)
         if item.step.guarded and replies.status[:1] == "r":
-            _log.warning("durability_parking_dropped", idempotency_key=item.step.key,
-                         reason="the operation completed meanwhile")
+            _log_guard_refusal(item.step.key, replies[0])
             return
         if "r" in replies.status:  # a gated refusal ended it (the keep-alive decodes none)
             # A record refused: the claim was taken over (its new owner records).

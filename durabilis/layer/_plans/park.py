@@ -24,6 +24,7 @@ from durabilis.layer._plans.base import (
     _log,
     _missed,
     _Request,
+    _tag,
     _Unsent,
     dlq_id_for,
 )
@@ -108,16 +109,37 @@ class _Parking(_Records):
             calls, "durability_release_failed", req.key.value, waves=waves,
         ))
 
-    def _guard_gave_way(self, req: _Request, cl: _Claim) -> None:
+    def _guard_gave_way(self, req: _Request, cl: _Claim, refusal: Any) -> None:
         """A parking its guard refused (nothing of it written). With a claim of
         its own (``fn`` may have run): the operation completed elsewhere, its
         claim having passed to another delivery, so :class:`LeaseLost` (the new
-        owner recorded the outcome). Without one (nothing ran: its breaker was
+        owner recorded the outcome); or its record is gone past the claim's
+        window (``stale``: the outcome is not known), so
+        :class:`OutcomeUnrecorded`. Without one (nothing ran: its breaker was
         open before it could claim): :class:`_ClaimAgain`, a duplicate's answer
         (the stored result, or in progress)."""
+        if _tag(refusal) == "stale":
+            raise OutcomeUnrecorded(req.key.value, succeeded=False)
         if cl.token or cl.member:
             raise LeaseLost(req.key.value)
         raise _ClaimAgain
+
+    def _parking_guard(self, req: _Request, cl: _Claim) -> tuple[ScriptCall, str] | None:
+        """The guard in front of a parking's enqueue (``None``: no idempotency).
+
+        A parking sent late (a lost reply, the keep-alive) of an operation that
+        succeeded meanwhile must park nothing, nor one made while another
+        delivery holds the operation (its success would not settle it). With a
+        claim of its own, fn ran: only a completed record refuses it (another's
+        live claim may end without parking: an interrupted holder), or, with
+        its claim's token, no record left past that claim's window (a completed
+        record may have expired). Without one, another's live claim refuses it
+        too: the call claims again (nothing ran, nothing is lost).
+        """
+        if not self.config.idempotency.enabled:
+            return None
+        wait = not (cl.token or cl.member)
+        return self._idem.parking_guard(req.key, wait=wait, token=cl.token), "enqueue"
 
     def _park_failed(
         self, req: _Request, cl: _Claim, failed: tuple[BaseException, RetryDecision] | None,
@@ -185,23 +207,15 @@ class _Parking(_Records):
         if self._buckets and cl.token and self.config.idempotency.enabled:
             calls["birth"] = self._birth_gone(req.key.value, cl.nonce)
 
-        # A parking sent late (a lost reply, the keep-alive) of an operation that
-        # succeeded meanwhile must park nothing, nor one made while another
-        # delivery holds the operation (its success would not settle it): a
-        # guard goes in front of it.
-        guard = None
-        if "enqueue" in calls and self.config.idempotency.enabled:
-            # With a claim of its own, fn ran: only a completed record refuses it
-            # (another's live claim may end without parking: an interrupted
-            # holder). Without one, another's live claim refuses it too: the
-            # call claims again (nothing ran, nothing is lost).
-            wait = not (cl.token or cl.member)
-            guard = (self._idem.parking_guard(req.key, wait=wait), "enqueue")
+        guard = self._parking_guard(req, cl) if "enqueue" in calls else None
         parked = False
+        refusal: Any = None
 
         def on_reply(name: str, reply: Any) -> Any:
-            nonlocal dlq_id, parked
-            if name == "enqueue":
+            nonlocal dlq_id, parked, refusal
+            if name == "guard":  # (refused: nothing of the step was written)
+                refusal = reply
+            elif name == "enqueue":
                 again = self._dlq.enqueue_again(calls["enqueue"], reply)
                 if again is not None:  # the operation's record is another: park there
                     calls["enqueue"] = again
@@ -221,7 +235,7 @@ class _Parking(_Records):
             )
         except _Unsent as unsent:
             if unsent.guarded:  # (the keep-alive parks: only a completed record refuses)
-                unsent.calls[0] = self._idem.parking_guard(req.key, wait=False)
+                unsent.calls[0] = self._idem.parking_guard(req.key, wait=False, token=cl.token)
             yield from self._defer(req, cl, unsent)
             raise OutcomeUnrecorded(req.key.value, succeeded=False) from unsent.cause
         except DurabilisError as exc:
@@ -231,7 +245,7 @@ class _Parking(_Records):
             )
             raise OutcomeUnrecorded(req.key.value, succeeded=False) from exc
         if guard is not None and not parked:  # the guard refused: nothing was written
-            self._guard_gave_way(req, cl)
+            self._guard_gave_way(req, cl, refusal)
         if decision is not None:
             emit_retry_stop(
                 req.operation_type, decision, agent_id=req.agent_id, dlq_id=dlq_id,

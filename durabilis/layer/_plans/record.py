@@ -27,6 +27,7 @@ from durabilis.layer._plans.base import (
     _Claim,
     _guard_refused,
     _log,
+    _log_guard_refusal,
     _record_refused,
     _Request,
     _save_refused,
@@ -49,8 +50,8 @@ def _guarded(
         if name != "guard":
             return on_reply(name, reply)
         if _guard_refused(reply):
-            _log.warning("durability_parking_dropped", idempotency_key=key,
-                         reason=_tag(reply))  # (done: completed; held: another's claim)
+            _log_guard_refusal(key, reply)
+            on_reply(name, reply)  # (told why: the plan answers the caller by it)
             return _VOID
         return None  # (armed again in front of its call while that is pending)
 
