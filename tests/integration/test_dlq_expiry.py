@@ -610,6 +610,44 @@ def test_a_parking_left_to_the_keep_alive_past_its_claims_window_never_outlives_
     b.close()
 
 
+def test_a_replay_whose_outcome_goes_to_the_keep_alive_keeps_its_claim_and_settles_its_record(
+    store: durabilis.Store,
+) -> None:
+    """The fourth review of the guard (F2, the simulator's seed 107961): a
+    replay's fn succeeded, but its outcome step (the record, and the DLQ
+    record's finish fenced by the replay's claim) could not be sent within the
+    lease and went to the keep-alive. The replay answered "failed": its note
+    released the DLQ claim and counted an attempt, so the keep-alive's finish
+    was refused, and the completed operation's record stayed pending. Now the
+    replay is deferred with its claim kept, and the keep-alive's finish
+    settles the record; fn ran once."""
+    layer = DurabilityLayer(store, fast_config(dependencies={}))
+    with instant_retries(), pytest.raises(durabilis.RetryExhausted) as parked:
+        layer.execute("agent-1", "job", {"n": 31}, _down)
+    dlq_id = str(parked.value.dlq_id)
+    layer._core._lease_s = 0.0  # (a step that fails once goes to the keep-alive at once)
+    layer._core._late_tries = 1
+    lose_replies(store, "idem_record", landed=False, times=1)
+    ran: list[OperationContext] = []
+
+    def ok(ctx: OperationContext) -> str:
+        ran.append(ctx)
+        return "ok"
+
+    result = layer.replay(dlq_id, ok)
+    assert result.outcome is ReplayOutcome.DEFERRED and len(ran) == 1
+    record = layer.dlq.get(dlq_id)
+    assert record is not None and record.status is DlqStatus.PENDING
+    assert record.replay_attempts == 0  # (no failure counted: it succeeded)
+    assert layer.replay_pending(ok).replayed == 0  # (claimed: no pass takes it meanwhile)
+    drive(layer._core.keep_alive_plan(layer._leases), store)
+    assert not layer._leases.deferred()
+    record = layer.dlq.get(dlq_id)
+    assert record is not None and record.status is DlqStatus.REPLAYED
+    assert layer.execute("agent-1", "job", {"n": 31}, ok) == "ok" and len(ran) == 1
+    layer.close()
+
+
 def test_a_parkings_release_leaves_its_hold_whatever_holds_the_key(
     store: durabilis.Store,
 ) -> None:

@@ -19,6 +19,7 @@ from durabilis.core.dlq.listing import ListingPlans
 from durabilis.core.dlq.plan import (
     ANSWERED,
     FINISHED,
+    UNSETTLED,
     Handle,
     ReplayDeclined,
     TypeChanged,
@@ -31,6 +32,7 @@ from durabilis.core.dlq.types import DlqConfig, DlqRecord, DlqStatus
 __all__ = [
     "ANSWERED",
     "FINISHED",
+    "UNSETTLED",
     "DlqCalls",
     "DlqConfig",
     "DlqRecord",

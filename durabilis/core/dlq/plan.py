@@ -41,6 +41,15 @@ ANSWERED = object()
 so nothing ran; a record another finished meanwhile (a later delivery of the
 operation settles it) is replayed, not a lost claim."""
 
+UNSETTLED = object()
+"""A handler's answer: the operation ran and succeeded, but its outcome step
+(the record's finish with it, fenced by the claim token) could not be sent
+within its lease and goes on in the process's keep-alive. The claim is left as
+it is (released, that finish would be refused and the record left pending
+once the operation completed): deferred, nothing counted. If the keep-alive
+never lands it, the claim expires and a later replay finds the operation done
+(or, its claim lapsed too, runs it with ``ctx.recovered``)."""
+
 
 CONFIG_ERROR_QUIET_SECONDS = 600.0
 """After a config error on a requeued record, this replica's requeue passes

@@ -19,6 +19,7 @@ from durabilis.core.dlq.plan import (
     ANSWERED,
     CONFIG_ERROR_QUIET_SECONDS,
     FINISHED,
+    UNSETTLED,
     Handle,
     Plan,
     ReplayDeclined,
@@ -191,6 +192,16 @@ class ReplayPlans(ListingPlans):
         error = yield from self._handled(claimed, handle, open_breakers, operation_type)
         if error is FINISHED:
             return self._replayed(record, claimed)
+        if error is UNSETTLED:  # (its finish, fenced by the claim, goes on: see UNSETTLED)
+            self.log.warning(
+                "durability_dlq_replay_deferred", dlq_id=dlq_id,
+                operation_type=record.operation_type, reason="outcome_unrecorded",
+            )
+            return ReplayResult(
+                dlq_id, ReplayOutcome.DEFERRED,
+                error="the operation succeeded; its outcome is still being recorded",
+                replay_attempts=record.replay_attempts, status=DlqStatus.PENDING,
+            )
         if isinstance(error, (OperationInProgress, CircuitOpen, TypeChanged, ReplayDeclined)):
             if isinstance(error, CircuitOpen) and open_breakers is not None:
                 open_breakers[error.dependency] = None

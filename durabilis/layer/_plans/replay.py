@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from durabilis.core.dlq.plan import UNSETTLED
 from durabilis.core.steps import IO, Plan
 from durabilis.dlq import ANSWERED, DlqRecord, ReplayDeclined
 from durabilis.errors import (
@@ -13,6 +14,7 @@ from durabilis.errors import (
     DurabilisError,
     InvalidPayload,
     OperationInProgress,
+    OutcomeUnrecorded,
     ResultNotStored,
 )
 from durabilis.idempotency import RAW_PREFIX, IdempotencyKey, payload_fingerprint
@@ -112,6 +114,14 @@ class _Replays(_LeanPath):
             req = dataclasses.replace(request, replay_claim=claim)
             try:
                 yield from self.execute_plan(req, fn)
+            except OutcomeUnrecorded as exc:
+                if not exc.succeeded:  # (failed: its note went, or goes, as a failure)
+                    return exc
+                # It ran and succeeded; its outcome step (finishing the record,
+                # fenced by this claim) goes on in the keep-alive: the claim
+                # stays, else that finish would be refused (the record left
+                # pending once the operation completed).
+                return UNSETTLED
             except ResultNotStored:
                 # It ran and completed (now or before): recorded as "completed,
                 # result not stored". That is the replay's success: a record left
