@@ -133,9 +133,11 @@ class ClusterWaves(StoreBase):
         """Each call's reply or DurabilisError. Cluster: each call written to its
         key's primary before any reply is read (one round trip for the wave; a
         redirect, NOSCRIPT or failover reply, or a call that could not be
-        written, goes again through redis-py's own routing). Otherwise one by
-        one (the simulator's unfused standalone store)."""
-        if len(calls) == 1 or not self.is_cluster:
+        written, goes again through redis-py's own routing). A wave of one call
+        too (a claim step's waves are): read by redis-py, an interruption
+        dropped its connection unread. Otherwise one by one (the simulator's
+        unfused standalone store)."""
+        if not calls or not self.is_cluster:
             return [self._caught(c) for c in calls]
         # A node that hangs costs the wave one socket timeout, not one per call
         # on it (read one after another, N calls there held the wave for N

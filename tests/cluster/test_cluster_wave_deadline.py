@@ -143,6 +143,30 @@ def test_an_interrupted_wave_waits_for_the_call_it_was_reading(
         store.close()
 
 
+def test_an_interrupted_step_waits_for_its_one_call_on_cluster(
+    cluster: LocalCluster, namespace: str, raw: Any
+) -> None:
+    """The sync twin of the test below: a wave of one call (a claim step's
+    waves are) was read by redis-py's own routing, which dropped its
+    connection at the interruption: the plan's release could overtake the
+    claim (held by nobody for a lease). Now it is written and read as a
+    wave's calls are, and waited for."""
+    store = durabilis.connect(cluster.url, namespace=namespace, socket_timeout=5)
+    try:
+        paused = sorted(cluster.topology()["primaries"])[0]
+        [name] = keys_on(store, raw, paused, 1)
+        store.run_step([claim(store, f"{name}-warm")])
+        with cluster.node(paused) as node:
+            node.execute_command("CLIENT", "PAUSE", PAUSE_MS, "WRITE")
+        with interrupted_after(INTERRUPT_AFTER), pytest.raises(Interrupted):
+            store.run_step([claim(store, name)])
+        assert state(raw, store, name) == b"p"  # (before: still queued on the node)
+    finally:
+        with cluster.node(paused) as node:
+            node.execute_command("CLIENT", "UNPAUSE")
+        store.close()
+
+
 def test_a_cancelled_async_step_waits_for_its_one_call_on_cluster(
     cluster: LocalCluster, namespace: str, raw: Any
 ) -> None:
