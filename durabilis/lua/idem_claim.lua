@@ -6,6 +6,12 @@ here, as a compare-and-set, with a new fencing token. A claim sent again with
 the nonce of the claim in progress (its first reply was lost) gets that same
 claim back, lease renewed.
 
+A claim in progress is kept a dedup window past its lease's end (and past the
+window from the claim): a worker that died holding it, however long it held
+it, leaves recover_orphans a whole window to find it, and a missing key means
+every claim of it ended a window ago or more (a parking's guard relies on it:
+idem_check's "stale").
+
 Fencing tokens are the server clock in microseconds, but never lower than the
 key's previous token + 1 (kept across a release as a tombstone), so they
 strictly increase per key even if the clock steps back (a failover to a
@@ -80,7 +86,7 @@ local function claim(taken_over, previous, hd, touched)
     drop[#drop + 1] = "r"; drop[#drop + 1] = "ns"
     redis.call("HDEL", key, unpack(drop))
   end
-  redis.call("PEXPIREAT", key, math.max(now + math.max(window, lease), held))
+  redis.call("PEXPIREAT", key, math.max(now + lease + window, held))  -- (see above)
   local told = taken_over
   if touched then told = 1 end
   return {"new", token, now, now + window, told, previous or ""}
@@ -125,7 +131,8 @@ if nonce ~= "" and f[10] == nonce then
   -- Our own claim, sent again after its reply was lost: the same claim.
   ready()
   redis.call("HSET", key, "le", now + lease)
-  redis.call("PEXPIREAT", key, math.max(ts + stored_window, now + lease, int(f[11]) or 0))
+  redis.call("PEXPIREAT", key,
+             math.max(ts + stored_window, now + lease + stored_window, int(f[11]) or 0))
   local told = 0
   if touched or f[13] == "1" then told = 1 end
   return {"new", tok, ts, ts + stored_window, told, ""}

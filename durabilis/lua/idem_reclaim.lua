@@ -41,6 +41,7 @@ if prev >= tok then tok = prev + 1 end
 local token = string.format("%d", tok)
 ready()
 redis.call("HSET", key, "tok", token, "le", now + lease)
--- Never before its hold ("hd": a parked operation's DLQ record still names it).
-redis.call("PEXPIREAT", key, math.max(ts + window, now + lease, int(f[8]) or 0))
+-- Never before its hold ("hd": a parked operation's DLQ record still names it),
+-- and a window past the lease's end (idem_claim: recovery's window).
+redis.call("PEXPIREAT", key, math.max(ts + window, now + lease + window, int(f[8]) or 0))
 return {"reclaimed", token, f[4] or "", f[2], ts, f[9] or ""}

@@ -33,8 +33,9 @@ for i, key in ipairs(KEYS) do
     if f[1] == "p" and f[2] == ARGV[i] and ARGV[i] ~= "" and ts and window then
       -- PEXPIREAT first: it does not count as growing memory, so under
       -- maxmemory (noeviction) the renewal still goes through. Never before
-      -- the hold ("hd": a parked operation's DLQ record still names the key).
-      redis.call("PEXPIREAT", key, math.max(ts + window, now + lease, int(f[5]) or 0))
+      -- the hold ("hd": a parked operation's DLQ record still names the key),
+      -- and a window past the lease's end (idem_claim: recovery's window).
+      redis.call("PEXPIREAT", key, math.max(ts + window, now + lease + window, int(f[5]) or 0))
       redis.call("HSET", key, "le", now + lease)
       out[i] = 1
     end

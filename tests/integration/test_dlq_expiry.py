@@ -522,22 +522,22 @@ def test_a_parking_without_a_claim_left_to_the_keep_alive_parks_whoever_holds_th
     layer.close()
 
 
-def test_a_parkings_guard_with_its_claims_token_refuses_no_record_past_that_claims_window(
+def test_a_parkings_guard_with_its_claims_time_refuses_no_record_a_window_past_it(
     store: durabilis.Store,
 ) -> None:
     """The fourth review of the guard (F1): the guard could not tell "no
     record ever" from "a completed record that expired". With its claim's
-    token (the claim time, server microseconds), no record past that claim's
-    window is ``stale``: refused. Before it, and whatever else the key holds,
-    the answers are as before."""
+    time (server ms, from the claim's reply), no record a window past it is
+    ``stale``: refused. Before it, and whatever else the key holds, the
+    answers are as before."""
     layer = DurabilityLayer(store, fast_config())
     key = IdempotencyKey.caller("agent-1", "stale-key", {"n": 1})
     window_ms = layer._core._idem.window_ms
-    now_us = int(time.time() * 1_000_000)
-    past = str(now_us - window_ms * 1000 - 5_000_000)  # its window ended 5 s ago
-    recent = str(now_us - 5_000_000)  # claimed 5 s ago: its window runs on
+    now_ms = int(time.time() * 1000)
+    past = now_ms - window_ms - 5_000  # claimed a window and 5 s ago
+    recent = now_ms - 5_000  # claimed 5 s ago: its window runs on
     rkey = store.keys.idem(key.value)
-    fp, now_ms = key.fingerprint, now_us // 1000
+    fp = key.fingerprint
     states: dict[str, list[Any]] = {
         "none": [],
         "completed": ["HSET", rkey, "s", "d", "fp", fp],
@@ -551,20 +551,21 @@ def test_a_parkings_guard_with_its_claims_token_refuses_no_record_past_that_clai
         if setup:
             store.command(*setup)
         answers[state] = tuple(
-            store.run(layer._core._idem.parking_guard(key, wait=False, token=t))[0].decode()
-            for t in (past, recent, None, "not a token")
+            store.run(layer._core._idem.parking_guard(key, wait=False, claimed_ms=t))[0].decode()
+            for t in (past, recent, None)
         )
     store.command("DEL", rkey)
-    assert answers == {  # (past window, window running, no token, garbage: no bound)
-        "none": ("stale", "open", "open", "open"),
-        "completed": ("done", "done", "done", "done"),
-        "tombstone": ("open",) * 4, "ended claim": ("open",) * 4, "foreign": ("open",) * 4,
+    assert answers == {  # (past its window, its window running, no claim time)
+        "none": ("stale", "open", "open"),
+        "completed": ("done", "done", "done"),
+        "tombstone": ("open",) * 3, "ended claim": ("open",) * 3, "foreign": ("open",) * 3,
     }
     layer.close()
 
 
+@pytest.mark.parametrize("token", ["the clock's", "ahead of the clock"])
 def test_a_parking_left_to_the_keep_alive_past_its_claims_window_never_outlives_the_record(
-    store: durabilis.Store,
+    store: durabilis.Store, token: str,
 ) -> None:
     """The fourth review of the guard (F1, ran twice): A's operation failed
     for good and its parking went to the keep-alive (cut off from Redis),
@@ -573,13 +574,22 @@ def test_a_parking_left_to_the_keep_alive_past_its_claims_window_never_outlives_
     settled nothing); B's record expired; then A's parking landed on the
     missing key, parked the completed operation, and a replay ran it again.
     Now the guard carries A's claim's window end: past it, no record is
-    "stale" and nothing of the step is written."""
+    "stale" and nothing of the step is written. ``ahead of the clock`` (the
+    first review of that bound, F2): the key's fencing tokens run ahead of the
+    server clock (a failover to a replica with a slower clock: tokens only
+    increase); a bound taken from A's token came that much later than its
+    claim's window end, and the parking landed in between."""
     window = 1.0  # (the lease, 30 s, renewed every 10 s: no tick of the keep-alive's
     # own thread in this test; it is driven below)
     idem = IdempotencyConfig(dedup_window_seconds=window, in_progress_ttl_seconds=30)
     a = DurabilityLayer(store, fast_config(idempotency=idem, dependencies={}))
     a._core._lease_s = 0.0  # (a step that fails once goes to the keep-alive at once)
     a._core._late_tries = 1
+    if token == "ahead of the clock":  # an earlier delivery's tombstone, its token 3 s ahead
+        ahead = str(int(time.time() * 1_000_000) + 3_000_000)
+        tomb = store.keys.idem(IdempotencyKey.new("agent-1", "job", {"n": 21}).value)
+        store.command("HSET", tomb, "s", "x", "tok", ahead)
+        store.command("PEXPIRE", tomb, 60_000)
     lose_replies(store, "dlq_enqueue", landed=False, times=1)
     with instant_retries(), pytest.raises(durabilis.OutcomeUnrecorded):
         a.execute("agent-1", "job", {"n": 21}, _down)
@@ -608,6 +618,78 @@ def test_a_parking_left_to_the_keep_alive_past_its_claims_window_never_outlives_
     assert b.replay_pending(ok).replayed == 0 and len(ran) == 1
     a.close()
     b.close()
+
+
+def _cut_off(store: durabilis.Store) -> list[bool]:
+    """``store`` cut off from Redis while ``cut[0]`` (a partition: every call of
+    it fails before it is sent, as a connection refused does)."""
+    cut = [False]
+    for name in ("run", "run_many", "run_step", "command"):
+        real = getattr(store, name)
+
+        def gated(*args: Any, _real: Any = real, **kwargs: Any) -> Any:
+            if cut[0]:
+                raise durabilis.StorageUnavailable("cut off (the test's partition)")
+            return _real(*args, **kwargs)
+
+        setattr(store, name, gated)
+    return cut
+
+
+@pytest.mark.parametrize(("window", "lease", "slow"), [
+    (1.0, 0.5, 0.8),  # held past its window minus its lease (a slow fn)
+    (0.6, 1.0, 0.0),  # a lease longer than the window (the config allows it)
+])
+def test_a_claim_held_past_its_window_is_recovered_when_its_worker_is_cut_off(
+    store: durabilis.Store, redis_url: str, namespace: str, window: float, lease: float,
+    slow: float,
+) -> None:
+    """The first review of the guard's bound (F1, lost; F1b, pre-existing): a
+    claim's hash lasted until max(claim + window, lease end). Held past claim
+    + window - lease, it expired at its lease end, so recover_orphans found no
+    claim to reclaim (and dropped its index entry); the worker's own parking,
+    sent late once it was back, met a missing key past its bound ("stale")
+    and was dropped. Nothing of the failed operation was left. Now a claim
+    lasts a window past its lease end: recovery parks it, and the late
+    parking joins that record."""
+    idem = IdempotencyConfig(dedup_window_seconds=window, in_progress_ttl_seconds=lease)
+    a_store = durabilis.connect(redis_url, namespace=namespace)
+    cut = _cut_off(a_store)
+    a = DurabilityLayer(a_store, fast_config(
+        idempotency=idem, renew_every_seconds=0.1, dependencies={}))
+    r = DurabilityLayer(store, fast_config(idempotency=idem, dependencies={}))
+    failed: list[BaseException] = []
+
+    def fails_cut_off(_ctx: OperationContext) -> Any:
+        if not cut[0]:
+            time.sleep(slow)  # (renewed meanwhile)
+            cut[0] = True  # A loses Redis as its first attempt fails
+        raise OperationError("NETWORK_TIMEOUT", "down")
+
+    def run_a() -> None:
+        try:
+            with instant_retries():
+                a.execute("agent-1", "job", {"n": 41}, fails_cut_off)
+        except durabilis.DurabilisError as exc:
+            failed.append(exc)
+
+    worker = threading.Thread(target=run_a)
+    worker.start()
+    parked: list[str] = []
+    wait_for(lambda: bool(parked.extend(r.recover_orphans()) or parked),
+             "recovery to park the cut-off worker's claim")
+    worker.join(30)
+    assert [type(e) for e in failed] == [durabilis.OutcomeUnrecorded]
+    record = r.dlq.get(parked[0])
+    assert record is not None and record.last_error == "WORKER_LOST"
+    with capture_logs() as logs:
+        cut[0] = False  # back: its keep-alive sends its parking
+        wait_for(lambda: not a._leases.deferred(), "the late parking to land")
+    assert [e for e in logs if e["event"] == "durability_parking_dropped"] == []
+    assert r.dlq.stats().pending == 1  # (the late parking joined the record)
+    a.close()
+    r.close()
+    a_store.close()
 
 
 def test_a_replay_whose_outcome_goes_to_the_keep_alive_keeps_its_claim_and_settles_its_record(

@@ -223,20 +223,20 @@ class IdemOps:
         return ScriptCall("idem_check", [self.keys.idem(key.value)], ["x"] if tombstones else [])
 
     def parking_guard(
-        self, key: IdempotencyKey, *, wait: bool, token: str | None = None
+        self, key: IdempotencyKey, *, wait: bool, claimed_ms: int | None = None
     ) -> ScriptCall:
         """The ``idem_check`` guard of a parking: gated in front of its enqueue,
         it refuses (nothing of the step written) once the operation's record is
         completed (``{"done"}``) and, with ``wait`` (a parking without a claim
         of its own), while another delivery holds a live claim (``{"held"}``);
-        with ``token`` (the parking's own claim's fencing token: its claim time,
-        in server microseconds), when no record is left past that claim's
-        window (``{"stale"}``: a completed record may have expired); anything
+        with ``claimed_ms`` (the parking's own claim's time, server ms, from
+        its claim's reply), when no record is left a window past it
+        (``{"stale"}``: a completed record may have expired); anything
         else (a record of another payload fingerprint too) lets the parking go
         (``{"open"}``)."""
         args: list[str | int] = ["G" if wait else "g", key.fingerprint or ""]
-        if token is not None and token.isdigit() and len(token) < 19:
-            args.append(int(token) // 1000 + self.window_ms)
+        if claimed_ms is not None:
+            args.append(claimed_ms + self.window_ms)
         return ScriptCall("idem_check", [self.keys.idem(key.value)], args)
 
     def decode_alias(

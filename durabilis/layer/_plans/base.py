@@ -82,6 +82,15 @@ def dlq_id_for(key: str, nonce: str) -> str:
     return hashlib.sha256(f"{key}\x00{nonce}".encode()).hexdigest()[:32]
 
 
+def _claimed_ms(claim_reply: Any) -> int | None:
+    """A new claim's time (server ms, from its reply), ``None`` if not readable."""
+    try:
+        at = claim_reply[2]
+    except (TypeError, IndexError, KeyError):
+        return None
+    return at if type(at) is int else None
+
+
 def _had_previous(claim_reply: Any) -> bool:
     """Whether a new claim's reply names a previous token (a tombstone or a dead owner)."""
     try:
@@ -251,6 +260,9 @@ class _Claim:
     member: str  # its in-flight index entry, "" when not listed
     token: str | None  # None: no claim (idempotency disabled, or not claimed)
     taken_over: bool = False
+    # The claim's time (server ms): its parking's guard refuses a missing key a
+    # window past it (a completed record of another delivery may have expired).
+    claimed_ms: int | None = None
     # The key had an earlier claim (released, or its owner died): that
     # operation may be parked in the DLQ; this run's success settles it.
     settle: bool = False

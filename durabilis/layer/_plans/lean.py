@@ -136,7 +136,8 @@ class _LeanPath(_Claims):
             return (yield from self._claimed(
                 req, fn, policy, wait_until, replies, at, nonce, member, probe, None, None,
             ))
-        cl = _Claim(nonce, member, token)
+        at_ms = reply[2]  # (the claim's time: its parking's guard's bound)
+        cl = _Claim(nonce, member, token, claimed_ms=at_ms if type(at_ms) is int else None)
         permit = None
         if dep is not None:
             permit = yield from self._admission(req, cl, replies, at, probe)

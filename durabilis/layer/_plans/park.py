@@ -139,7 +139,7 @@ class _Parking(_Records):
         if not self.config.idempotency.enabled:
             return None
         wait = not (cl.token or cl.member)
-        return self._idem.parking_guard(req.key, wait=wait, token=cl.token), "enqueue"
+        return self._idem.parking_guard(req.key, wait=wait, claimed_ms=cl.claimed_ms), "enqueue"
 
     def _park_failed(
         self, req: _Request, cl: _Claim, failed: tuple[BaseException, RetryDecision] | None,
@@ -235,7 +235,8 @@ class _Parking(_Records):
             )
         except _Unsent as unsent:
             if unsent.guarded:  # (the keep-alive parks: only a completed record refuses)
-                unsent.calls[0] = self._idem.parking_guard(req.key, wait=False, token=cl.token)
+                unsent.calls[0] = self._idem.parking_guard(
+                    req.key, wait=False, claimed_ms=cl.claimed_ms)
             yield from self._defer(req, cl, unsent)
             raise OutcomeUnrecorded(req.key.value, succeeded=False) from unsent.cause
         except DurabilisError as exc:
