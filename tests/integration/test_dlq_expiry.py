@@ -730,6 +730,34 @@ def test_a_replay_whose_outcome_goes_to_the_keep_alive_keeps_its_claim_and_settl
     layer.close()
 
 
+def test_a_replay_whose_fn_raises_a_nested_calls_unrecorded_outcome_fails(
+    store: durabilis.Store,
+) -> None:
+    """The second review of that change (F3): every ``OutcomeUnrecorded(succeeded=
+    True)`` was taken for the replay's own outcome left to the keep-alive: a
+    replayed fn that failed because a nested durable call raised one kept the
+    DLQ claim (blocked for ``claim_ttl_seconds``), counting no attempt. Only
+    the replay's own outcome step, deferred, keeps the claim now."""
+    layer = DurabilityLayer(store, fast_config(dependencies={}))
+    with instant_retries(), pytest.raises(durabilis.RetryExhausted) as parked:
+        layer.execute("agent-1", "job", {"n": 51}, _down)
+    dlq_id = str(parked.value.dlq_id)
+
+    def outer(_ctx: OperationContext) -> str:  # one nested durable write, then more work
+        layer.execute("agent-1", "inner", {"m": 1}, lambda _c: "inner ok")
+        return "outer ok"  # (never reached: the inner raises)
+
+    layer._core._lease_s = 0.0  # (the inner's record step goes to the keep-alive at once)
+    layer._core._late_tries = 1
+    lose_replies(store, "idem_record", landed=False, times=1)
+    result = layer.replay(dlq_id, outer)
+    assert result.outcome is ReplayOutcome.FAILED and "OutcomeUnrecorded" in (result.error or "")
+    record = layer.dlq.get(dlq_id)
+    assert record is not None and record.status is DlqStatus.PENDING
+    assert record.replay_attempts == 1  # (counted: the outer operation failed)
+    layer.close()
+
+
 def test_a_parkings_release_leaves_its_hold_whatever_holds_the_key(
     store: durabilis.Store,
 ) -> None:

@@ -231,7 +231,7 @@ class _Request:
 class _ReplayClaim:
     """The DLQ record a replay runs, and whether its success step finished it."""
 
-    __slots__ = ("dlq_id", "finished", "ran", "token", "trace")
+    __slots__ = ("dlq_id", "finished", "ran", "token", "trace", "unsettled")
 
     def __init__(
         self, dlq_id: str, token: str, trace: tuple[str, str | None] | None = None
@@ -241,6 +241,9 @@ class _ReplayClaim:
         self.trace = trace  # the parked call's (traceparent, tracestate): its replay links to it
         self.ran = False  # fn ran and succeeded in this replay (else: answered by the record)
         self.finished = False
+        # Its success's outcome step (finishing the record, fenced by this
+        # claim) was left to the keep-alive: the claim is kept for it.
+        self.unsettled = False
 
     def answer(self) -> object | None:
         """What the replay handler tells the DLQ after a success: the record

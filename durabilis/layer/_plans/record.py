@@ -294,6 +294,8 @@ class _Records(_Notes):
             # checkpoint may not be, as when _persist gives up a save for good.
             unsent.gates = {i: g for i, g in unsent.gates.items() if g is not _save_refused}
             yield from self._defer(req, cl, unsent)
+            if req.replay_claim is not None:  # (its finish goes with it: the claim stays)
+                req.replay_claim.unsettled = True
             raise OutcomeUnrecorded(
                 req.key.value, succeeded=True, result=result
             ) from unsent.cause

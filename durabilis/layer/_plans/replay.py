@@ -115,7 +115,7 @@ class _Replays(_LeanPath):
             try:
                 yield from self.execute_plan(req, fn)
             except OutcomeUnrecorded as exc:
-                if not exc.succeeded:  # (failed: its note went, or goes, as a failure)
+                if not claim.unsettled:  # (failed, foreign data, or fn's own: a failure)
                     return exc
                 # It ran and succeeded; its outcome step (finishing the record,
                 # fenced by this claim) goes on in the keep-alive: the claim
