@@ -29,8 +29,10 @@ answers before ready() (a gated refusal aborts the step: nothing of it written):
             past "until": before "until", no record means none completed.
             After it, a replay could run a completed operation again; the
             parking is dropped instead (the claim itself, listed in the
-            in-flight index, was parked by recover_orphans meanwhile: it
-            ran within a window, or the claim's record was there to reclaim).
+            in-flight index and kept a window past its lease's end, was
+            parked by recover_orphans run within that window; a claim taken
+            over from it and given back left a tombstone held as long as a
+            DLQ record: the parking meets that, never a missing key).
 Anything else (no record before "until", a claim whose lease ended, a
 tombstone, foreign data, a record or claim of another payload fingerprint: a
 caller key reused, not this operation) answers {"open"} after ready(): the

@@ -692,6 +692,47 @@ def test_a_claim_held_past_its_window_is_recovered_when_its_worker_is_cut_off(
     a_store.close()
 
 
+@pytest.mark.parametrize("then", ["interrupted", "fails non-retryably"])
+def test_a_taken_over_claim_given_back_is_held_for_its_lapsed_owners_late_parking(
+    store: durabilis.Store, then: str,
+) -> None:
+    """The third review of the guard's bound (F1, lost, pre-existing): A's
+    parking was left to the keep-alive; delivery B took A's lapsed claim over
+    and gave it back (interrupted, or a non-retryable failure), parking
+    nothing; B's tombstone expired a window after B's lease, before A's
+    keep-alive gave up; A's parking then met a missing key past its bound
+    ("stale") and was dropped, and recovery had nothing left to park. A claim
+    taken over and given back is now held as long as a DLQ record, so the
+    late parking meets it and parks."""
+    a = DurabilityLayer(store, fast_config(dependencies={}))
+    a._core._lease_s = 0.0  # (a step that fails once goes to the keep-alive at once)
+    a._core._late_tries = 1
+    lose_replies(store, "dlq_enqueue", landed=False, times=1)
+    with instant_retries(), pytest.raises(durabilis.OutcomeUnrecorded):
+        a.execute("agent-1", "job", {"n": 61}, _down)
+    [waiting] = a._leases.deferred()
+    rkey = store.keys.idem(waiting.step.key)
+    store.command("HSET", rkey, "le", 0)  # A's claim lapsed (its renewals failed)
+    b = DurabilityLayer(store, fast_config(dependencies={}))
+
+    def gives_up(ctx: OperationContext) -> str:
+        assert ctx.recovered  # (B took the claim over)
+        if then == "interrupted":
+            raise KeyboardInterrupt
+        raise OperationError("PERMISSION_DENIED", "refused")
+
+    with pytest.raises((KeyboardInterrupt, OperationError)):
+        b.execute("agent-1", "job", {"n": 61}, gives_up)
+    assert store.command("HGET", rkey, "s") in (b"x", "x")  # (given back, nothing parked)
+    assert b.dlq.stats().pending == 0
+    hold_s = b._core._dlq.hold_ms() / 1000
+    assert int(store.command("PTTL", rkey)) > (hold_s - 60) * 1000  # (before: a window)
+    drive(a._core.keep_alive_plan(a._leases), store)  # (A's parking, late: it meets it)
+    assert not a._leases.deferred() and b.dlq.stats().pending == 1
+    a.close()
+    b.close()
+
+
 def test_a_replay_whose_outcome_goes_to_the_keep_alive_keeps_its_claim_and_settles_its_record(
     store: durabilis.Store,
 ) -> None:

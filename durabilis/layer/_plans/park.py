@@ -88,8 +88,14 @@ class _Parking(_Records):
         if cl.token or cl.member:
             # A run flagged recovered passes the mark on (its own key may hold it
             # only through an alias, under another secret, that expires sooner).
+            # A claim taken over (a lapsed owner, or a touched tombstone's): that
+            # owner's parking may still come, late (its keep-alive, cut off from
+            # Redis): the tombstone is held as long as a DLQ record, so that
+            # parking meets it, never a missing key past its guard's bound
+            # ("stale": dropped, the operation lost).
             calls.append(self._idem.release(
                 req.key, cl.token, cl.nonce, touched=touched or cl.taken_over,
+                hold_ms=self._dlq.hold_ms() if cl.taken_over else 0,
             ))
         dep = req.dependency
         if dep is not None:
