@@ -50,12 +50,12 @@ keep_taken).
 ]]
 local key = KEYS[1]
 local kind = redis.call("TYPE", key)["ok"]
+local INT_LIMIT = 1e15  -- int()'s bound (stored milliseconds)
+--@include lib/idem_clock.lua
 local hold = tonumber(ARGV[4] or "")
 local fp = ARGV[6] or ""
 local late = hold and hold > 0 and ARGV[7] == "late"
 if kind == "none" and late then  -- (a parking: its hold, as a tombstone)
-  local t = redis.call("TIME")
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   ready()
   redis.call("HSET", key, "s", "x", "tok", ARGV[1] ~= "" and ARGV[1] or "0", "hd", now + hold)
   if ARGV[5] == "1" then redis.call("HSET", key, "tc", "1") end
@@ -86,8 +86,6 @@ if f[1] == "p" and ((token ~= "" and f[2] == token) or (nonce ~= "" and f[3] == 
   end
   -- The hold is sticky: a later release without one (a non-retryable failure,
   -- a cancelled call) keeps the tombstone as long as an earlier one asked.
-  local t = redis.call("TIME")
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local until_ms = tonumber(f[5] or "") or 0
   if hold and hold > 0 and now + hold > until_ms then
     until_ms = now + hold
@@ -100,8 +98,6 @@ if f[1] == "p" and ((token ~= "" and f[2] == token) or (nonce ~= "" and f[3] == 
   return 1
 end
 if late and (f[1] == "p" or f[1] == "x" or f[1] == "d") and (f[7] or "") == fp then
-  local t = redis.call("TIME")
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local until_ms = tonumber(f[5] or "") or 0
   if now + hold > until_ms then
     ready()

@@ -20,6 +20,7 @@ from durabilis.layer._plans.base import (
     _Claim,
     _claim_refused,
     _ClaimAgain,
+    _claimed_ms,
     _log,
     _record_refused,
     _Request,
@@ -136,8 +137,7 @@ class _LeanPath(_Claims):
             return (yield from self._claimed(
                 req, fn, policy, wait_until, replies, at, nonce, member, probe, None, None,
             ))
-        at_ms = reply[2]  # (the claim's time: its parking's guard's bound)
-        cl = _Claim(nonce, member, token, claimed_ms=at_ms if type(at_ms) is int else None)
+        cl = _Claim(nonce, member, token, claimed_ms=_claimed_ms(reply))
         permit = None
         if dep is not None:
             permit = yield from self._admission(req, cl, replies, at, probe)

@@ -137,9 +137,9 @@ class _Parking(_Records):
         succeeded meanwhile must park nothing, nor one made while another
         delivery holds the operation (its success would not settle it). With a
         claim of its own, fn ran: only a completed record refuses it (another's
-        live claim may end without parking: an interrupted holder), or, with
-        its claim's token, no record left past that claim's window (a completed
-        record may have expired). Without one, another's live claim refuses it
+        live claim may end without parking: an interrupted holder), or no
+        record left a window past its claim's time (a completed record may
+        have expired). Without one, another's live claim refuses it
         too: the call claims again (nothing ran, nothing is lost).
         """
         if not self.config.idempotency.enabled:
