@@ -8,9 +8,6 @@ ARGV[1]  mode                       optional: "x" = answer {"x", touched} for a
                                     guard of a parking (below)
 ARGV[2]  fingerprint                (modes "g", "G") the parking's payload fingerprint,
                                     "" = none
-ARGV[3]  until                      (mode "g", optional) the parking's claim's own
-                                    window end, ms (its claim time + the window);
-                                    "" = none (below)
 
 THE GUARD OF A PARKING ("g", "G"). It goes in front of a parking's enqueue,
 gated, in the same step (fused on standalone, a wave before it on Cluster), and
@@ -22,24 +19,16 @@ answers before ready() (a gated refusal aborts the step: nothing of it written):
             before it could claim) another delivery holds a live claim: its
             success would not settle a record parked behind its back, and the
             call, having run nothing, claims again (a duplicate's answer).
-  {"stale"} (with ARGV[3]) no record, once "until" has passed: the parking
-            can no longer tell "never completed" from "completed, and that
-            record expired". Any other delivery claimed after this claim's
-            lease ended, so its completed record lasts a window past that,
-            past "until": before "until", no record means none completed.
-            After it, a replay could run a completed operation again; the
-            parking is dropped instead (the claim itself, listed in the
-            in-flight index and kept a window past its lease's end, was
-            parked by recover_orphans run within that window; a claim taken
-            over from it and given back left a tombstone held as long as a
-            DLQ record: the parking meets that, never a missing key).
-Anything else (no record before "until", a claim whose lease ended, a
-tombstone, foreign data, a record or claim of another payload fingerprint: a
-caller key reused, not this operation) answers {"open"} after ready(): the
-parking goes as before (nothing of the operation may be lost for a guess).
+Anything else (no record, a claim whose lease ended, a tombstone, foreign data,
+a record or claim of another payload fingerprint: a caller key reused, not this
+operation) answers {"open"} after ready(): the parking goes (nothing of the
+operation may be lost for a guess). A delivery that completed the operation
+after taking over the parking's lapsed claim keeps its record as long as a
+DLQ record (the layer's record step, with its hold), so a late parking meets
+it completed, not missing.
 Read-only.
 
-Returns (modes "g" and "G": {"done"}, {"held"}, {"stale"} or {"open"}, above) one of
+Returns (modes "g" and "G": {"done"}, {"held"} or {"open"}, above) one of
   {"none"}                          no record (or a released claim's tombstone)
   {"x", touched ("1"|"0")}          (with ARGV[1] "x") a released claim's tombstone;
                                     touched "1" when an earlier run may have had its
@@ -54,11 +43,7 @@ Returns (modes "g" and "G": {"done"}, {"held"}, {"stale"} or {"open"}, above) on
 local key = KEYS[1]
 local guard = ARGV[1] == "g" or ARGV[1] == "G"
 local kind = redis.call("TYPE", key)["ok"]
-local INT_LIMIT = 1e15  -- int()'s bound (stored milliseconds)
---@include lib/idem_clock.lua
 if guard and kind ~= "hash" then  -- (no record, or foreign data: the parking goes)
-  local bound = int(ARGV[3])  -- ("until": a Lua keyword)
-  if kind == "none" and bound and now >= bound then return {"stale"} end
   ready()
   return {"open"}
 end
@@ -66,6 +51,8 @@ if kind == "none" then return {"none"} end
 if kind ~= "hash" then
   return {"corrupt", "a " .. kind .. " where an idempotency record (hash) belongs"}
 end
+local INT_LIMIT = 1e15  -- int()'s bound (stored milliseconds)
+--@include lib/idem_clock.lua
 if guard then
   local f = redis.call("HMGET", key, "s", "le", "fp")
   if (f[3] or "") == (ARGV[2] or "") then  -- (idem_claim's rule: same fingerprint, same operation)

@@ -8,9 +8,7 @@ claim back, lease renewed.
 
 A claim in progress is kept a dedup window past its lease's end (and past the
 window from the claim): a worker that died holding it, however long it held
-it, leaves recover_orphans a whole window to find it, and a missing key means
-every claim of it ended a window ago or more (a parking's guard relies on it:
-idem_check's "stale").
+it, leaves recover_orphans a whole window to find it.
 
 Fencing tokens are the server clock in microseconds, but never lower than the
 key's previous token + 1 (kept across a release as a tombstone), so they

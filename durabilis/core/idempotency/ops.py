@@ -222,22 +222,16 @@ class IdemOps:
         (see :meth:`decode_alias`), not ``{"none"}``."""
         return ScriptCall("idem_check", [self.keys.idem(key.value)], ["x"] if tombstones else [])
 
-    def parking_guard(
-        self, key: IdempotencyKey, *, wait: bool, claimed_ms: int | None = None
-    ) -> ScriptCall:
+    def parking_guard(self, key: IdempotencyKey, *, wait: bool) -> ScriptCall:
         """The ``idem_check`` guard of a parking: gated in front of its enqueue,
         it refuses (nothing of the step written) once the operation's record is
         completed (``{"done"}``) and, with ``wait`` (a parking without a claim
         of its own), while another delivery holds a live claim (``{"held"}``);
-        with ``claimed_ms`` (the parking's own claim's time, server ms, from
-        its claim's reply), when no record is left a window past it
-        (``{"stale"}``: a completed record may have expired); anything
-        else (a record of another payload fingerprint too) lets the parking go
+        anything else (a record of another payload fingerprint too) lets the parking go
         (``{"open"}``)."""
-        args: list[str | int] = ["G" if wait else "g", key.fingerprint or ""]
-        if claimed_ms is not None:
-            args.append(claimed_ms + self.window_ms)
-        return ScriptCall("idem_check", [self.keys.idem(key.value)], args)
+        return ScriptCall(
+            "idem_check", [self.keys.idem(key.value)], ["G" if wait else "g", key.fingerprint or ""]
+        )
 
     def decode_alias(
         self, key: IdempotencyKey, reply: Any

@@ -82,15 +82,6 @@ def dlq_id_for(key: str, nonce: str) -> str:
     return hashlib.sha256(f"{key}\x00{nonce}".encode()).hexdigest()[:32]
 
 
-def _claimed_ms(claim_reply: Any) -> int | None:
-    """A new claim's time (server ms, from its reply), ``None`` if not readable."""
-    try:
-        at = claim_reply[2]
-    except (TypeError, IndexError, KeyError):
-        return None
-    return at if type(at) is int else None
-
-
 def _had_previous(claim_reply: Any) -> bool:
     """Whether a new claim's reply names a previous token (a tombstone or a dead owner)."""
     try:
@@ -154,25 +145,21 @@ def _missed(reply: Any) -> bool:
 _GUARD_REFUSALS = {
     "done": "the operation completed meanwhile",
     "held": "another delivery holds the operation",
-    "stale": "no record left past its claim's window (a completed record may have "
-             "expired; recover_orphans parked the claim if it ran within the window)",
 }
 
 
 def _guard_refused(reply: Any) -> bool:
-    """A parking's guard refused: the operation's record is completed, (a
-    parking without a claim) another holds a live claim, or (a parking of a
-    claim) no record is left past that claim's window (see idem_check)."""
+    """A parking's guard refused: the operation's record is completed, or (a
+    parking without a claim) another holds a live claim (see idem_check)."""
     return _tag(reply) in _GUARD_REFUSALS
 
 
 def _log_guard_refusal(key: str, reply: Any) -> None:
-    """``durability_parking_dropped``: an error when the operation may be lost
-    (``stale``), a warning when it completed or another delivery holds it."""
+    """``durability_parking_dropped`` (a warning): the operation completed, or
+    another delivery holds it."""
     tag = _tag(reply)
-    log = _log.error if tag == "stale" else _log.warning
-    log("durability_parking_dropped", idempotency_key=key, refusal=tag,
-        reason=_GUARD_REFUSALS.get(str(tag), "?"))
+    _log.warning("durability_parking_dropped", idempotency_key=key, refusal=tag,
+                 reason=_GUARD_REFUSALS.get(str(tag), "?"))
 
 
 def _not_released(reply: Any) -> bool:
@@ -263,9 +250,6 @@ class _Claim:
     member: str  # its in-flight index entry, "" when not listed
     token: str | None  # None: no claim (idempotency disabled, or not claimed)
     taken_over: bool = False
-    # The claim's time (server ms): its parking's guard refuses a missing key a
-    # window past it (a completed record of another delivery may have expired).
-    claimed_ms: int | None = None
     # The key had an earlier claim (released, or its owner died): that
     # operation may be parked in the DLQ; this run's success settles it.
     settle: bool = False

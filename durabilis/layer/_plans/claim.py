@@ -29,7 +29,6 @@ from durabilis.layer._plans.base import (
     _breaker_refused,
     _Claim,
     _claim_refused,
-    _claimed_ms,
     _had_previous,
     _log,
     _Request,
@@ -191,7 +190,6 @@ class _Claims(_Attempts):
         cl = _Claim(
             nonce, member if listed else "", token,
             taken_over=bool(claim is not None and claim.taken_over) or orphaned,
-            claimed_ms=_claimed_ms(replies[at["claim"]]) if token is not None else None,
             settle=dedup and token is not None and _had_previous(replies[at["claim"]]),
             settle_aliases=parked if token is not None else (),
             orphaned_aliases=dead if token is not None else (),

@@ -20,7 +20,6 @@ from durabilis.layer._plans.base import (
     _Claim,
     _claim_refused,
     _ClaimAgain,
-    _claimed_ms,
     _log,
     _record_refused,
     _Request,
@@ -137,7 +136,7 @@ class _LeanPath(_Claims):
             return (yield from self._claimed(
                 req, fn, policy, wait_until, replies, at, nonce, member, probe, None, None,
             ))
-        cl = _Claim(nonce, member, token, claimed_ms=_claimed_ms(reply))
+        cl = _Claim(nonce, member, token)
         permit = None
         if dep is not None:
             permit = yield from self._admission(req, cl, replies, at, probe)

@@ -24,7 +24,6 @@ from durabilis.layer._plans.base import (
     _log,
     _missed,
     _Request,
-    _tag,
     _Unsent,
     dlq_id_for,
 )
@@ -115,17 +114,13 @@ class _Parking(_Records):
             calls, "durability_release_failed", req.key.value, waves=waves,
         ))
 
-    def _guard_gave_way(self, req: _Request, cl: _Claim, refusal: Any) -> None:
+    def _guard_gave_way(self, req: _Request, cl: _Claim) -> None:
         """A parking its guard refused (nothing of it written). With a claim of
         its own (``fn`` may have run): the operation completed elsewhere, its
         claim having passed to another delivery, so :class:`LeaseLost` (the new
-        owner recorded the outcome); or its record is gone past the claim's
-        window (``stale``: the outcome is not known), so
-        :class:`OutcomeUnrecorded`. Without one (nothing ran: its breaker was
+        owner recorded the outcome). Without one (nothing ran: its breaker was
         open before it could claim): :class:`_ClaimAgain`, a duplicate's answer
         (the stored result, or in progress)."""
-        if _tag(refusal) == "stale":
-            raise OutcomeUnrecorded(req.key.value, succeeded=False)
         if cl.token or cl.member:
             raise LeaseLost(req.key.value)
         raise _ClaimAgain
@@ -137,15 +132,16 @@ class _Parking(_Records):
         succeeded meanwhile must park nothing, nor one made while another
         delivery holds the operation (its success would not settle it). With a
         claim of its own, fn ran: only a completed record refuses it (another's
-        live claim may end without parking: an interrupted holder), or no
-        record left a window past its claim's time (a completed record may
-        have expired). Without one, another's live claim refuses it
+        live claim may end without parking: an interrupted holder). A missing
+        key parks (nothing is dropped on a guess): a delivery that completed
+        the operation after taking this claim over keeps its record as long
+        as a DLQ record (``_succeeded``). Without one, another's live claim refuses it
         too: the call claims again (nothing ran, nothing is lost).
         """
         if not self.config.idempotency.enabled:
             return None
         wait = not (cl.token or cl.member)
-        return self._idem.parking_guard(req.key, wait=wait, claimed_ms=cl.claimed_ms), "enqueue"
+        return self._idem.parking_guard(req.key, wait=wait), "enqueue"
 
     def _park_failed(
         self, req: _Request, cl: _Claim, failed: tuple[BaseException, RetryDecision] | None,
@@ -215,13 +211,10 @@ class _Parking(_Records):
 
         guard = self._parking_guard(req, cl) if "enqueue" in calls else None
         parked = False
-        refusal: Any = None
 
         def on_reply(name: str, reply: Any) -> Any:
-            nonlocal dlq_id, parked, refusal
-            if name == "guard":  # (refused: nothing of the step was written)
-                refusal = reply
-            elif name == "enqueue":
+            nonlocal dlq_id, parked
+            if name == "enqueue":
                 again = self._dlq.enqueue_again(calls["enqueue"], reply)
                 if again is not None:  # the operation's record is another: park there
                     calls["enqueue"] = again
@@ -241,8 +234,7 @@ class _Parking(_Records):
             )
         except _Unsent as unsent:
             if unsent.guarded:  # (the keep-alive parks: only a completed record refuses)
-                unsent.calls[0] = self._idem.parking_guard(
-                    req.key, wait=False, claimed_ms=cl.claimed_ms)
+                unsent.calls[0] = self._idem.parking_guard(req.key, wait=False)
             yield from self._defer(req, cl, unsent)
             raise OutcomeUnrecorded(req.key.value, succeeded=False) from unsent.cause
         except DurabilisError as exc:
@@ -252,7 +244,7 @@ class _Parking(_Records):
             )
             raise OutcomeUnrecorded(req.key.value, succeeded=False) from exc
         if guard is not None and not parked:  # the guard refused: nothing was written
-            self._guard_gave_way(req, cl, refusal)
+            self._guard_gave_way(req, cl)
         if decision is not None:
             emit_retry_stop(
                 req.operation_type, decision, agent_id=req.agent_id, dlq_id=dlq_id,

@@ -51,7 +51,6 @@ def _guarded(
             return on_reply(name, reply)
         if _guard_refused(reply):
             _log_guard_refusal(key, reply)
-            on_reply(name, reply)  # (told why: the plan answers the caller by it)
             return _VOID
         return None  # (armed again in front of its call while that is pending)
 
@@ -184,7 +183,12 @@ class _Records(_Notes):
             aliased = cl.orphaned_aliases or cl.settle_aliases
             calls["record"] = self._idem.record_packed(
                 req.key, packed, cl.token, not_stored, cl.nonce,
-                hold_ms=self._dlq.hold_ms() * 2 if aliased else 0,
+                # A claim taken over (from a lapsed owner, or a touched
+                # tombstone's): that owner's parking may still come, late (its
+                # keep-alive, cut off from Redis); the record outlives it, so
+                # its guard meets the operation completed, never a missing key.
+                hold_ms=self._dlq.hold_ms() * 2 if aliased
+                else self._dlq.hold_ms() if cl.taken_over else 0,
             )
         # The dead claims themselves are recorded done (never parked, then).
         for i, alias in enumerate(cl.orphaned_aliases):
