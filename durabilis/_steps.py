@@ -268,18 +268,26 @@ class Stepper:
     error is the interruption's ``__cause__``). When ``done``, ``value`` is
     what the plan returned; an error the plan raises propagates out of
     :meth:`send` / :meth:`throw`.
+
+    ``step``: the plan was started already, and this is the step it yielded.
+    ``deferred``: an interruption that came before the plan started (during a
+    shielded step of the code that hands over to it), delivered as above.
     """
 
     __slots__ = ("_plan", "_shielded", "deferred", "done", "step", "value")
 
-    def __init__(self, plan: Plan[Any], shielded: Callable[[Any], bool] = shielded) -> None:
+    def __init__(
+        self, plan: Plan[Any], shielded: Callable[[Any], bool] = shielded, *,
+        step: Any = None, deferred: BaseException | None = None,
+    ) -> None:
         self._plan = plan
         self._shielded = shielded
-        self.deferred: BaseException | None = None
+        self.deferred = deferred
         self.done = False
-        self.step: Any = None
+        self.step: Any = step
         self.value: Any = None
-        self._advance(None, None)
+        if step is None:
+            self._advance(None, None)
 
     def _advance(self, send: Any, error: BaseException | None) -> None:
         while True:
@@ -325,7 +333,7 @@ _GATE = GATE
 """The process's signal gate (:mod:`durabilis._signal_gate`)."""
 
 
-def _perform_open(store: Store, step: Any, leases: LeaseBook | None, held: list[Any]) -> Any:
+def perform_open(store: Store, step: Any, leases: LeaseBook | None, held: list[Any]) -> Any:
     """An unshielded step on the main thread: signal handlers may run during it.
     One held back runs first: it interrupts the step before it is sent, and at
     the start of ``fn`` what it raises is ``fn``'s (as one a moment later)."""
@@ -349,18 +357,22 @@ def _perform_open(store: Store, step: Any, leases: LeaseBook | None, held: list[
             _GATE.wrap()
 
 
-def drive(plan: Plan[T], store: Store, *, leases: LeaseBook | None = None) -> T:
+def drive(
+    plan: Plan[T], store: Store, *, leases: LeaseBook | None = None,
+    step: Any = None, deferred: BaseException | None = None,
+) -> T:
     """Run ``plan`` to its end against ``store`` (the sync driver).
 
     On the main thread, signal handlers run only during unshielded steps
     (:mod:`durabilis._signal_gate`): an interruption never lands in the plan's own code.
+    ``step`` and ``deferred``: see :class:`Stepper`.
     """
     held: list[Any] = []
     entered: bool | None = None
     try:
         entered = _GATE.enter()
-        open_step = perform if entered is None else _perform_open
-        run = Stepper(plan)
+        open_step = perform if entered is None else perform_open
+        run = Stepper(plan, step=step, deferred=deferred)
         while not run.done:
             step = run.step
             try:
@@ -396,6 +408,18 @@ def drive(plan: Plan[T], store: Store, *, leases: LeaseBook | None = None) -> T:
                     leases.drop(item)
         finally:
             _GATE.leave(entered)  # a signal held back is raised now, after the plan's end
+
+
+def drive_rest(plan: Plan[T], store: Store, *, leases: LeaseBook | None = None) -> T:
+    """:func:`drive` for code that runs steps itself and hands over to ``plan``
+    (the sync layer's lean path): a plan that ends before its first step is run
+    here, with the signal gate as the caller keeps it."""
+    try:
+        step = plan.send(None)
+    except StopIteration as stop:
+        result: T = stop.value
+        return result
+    return drive(plan, store, leases=leases, step=step)
 
 
 # --- the asyncio driver ---------------------------------------------------------------

@@ -285,11 +285,12 @@ class Store(ClusterWaves):
                 # makes), never inside hiredis: its C packer does not check the
                 # conversion of a number, and a signal handler raising during it
                 # (Ctrl-C, a SIGTERM handler calling sys.exit) crashed the process.
-                # (An int's bytes made here as that encoder makes them: its repr.)
+                # (An int's text made here as that encoder makes it: its repr,
+                # which hiredis packs as the same bytes.)
                 encode = conn.encoder.encode
                 packed = _PACK(tuple([
                     a if (t := type(a)) is str or t is bytes
-                    else b"%d" % a if t is int else encode(a)
+                    else str(a) if t is int else encode(a)
                     for a in args
                 ]))
                 conn.send_packed_command(

@@ -19,6 +19,7 @@ from durabilis.dlq import DeadLetterQueue, ReplayResult, ReplaySummary
 from durabilis.errors import DurabilisError, LayerClosed
 from durabilis.idempotency import IdempotencyGuard, IdempotencyKey
 from durabilis.layer._config import DurabilityConfig, LayerStats, OperationContext
+from durabilis.layer._direct import run_lean
 from durabilis.layer._shell import (
     _CallPayload,
     _counts_not_sent,
@@ -239,12 +240,18 @@ class DurabilityLayer(_LayerShell[Store]):
                 started, the claim is released so that the next delivery runs
                 with ``ctx.recovered`` (same key, higher token).
         """
-        plan = self._operation_plan(
-            agent_id, operation_type, payload, fn, dependency=dependency,
+        self._open()
+        core = self._core
+        req = core.request(
+            agent_id, operation_type, payload, dependency=dependency,
             idempotency_key=idempotency_key, task_id=task_id, phase=phase, wait=wait,
             park_on_open=park_on_open, deadline_seconds=deadline_seconds,
         )
-        result: T = drive(plan, self.store, leases=self._leases)
+        lean = core.lean_entry(req)
+        if lean is not None:  # the common case, its steps performed in place
+            result: T = run_lean(core, req, fn, *lean, self.store, self._leases)
+        else:
+            result = drive(core.execute_plan(req, fn), self.store, leases=self._leases)
         return result
 
     def durable(

@@ -121,7 +121,7 @@ def _steps_of(monkeypatch: pytest.MonkeyPatch, layer: DurabilityLayer, call: Any
     """The steps one call yields (calls normalised: its nonce, key and timings
     named, not valued), under the lean path or the plans alone."""
     from durabilis import _steps
-    from durabilis.layer import _plans
+    from durabilis.layer import _direct, _plans
 
     seen: list[Any] = []
     marks: dict[str, str] = {tag: "<tag>", layer.breakers.replica_id: "<replica>"}
@@ -160,14 +160,14 @@ def _steps_of(monkeypatch: pytest.MonkeyPatch, layer: DurabilityLayer, call: Any
     monkeypatch.setattr(_steps, "perform", recording)
     if not lean:
         monkeypatch.setattr(_plans._LayerCore, "_lean", lambda self, req, policy: False)
-    else:
-        lean_plan = _plans._LayerCore._lean_plan
+    else:  # (the sync layer performs the lean plan's steps in place: layer._direct)
+        lean_run = _direct._lean
 
-        def counted(self: Any, *args: Any) -> Any:
+        def counted(*args: Any) -> Any:
             seen.append("lean")
-            return lean_plan(self, *args)
+            return lean_run(*args)
 
-        monkeypatch.setattr(_plans._LayerCore, "_lean_plan", counted)
+        monkeypatch.setattr(_direct, "_lean", counted)
     try:
         call()
     except Exception as exc:  # (the same error both ways: compared by the caller)

@@ -17,9 +17,9 @@ from durabilis._steps import (
     Run,
     Sleep,
     Stepper,
-    _perform_open,
     _shielded,
     async_shielded,
+    perform_open,
 )
 from durabilis.errors import StorageUnavailable
 
@@ -193,7 +193,7 @@ def _held_back(step: object, *handlers: Any) -> tuple[object, bool]:
     _GATE.pending.extend((handler, signal.SIGALRM, None) for handler in handlers)
     try:
         try:
-            reply: object = _perform_open(None, step, None, [])  # type: ignore[arg-type]
+            reply: object = perform_open(None, step, None, [])  # type: ignore[arg-type]
         except BaseException as exc:  # what the driver would throw into the plan
             reply = exc
         return reply, _GATE.closed

@@ -42,18 +42,31 @@ The rules that make the core promise hold (``docs/layer.md``):
 """
 
 from durabilis.layer._plans.base import (
+    _CLAIM_AGAIN,
     DUPLICATES_FLUSH_SECONDS,
     SIM_BUCKETS,
     Policies,
     StoreShape,
+    _ClaimAgain,
+    _Request,
     dlq_id_for,
 )
 from durabilis.layer._plans.core import _LayerCore
 
+Request = _Request
+"""One operation, validated and encoded (the plans' input)."""
+ClaimAgain = _ClaimAgain
+"""Raised by a plan whose parking's guard dropped it: the call claims again."""
+CLAIM_AGAIN = _CLAIM_AGAIN
+"""Returned by such a plan, for the same."""
+
 __all__ = [
+    "CLAIM_AGAIN",
     "DUPLICATES_FLUSH_SECONDS",
     "SIM_BUCKETS",
+    "ClaimAgain",
     "Policies",
+    "Request",
     "StoreShape",
     "_LayerCore",
     "dlq_id_for",
