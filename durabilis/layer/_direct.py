@@ -2,9 +2,9 @@
 :meth:`~durabilis.layer._plans.lean._LeanPath._lean_plan`, performed in place.
 
 The common case (standalone, a new key, ``fn`` succeeds) is most of a gateway's
-calls, and driving it as a plan (a generator in four, the driver's loop, a
-step object per yield) cost about as much Python as everything else a call
-does. Here the very same pieces (``lean_*``: the calls, their checks, ``fn``'s
+calls; driving it as a plan (generators four deep, the driver's loop and
+``Stepper``) cost about 4 us of its ~64 us of Python (benchmarks/README.md, "The
+lean durable call"). Here the very same pieces (``lean_*``: the calls, their checks, ``fn``'s
 context, the record) are performed one after another with the sync driver's
 own step functions (:func:`~durabilis._steps.perform`, and on the main thread
 the signal gate's :func:`~durabilis._steps.perform_open`), so each step is sent,
@@ -12,25 +12,78 @@ gated, shielded and interrupted exactly as :func:`~durabilis._steps.drive`
 does. At the first reply that is not the common case, or an error, or an
 interruption, the plan the lean plan hands over to there is driven from that
 point (:func:`~durabilis._steps.drive_rest`): the same plan, the same point.
-The simulator steps the plan twin (``_lean_plan``); the two are the same
-pieces in the same order (tests/unit/test_layer_direct.py checks that they
-send the same steps for every hand-over point).
+
+Every step goes through a :class:`Port`, so the fault simulator runs this very
+function (tests/sim/threaded.py: in a thread whose port yields each step to
+the simulator), with its faults at each step boundary; the async layer drives
+the plan twin (``_lean_plan``). tests/integration/test_layer_lean.py checks that
+both send the steps the general plans send.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from durabilis import _fork, _steps
 from durabilis._signal_gate import GATE
 from durabilis._steps import INTERRUPTS, LeaseBook, drive, drive_rest
 from durabilis._store import Store
 from durabilis.core.retry import RetryPolicy
-from durabilis.core.steps import Run
+from durabilis.core.steps import Plan, Run
 from durabilis.errors import DurabilisError, StorageUnavailable
 from durabilis.layer._config import OperationContext
 from durabilis.layer._plans import CLAIM_AGAIN, ClaimAgain, Request, _LayerCore
+
+T = TypeVar("T")
+
+
+class Port(Protocol):
+    """How :func:`lean_call` performs its steps and hands over to a plan.
+
+    :class:`_Driver` is the sync driver's (what ``drive`` does, step by step);
+    the fault simulator's runs the same function as a plan, each call here a
+    step boundary it may inject a fault at (tests/sim/engine.py).
+    """
+
+    def open(self, step: Any) -> Any:
+        """An unshielded step (the claim step, ``fn``): interruptions land in it."""
+
+    def shielded(self, step: Any) -> Any:
+        """A shielded step (the hold, the record step)."""
+
+    def rest(self, plan: Plan[T]) -> T:
+        """The plan taking over from here, to its end."""
+
+    def rest_after(self, plan: Plan[T], interruption: BaseException) -> T:
+        """The same, with an interruption that came during a shielded step
+        delivered at its first unshielded step (or at its end)."""
+
+
+class _Driver:
+    """The sync driver's port: the steps as :func:`~durabilis._steps.drive` performs them."""
+
+    __slots__ = ("held", "leases", "open_step", "store")
+
+    def __init__(
+        self, store: Store, leases: LeaseBook, held: list[Any], open_step: Callable[..., Any]
+    ) -> None:
+        self.store = store
+        self.leases = leases
+        self.held = held
+        self.open_step = open_step
+
+    def open(self, step: Any) -> Any:
+        return self.open_step(self.store, step, self.leases, self.held)
+
+    def shielded(self, step: Any) -> Any:
+        return _steps.perform(self.store, step, self.leases, self.held)
+
+    def rest(self, plan: Plan[T]) -> T:
+        return drive_rest(plan, self.store, leases=self.leases)
+
+    def rest_after(self, plan: Plan[T], interruption: BaseException) -> T:
+        return drive(plan, self.store, leases=self.leases, deferred=interruption)
 
 
 def run_lean(  # noqa: PLR0917  (the call, and where it runs)
@@ -45,13 +98,7 @@ def run_lean(  # noqa: PLR0917  (the call, and where it runs)
         entered = GATE.enter()
         # (looked up here, as drive's: the steps go through the driver's own functions)
         step = _steps.perform if entered is None else _steps.perform_open
-        try:
-            outcome = _lean(core, req, fn, policy, wait_until, store, leases, held, step)
-        except ClaimAgain:
-            outcome = CLAIM_AGAIN
-        if outcome is CLAIM_AGAIN:  # (a parking its guard dropped, see _Parking._park)
-            outcome = drive_rest(core.claim_loop(req, fn, wait_until), store, leases=leases)
-        return outcome
+        return lean_call(core, req, fn, policy, wait_until, _Driver(store, leases, held, step))
     finally:
         try:
             for item in held:
@@ -60,41 +107,53 @@ def run_lean(  # noqa: PLR0917  (the call, and where it runs)
             GATE.leave(entered)  # a signal held back is raised now, after the call's end
 
 
-def _lean(  # noqa: PLR0912, PLR0917  (the lean plan, step by step; run_lean's arguments)
+def lean_call(  # noqa: PLR0917  (the call, and its port)
     core: _LayerCore, req: Request, fn: Callable[[OperationContext], Any],
-    policy: RetryPolicy | None, wait_until: float | None, store: Store, leases: LeaseBook,
-    held: list[Any], open_step: Callable[..., Any],
+    policy: RetryPolicy | None, wait_until: float | None, port: Port,
+) -> Any:
+    """One lean operation through ``port``: what ``_execute_plan`` does for it."""
+    try:
+        outcome = _lean(core, req, fn, policy, wait_until, port)
+    except ClaimAgain:
+        outcome = CLAIM_AGAIN
+    if outcome is CLAIM_AGAIN:  # (a parking its guard dropped, see _Parking._park)
+        outcome = port.rest(core.claim_loop(req, fn, wait_until))
+    return outcome
+
+
+def _lean(  # noqa: PLR0912, PLR0917  (the lean plan, step by step; lean_call's arguments)
+    core: _LayerCore, req: Request, fn: Callable[[OperationContext], Any],
+    policy: RetryPolicy | None, wait_until: float | None, port: Port,
 ) -> Any:
     """The steps of ``_lean_plan``, in its order (see there for each one's why)."""
     begin = core.lean_begin(req)
-    perform = _steps.perform
-    perform(store, begin.hold, leases, held)  # (the lease book holds it; no I/O)
+    port.shielded(begin.hold)  # (the lease book holds it; no I/O)
     try:
-        replies = open_step(store, begin.step, leases, held)
+        replies = port.open(begin.step)
     except DurabilisError as exc:
-        drive_rest(core.lean_undo(req, begin, exc.partial), store, leases=leases)
+        port.rest(core.lean_undo(req, begin, exc.partial))
         raise
     except Exception:
         raise  # a bug below the plan (as drive: nothing undone)
     except INTERRUPTS:
-        drive_rest(core.lean_undo(req, begin, None), store, leases=leases)
+        port.rest(core.lean_undo(req, begin, None))
         raise
     cl = core.lean_claimed(req, begin, replies)
     if cl is None:
-        return drive_rest(
-            core.lean_other(req, fn, policy, wait_until, begin, replies), store, leases=leases
-        )
+        return port.rest(core.lean_other(req, fn, policy, wait_until, begin, replies))
     permit = None
     if req.dependency is not None:
-        permit = drive_rest(core.lean_admission(req, cl, replies, begin), store, leases=leases)
+        permit = port.rest(core.lean_admission(req, cl, replies, begin))
     start = core.clock()
     ctx = core.lean_context(req, cl)
     try:
-        ok, value = open_step(store, Run(fn, ctx, ctx), leases, held)
+        ok, value = port.open(Run(fn, ctx, ctx))
+    except GeneratorExit:
+        raise  # (the simulator's process died here: nothing more runs)
     except BaseException:
         if cl.pid != _fork.pid():
             raise
-        drive_rest(core.lean_interrupted(req, cl, permit), store, leases=leases)
+        port.rest(core.lean_interrupted(req, cl, permit))
         raise
     if cl.pid != _fork.pid():
         if ok:
@@ -102,15 +161,12 @@ def _lean(  # noqa: PLR0912, PLR0917  (the lean plan, step by step; run_lean's a
         raise value
     took_ms = (core.clock() - start) * 1000.0
     if not ok:
-        return drive_rest(
-            core.lean_failed(req, fn, policy, cl, permit, (value, start, took_ms)), store,
-            leases=leases,
-        )
+        return port.rest(core.lean_failed(req, fn, policy, cl, permit, (value, start, took_ms)))
     record = core.lean_record(req, cl, permit, value, took_ms)
     try:
-        done = perform(store, record.step, leases, held)  # (shielded: the gate stays closed)
+        done = port.shielded(record.step)
     except DurabilisError as exc:
-        return drive_rest(core.lean_unrecorded(req, record, exc), store, leases=leases)
+        return port.rest(core.lean_unrecorded(req, record, exc))
     except Exception:
         raise
     except INTERRUPTS as exc:
@@ -120,7 +176,7 @@ def _lean(  # noqa: PLR0912, PLR0917  (the lean plan, step by step; run_lean's a
         lost = StorageUnavailable(
             f"interrupted by {type(exc).__name__} while the step was in flight"
         )
-        return drive(core.lean_unrecorded(req, record, lost), store, leases=leases, deferred=exc)
+        return port.rest_after(core.lean_unrecorded(req, record, lost), exc)
     if not core.lean_recorded(req, record, done):
-        return drive_rest(core.lean_unrecorded(req, record, done), store, leases=leases)
+        return port.rest(core.lean_unrecorded(req, record, done))
     return value

@@ -119,9 +119,11 @@ from durabilis._store import _waves as _store_waves
 from durabilis.checkpoint import _RunPlan
 from durabilis.dlq import DlqConfig, DlqStatus
 from durabilis.layer import DurabilityConfig, DurabilityLayer, OperationContext, _plans
+from durabilis.layer._direct import lean_call
 from durabilis.layer._plans import base as _plans_base
 from durabilis.retry import RetryBudget
 from durabilis.testing import offset_server_clock
+from tests.sim.threaded import threaded_plan
 
 LEASE = 10.0  # virtual seconds
 SECRET_1 = "sim-key-secret-one-0123456789"
@@ -295,6 +297,7 @@ class Simulation:
         self.unrespected: set[tuple[str, str]] = set()  # (key, claim nonce) whose lease lapsed
         self.probe_owner: dict[str, tuple[str, int]] = {}  # probe nonce -> (actor, plan)
         self.graveyard: list[Any] = []  # abandoned plans (kept: no GeneratorExit cleanup)
+        self.lean_calls = 0  # sync operations run by the layer's own lean_call (threaded_plan)
         self.faults = True
         # The counts the layers put in their per-process batches (_leave, and a
         # duplicate's): in a run without faults, every one lands exactly once.
@@ -487,7 +490,15 @@ class Simulation:
             )
             sub.key = req.key.value
             self._register(req.key.value, payload, content=not raw_key)
-            return layer._core.execute_plan(req, self._fn(actor))
+            fn = self._fn(actor)
+            core = layer._core
+            lean = core.lean_entry(req) if actor.flavour == "sync" else None
+            if lean is not None:  # the sync layer's lean path itself, as DurabilityLayer runs it
+                self.lean_calls += 1
+                return threaded_plan(
+                    lambda port: lean_call(core, req, fn, lean[0], lean[1], port)
+                )
+            return core.execute_plan(req, fn)
 
         return start
 

@@ -82,9 +82,15 @@ def test_the_core_promise_holds_for_every_seed(
     count = pytestconfig.getoption("--sim-seeds") or DEFAULT_SEEDS
     first = pytestconfig.getoption("--sim-first")
     lo, hi = first + count * part // PARTS, first + count * (part + 1) // PARTS
-    steps = 0
+    steps = lean = 0
     for seed in range(lo, hi):
-        steps += run_seed(seed, redis_url).step_no
+        sim = run_seed(seed, redis_url)
+        steps += sim.step_no
+        lean += sim.lean_calls
     figures.note(f"fault simulator, part {part + 1} of {PARTS}: {hi - lo} seeds "
                  f"({lo}..{hi - 1} of {first}..{first + count - 1}), {steps} steps, "
+                 f"{lean} sync lean calls run by the layer's own lean_call, "
                  "every invariant held")
+    # The sync layer's lean path is stepped itself (tests/sim/threaded.py), not
+    # only its plan twin: a wiring that stopped doing so would not show otherwise.
+    assert lean > 0 or hi - lo < 50

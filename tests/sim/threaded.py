@@ -1,0 +1,112 @@
+"""The sync layer's lean path (:func:`durabilis.layer._direct.lean_call`), which
+performs its steps in place rather than yielding them, run as a plan the
+simulator steps like any other.
+
+``lean_call`` performs each step through a port (``open``, ``shielded``,
+``rest``, ``rest_after``). Here it runs in a thread of its own whose port hands
+each step to the plan below and waits: the plan yields the step (or yields from
+the plan handed over to) and passes back its reply, or what was thrown into it
+(a fault, an interruption, the simulated process's death: ``GeneratorExit``).
+Only one of the two runs at any moment, so a seed stays deterministic, and the
+simulator injects its faults at every step boundary of the real function: the
+guarantees it checks cover the sync layer's lean path itself, not only its
+plan twin (``_lean_plan``, which the async actors still drive).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Generator
+from typing import Any
+
+from durabilis._steps import shielded
+from durabilis.core.steps import Plan
+
+
+def threaded_plan(body: Callable[[Any], Any]) -> Plan[Any]:
+    """``body(port)`` as a plan (see the module docstring)."""
+    to_plan: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+    to_body: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+
+    class _Port:
+        def _ask(self, *message: Any) -> Any:
+            to_plan.put(message)
+            kind, value = to_body.get()
+            if kind == "raise":
+                raise value
+            return value
+
+        def open(self, step: Any) -> Any:
+            return self._ask("step", step)
+
+        def shielded(self, step: Any) -> Any:
+            return self._ask("step", step)
+
+        def rest(self, plan: Plan[Any]) -> Any:
+            return self._ask("rest", plan)
+
+        def rest_after(self, plan: Plan[Any], interruption: BaseException) -> Any:
+            return self._ask("rest_after", plan, interruption)
+
+    def main() -> None:
+        try:
+            value = body(_Port())
+        except BaseException as exc:  # (what the call raised: the plan raises it)
+            to_plan.put(("error", exc))
+        else:
+            to_plan.put(("done", value))
+
+    def plan() -> Generator[Any, Any, Any]:
+        threading.Thread(target=main, name="sim-lean-call", daemon=True).start()
+        while True:
+            message = to_plan.get()
+            kind = message[0]
+            if kind == "done":
+                return message[1]
+            if kind == "error":
+                raise message[1]
+            try:
+                if kind == "step":
+                    reply = yield message[1]
+                elif kind == "rest":
+                    reply = yield from message[1]
+                else:
+                    reply = yield from _deferred(message[1], message[2])
+            except GeneratorExit:  # the process died here: the call stops at this point
+                to_body.put(("raise", GeneratorExit()))
+                while to_plan.get()[0] not in ("done", "error"):
+                    to_body.put(("raise", GeneratorExit()))
+                raise
+            except BaseException as exc:  # a fault or an interruption at this step
+                to_body.put(("raise", exc))
+                continue
+            to_body.put(("value", reply))
+
+    return plan()
+
+
+def _deferred(plan: Plan[Any], interruption: BaseException) -> Generator[Any, Any, Any]:
+    """``plan`` with ``interruption`` delivered at its first unshielded step, or
+    raised at its end (what the sync driver's ``Stepper(deferred=...)`` does)."""
+    pending: BaseException | None = interruption
+    send: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = plan.send(send) if error is None else plan.throw(error)
+        except StopIteration as stop:
+            if pending is not None:
+                raise pending from None
+            return stop.value
+        except Exception as exc:
+            if pending is not None:
+                raise pending from exc
+            raise
+        if pending is not None and not shielded(step):
+            send, error, pending = None, pending, None
+            continue
+        try:
+            send, error = (yield step), None
+        except BaseException as exc:
+            send, error = None, exc
