@@ -34,6 +34,7 @@ from durabilis.core.steps import Plan, Run
 from durabilis.errors import DurabilisError, StorageUnavailable
 from durabilis.layer._config import OperationContext
 from durabilis.layer._plans import CLAIM_AGAIN, ClaimAgain, Request, _LayerCore
+from durabilis.layer._plans.lean import lean_child
 
 T = TypeVar("T")
 
@@ -156,9 +157,7 @@ def _lean(  # noqa: PLR0912, PLR0917  (the lean plan, step by step; lean_call's 
         port.rest(core.lean_interrupted(req, cl, permit))
         raise
     if cl.pid != _fork.pid():
-        if ok:
-            return value
-        raise value
+        return lean_child(ok, value)
     took_ms = (core.clock() - start) * 1000.0
     if not ok:
         return port.rest(core.lean_failed(req, fn, policy, cl, permit, (value, start, took_ms)))

@@ -4,6 +4,7 @@ as one flat plan: standalone, a new key, ``fn`` succeeds)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from durabilis import _fork, otel
@@ -145,9 +146,7 @@ class _LeanPath(_Claims):
             yield from self.lean_interrupted(req, cl, permit)
             raise
         if cl.pid != _fork.pid():
-            if ok:
-                return value
-            raise value
+            return lean_child(ok, value)
         took_ms = (self.clock() - start) * 1000.0
         if not ok:  # the retry loop, from its first attempt's failure
             first = (value, start, took_ms)
@@ -290,34 +289,36 @@ class _LeanPath(_Claims):
 
 
 
+def lean_child(ok: bool, value: Any) -> Any:
+    """``fn``'s outcome in a child it forked (the claim is the parent's: nothing
+    recorded, released or parked here): returned or raised as it came."""
+    if ok:
+        return value
+    raise value
+
+
+@dataclass(slots=True)
 class _LeanBegin:
-    """The lean path's claim step: its Hold, calls, their indexes, gates and waves."""
+    """The lean path's claim step: its Hold, its IO step, the calls' indexes,
+    whether it registers the breaker."""
 
-    __slots__ = ("at", "hold", "registers", "step")
-
-    def __init__(self, hold: Hold, step: IO, at: Mapping[str, int], registers: bool) -> None:
-        self.hold = hold
-        self.step = step
-        self.at = at
-        self.registers = registers
+    hold: Hold
+    step: IO
+    at: Mapping[str, int]
+    registers: bool
 
     @property
     def probe(self) -> str:
         return f"{self.hold.nonce}.0"
 
 
+@dataclass(slots=True)
 class _LeanRecord:
     """The lean path's record step, and what its reply's handling needs."""
 
-    __slots__ = ("claim", "not_stored", "permit", "step", "took_ms", "value")
-
-    def __init__(  # noqa: PLR0917
-        self, step: IO, claim: _Claim, permit: Permit | None, value: Any, took_ms: float,
-        not_stored: str,
-    ) -> None:
-        self.step = step
-        self.claim = claim
-        self.permit = permit
-        self.value = value
-        self.took_ms = took_ms
-        self.not_stored = not_stored
+    step: IO
+    claim: _Claim
+    permit: Permit | None
+    value: Any
+    took_ms: float
+    not_stored: str
