@@ -92,7 +92,10 @@ class SignalGate:
         self.deliver()
 
     def _exit(self, was: bool) -> None:
-        self.depth -= 1
+        # (Never below 0: a child forked inside fn starts at 0, see
+        # after_fork_in_child, and leaves the plans it was forked in: its
+        # outermost leave puts its handlers back.)
+        self.depth = max(0, self.depth - 1)
         try:
             if self.depth == 0:
                 self.uninstall()

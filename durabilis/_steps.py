@@ -69,10 +69,29 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+class HandlerRaised(BaseException):
+    """An ``Exception`` a signal handler raised during an unshielded step of the
+    sync driver (a SIGALRM timeout's ``TimeoutError``), carried into the plan
+    as an interruption: the plan compensates (a claim step's claim given back,
+    a claim whose ``fn`` had started given back touched) and re-raises, and the
+    driver raises ``error``, the handler's own exception, in its place.
+
+    Without it such an exception would leave the driver as a bug below the plan
+    does, nothing compensated: a claim written just before the handler ran
+    (its reply being decoded) stayed in progress for its whole lease."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        super().__init__(error)
+        self.error: Exception = (
+            error if error is not None else RuntimeError("a signal handler raised")
+        )
+
+
 INTERRUPTS: tuple[type[BaseException], ...] = (
     asyncio.CancelledError,
     KeyboardInterrupt,
     SystemExit,
+    HandlerRaised,
 )
 """What a plan treats as "stop now": compensate (shielded), then re-raise.
 
@@ -348,6 +367,12 @@ def perform_open(store: Store, step: Any, leases: LeaseBook | None, held: list[A
         else:
             _GATE.deliver()
         return perform(store, step, leases, held)
+    except DurabilisError:
+        raise
+    except Exception as exc:
+        if _GATE.ran == ran:
+            raise  # (no handler ran: a bug below the plan, raised as it is by drive)
+        raise HandlerRaised(exc) from None
     finally:
         _GATE.closed = True
         # A handler fn (or a handler that ran meanwhile) installed is held back
@@ -401,6 +426,8 @@ def drive(
             run.send(reply)
         result: T = run.value
         return result
+    except HandlerRaised as raised:
+        raise raised.error from None  # (compensated: the handler's own exception)
     finally:
         try:
             if leases is not None:

@@ -27,7 +27,7 @@ from typing import Any, Protocol, TypeVar
 
 from durabilis import _fork, _steps
 from durabilis._signal_gate import GATE
-from durabilis._steps import INTERRUPTS, LeaseBook, drive, drive_rest
+from durabilis._steps import INTERRUPTS, HandlerRaised, LeaseBook, drive, drive_rest
 from durabilis._store import Store
 from durabilis.core.retry import RetryPolicy
 from durabilis.core.steps import Plan, Run
@@ -100,6 +100,8 @@ def run_lean(  # noqa: PLR0917  (the call, and where it runs)
         # (looked up here, as drive's: the steps go through the driver's own functions)
         step = _steps.perform if entered is None else _steps.perform_open
         return lean_call(core, req, fn, policy, wait_until, _Driver(store, leases, held, step))
+    except HandlerRaised as raised:
+        raise raised.error from None  # (compensated: the handler's own exception, as drive)
     finally:
         try:
             for item in held:

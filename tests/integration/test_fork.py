@@ -189,3 +189,37 @@ def test_a_child_forked_inside_fn_never_releases_or_records_its_parent_s_claim(
     assert seen["unchanged"], "the child changed its parent's claim"
     assert seen["other"] == "in progress" and seen["other_runs"] == 0
     layer.close()
+
+
+@pytest.mark.standalone_only  # (the gate is the process's: one backend shows it)
+def test_a_child_forked_inside_fn_gets_its_signal_handlers_back(store: durabilis.Store) -> None:
+    """Found by an adversarial review: the child's signal gate starts at depth 0
+    (a fork from another thread runs no plan in the child) and the plan the
+    child was forked in then left it at -1, so the child's handlers stayed
+    wrapped for good (``signal.getsignal`` answered the wrapper)."""
+    layer = DurabilityLayer(store, fast_config())
+
+    def handler(signum: int, frame: Any) -> None:
+        return None
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    parent = os.getpid()
+    child = 0
+    try:
+        def fn(ctx: Any) -> str:
+            nonlocal child
+            child = os.fork()
+            return "child" if child == 0 else "parent"
+
+        result = layer.execute("a1", "job", {"fork": "gate"}, fn)
+        if os.getpid() != parent:  # the child, back from the plan it was forked in
+            os._exit(0 if signal.getsignal(signal.SIGUSR1) is handler else 3)
+        _, status = os.waitpid(child, 0)
+        assert result == "parent"
+        assert os.waitstatus_to_exitcode(status) == 0, "the child's handler stayed wrapped"
+        assert signal.getsignal(signal.SIGUSR1) is handler
+    finally:
+        if os.getpid() != parent:
+            os._exit(4)
+        signal.signal(signal.SIGUSR1, previous)
+        layer.close()

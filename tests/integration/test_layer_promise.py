@@ -1150,6 +1150,57 @@ def test_an_interrupt_during_the_record_step_lets_the_record_land_first(
         store.close()
 
 
+@pytest.mark.standalone_only  # (Cluster: the waves are read apart, the signal lands elsewhere)
+@pytest.mark.parametrize("path", ["lean", "plans"])
+def test_a_handler_raising_while_the_claim_reply_is_read_gives_the_claim_back(
+    store: durabilis.Store, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """Found by an adversarial review: a SIGALRM timeout whose handler raises
+    TimeoutError (an Exception, not an interruption) landed in the claim step
+    after the claim was written (its reply being decoded). It left the driver
+    as a bug below the plan does: nothing undone, the claim in progress for
+    its whole lease (the caller's retry got OperationInProgress), then parked
+    by recovery as WORKER_LOST although nothing ran. It is handled as an
+    interruption now: the claim goes back, the handler's own error is raised."""
+    import signal
+
+    from durabilis import _scripts
+
+    layer = layer_on(store, lease=30)
+    layer.execute("a1", "job", "warm", Counter())  # (the pair known: the lean way)
+    options: dict[str, Any] = {} if path == "lean" else {"task_id": "t1", "phase": "p1"}
+    key = IdempotencyKey.new("a1", "job", "p")
+
+    def timeout(signum: int, frame: Any) -> None:
+        raise TimeoutError("the caller's budget ran out")
+
+    replies_init = _scripts.Replies.__init__
+    armed = [True]
+
+    def init(self: Any, replies: Any, status: str) -> None:
+        if armed[0] and any(type(r) is list and r and r[0] == b"new" for r in replies):
+            armed[0] = False  # the claim step's replies: the claim written
+            os.kill(os.getpid(), signal.SIGALRM)  # its handler runs at the next bytecode
+        replies_init(self, replies, status)
+
+    previous = signal.signal(signal.SIGALRM, timeout)
+    op = Counter(result="done")
+    try:
+        monkeypatch.setattr(_scripts.Replies, "__init__", init)
+        with pytest.raises(TimeoutError, match="budget ran out"):
+            layer.execute("a1", "job", "p", op, **options)
+        monkeypatch.undo()
+        assert not armed[0] and op.calls == []
+        found = layer.idempotency.check(key)
+        assert found is None  # given back clean: nothing in progress, nothing held
+        assert layer.execute("a1", "job", "p", op, **options) == "done"  # at once
+        assert len(op.calls) == 1 and op.calls[0].recovered is False
+        assert layer.recover_orphans() == [] and layer.dlq.pending_count() == 0
+    finally:
+        monkeypatch.undo()
+        signal.signal(signal.SIGALRM, previous)
+
+
 class _SignalWhenEncoded(tzinfo):
     """A time zone that sends the process ``signum`` the first time an offset
     is asked for: while the layer encodes fn's result, after fn returned."""
