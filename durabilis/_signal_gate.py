@@ -45,10 +45,12 @@ class SignalGate:
     kills the process at once, like ``SIGKILL``.
     """
 
-    __slots__ = ("closed", "depth", "installed", "pending", "ran")
+    __slots__ = ("closed", "depth", "installed", "pending", "raised", "ran")
 
     def __init__(self) -> None:
         self.ran = 0  # handlers run through the gate (each may install another)
+        # (ran, what it raised) of the last handler run through the gate that raised
+        self.raised: tuple[int, BaseException] | None = None
         self.closed = False
         self.depth = 0  # plans running on the main thread (one inside another's fn)
         self.pending: list[tuple[Any, int, Any]] = []
@@ -108,15 +110,41 @@ class SignalGate:
         first: BaseException | None = None
         while not self.closed and self.pending:
             handler, signum, frame = self.pending.pop(0)
-            self.ran += 1
             try:
-                handler(signum, frame)
+                self.run(handler, signum, frame)
             except BaseException as exc:  # the others still run
                 if first is None or (isinstance(first, Exception)
                                      and not isinstance(exc, Exception)):
                     first = exc
         if first is not None:
             raise first
+
+    def run(self, handler: Callable[[int, Any], Any], signum: int, frame: Any) -> Any:
+        """Run a handler through the gate (counted; what it raises remembered:
+        the driver tells it from what a step made of it, see ``perform_open``)."""
+        self.ran += 1
+        try:
+            return handler(signum, frame)
+        except BaseException as exc:
+            self.raised = (self.ran, exc)
+            raise
+
+    def made_of(self, exc: BaseException, since: int = 0) -> BaseException | None:
+        """What the last handler that raised (after the ``since``-th handler
+        run) raised, when ``exc`` is it or was made of it (a link of its chain
+        of causes and contexts: redis-py turns a ``TimeoutError`` raised in its
+        socket read into its own); else ``None``."""
+        last = self.raised
+        if last is None or last[0] <= since:
+            return None
+        seen: BaseException | None = exc
+        for _ in range(8):  # (a few links deep)
+            if seen is None:
+                return None
+            if seen is last[1]:
+                return seen
+            seen = seen.__cause__ or seen.__context__
+        return None
 
     def uninstall(self) -> None:
         """Put the handlers back (not one replaced meanwhile: that one stays).
@@ -133,6 +161,7 @@ class SignalGate:
         self.closed = False
         self.depth = 0
         self.pending.clear()
+        self.raised = None
         if threading.current_thread() is threading.main_thread():
             self.uninstall()
 
@@ -150,8 +179,7 @@ class HeldBack:
         if self._gate.closed:
             self._gate.pending.append((self.__wrapped__, signum, frame))
             return None
-        self._gate.ran += 1
-        return self.__wrapped__(signum, frame)
+        return self._gate.run(self.__wrapped__, signum, frame)
 
 
 GATE = SignalGate()

@@ -367,12 +367,11 @@ def perform_open(store: Store, step: Any, leases: LeaseBook | None, held: list[A
         else:
             _GATE.deliver()
         return perform(store, step, leases, held)
-    except DurabilisError:
-        raise
     except Exception as exc:
-        if _GATE.ran == ran:
-            raise  # (no handler ran: a bug below the plan, raised as it is by drive)
-        raise HandlerRaised(exc) from None
+        raised = _from_handler(exc, ran, type(step))
+        if raised is None:
+            raise  # the step's own failure, or a bug below the plan (drive raises it)
+        raise HandlerRaised(raised) from None
     finally:
         _GATE.closed = True
         # A handler fn (or a handler that ran meanwhile) installed is held back
@@ -380,6 +379,30 @@ def perform_open(store: Store, step: Any, leases: LeaseBook | None, held: list[A
         # thread, and no other thread can install one: else nothing to wrap.
         if type(step) is Run or _GATE.ran != ran:
             _GATE.wrap()
+
+
+def _from_handler(exc: Exception, ran: int, kind: type) -> Exception | None:
+    """What a signal handler raised that ``exc``, escaping an unshielded step,
+    stands for (``None``: the step's own failure, or a bug below the plan).
+
+    - A handler run during the step raised an ``Exception`` and ``exc`` is it,
+      or was made of it (redis-py turns a ``TimeoutError`` raised in its socket
+      read into its own, which the store maps to ``StorageUnavailable``): the
+      handler's own exception.
+    - Else, in a ``Run`` step (``fn``'s own exceptions are its outcome, caught
+      below): only the step's bookkeeping around ``fn`` is left, where only a
+      handler can raise (one ``fn`` installed itself included): ``exc``.
+    - Else a handler ran and ``exc`` is no ``DurabilisError`` (the step's
+      failure): ``exc``.
+    """
+    handler = _GATE.made_of(exc, ran)
+    if isinstance(handler, Exception):
+        return handler
+    if kind is Run:
+        return exc
+    if _GATE.ran != ran and not isinstance(exc, DurabilisError):
+        return exc
+    return None
 
 
 def drive(

@@ -13,6 +13,7 @@ from typing import Any
 import redis
 
 from durabilis._scripts import ScriptCall
+from durabilis._signal_gate import GATE
 from durabilis._store._base import _NOT_RUN, StoreBase
 from durabilis._store._errors import map_error
 from durabilis.errors import DurabilisError, NotReplicated, StorageUnavailable
@@ -60,8 +61,11 @@ def _wait_out(target: Any, conn: Any, left: int, exc: BaseException) -> None:
     scripts written still run, so their replies are waited for (one socket
     timeout at most, or another interruption) before it goes on: the plan's
     compensation on another connection (a claim's release) must never overtake
-    them (the claim would be held by nobody). The caller drops the connection."""
-    if left and not isinstance(exc, Exception):
+    them (the claim would be held by nobody). So are they when ``exc`` is, or
+    was made of, what a signal handler raised (a SIGALRM timeout's
+    ``TimeoutError`` in the socket read: the plan compensates it as an
+    interruption). The caller drops the connection."""
+    if left and (not isinstance(exc, Exception) or GATE.made_of(exc) is not None):
         _drain(target, conn, left, None, release=False)
 
 

@@ -1201,6 +1201,86 @@ def test_a_handler_raising_while_the_claim_reply_is_read_gives_the_claim_back(
         signal.signal(signal.SIGALRM, previous)
 
 
+def test_a_handler_raising_while_redis_is_awaited_is_raised_as_it_is(
+    private_redis: RedisServer, namespace: str
+) -> None:
+    """Found by an adversarial review: a SIGALRM timeout going off while the
+    claim step waits for Redis (where a blocked caller spends its time) raises
+    inside redis-py's socket read, which made it a TimeoutError of its own, and
+    the store a StorageUnavailable: the caller never got its own exception. It
+    gets it now, after the step's reply was waited for (the claim lands, then
+    goes back: a release never overtakes it) and the claim given back."""
+    import signal
+
+    store = durabilis.connect(private_redis.url, namespace=namespace, socket_timeout=2)
+    admin = redis.Redis.from_url(private_redis.url)
+    layer = DurabilityLayer(store, fast_config(lease=5, dependencies={}))
+    layer.execute("a1", "job", "warm", Counter())
+    key = IdempotencyKey.new("a1", "job", "p")
+
+    class Budget(Exception):
+        pass
+
+    def timeout(signum: int, frame: Any) -> None:
+        raise Budget("the caller's budget ran out")
+
+    previous = signal.signal(signal.SIGALRM, timeout)
+    op = Counter(result="done")
+    try:
+        admin.execute_command("CLIENT", "PAUSE", 400, "WRITE")  # the claim step waits
+        signal.setitimer(signal.ITIMER_REAL, 0.1)  # and the alarm goes off meanwhile
+        with pytest.raises(Budget, match="budget ran out"):
+            layer.execute("a1", "job", "p", op)
+        assert op.calls == []
+        assert layer.idempotency.check(key) is None  # given back: nothing in progress
+        assert layer.execute("a1", "job", "p", op) == "done"
+        assert len(op.calls) == 1 and op.calls[0].recovered is False
+        assert layer.recover_orphans() == [] and layer.dlq.pending_count() == 0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        admin.close()
+        layer.close()
+        store.close()
+
+
+def test_a_handler_raising_a_durabilis_error_in_a_backoff_gives_the_claim_back(
+    store: durabilis.Store,
+) -> None:
+    """Found by an adversarial review: a handler raising a DurabilisError (one
+    that saves a checkpoint while Redis blips: StorageUnavailable) during a
+    retry's backoff was taken for the sleep's own failure and not compensated:
+    the claim stayed in progress for its lease. It is an interruption there
+    now: the claim goes back touched (fn had run), the error is raised."""
+    import signal
+
+    policy = RetryPolicy("job", max_attempts=3, initial_delay_ms=400, max_delay_ms=400,
+                         jitter=False, retryable_errors=("NETWORK_TIMEOUT",))
+    layer = layer_on(store, lease=30, dependencies={}, retry_policies=(policy,))
+    key = IdempotencyKey.new("a1", "job", "p")
+
+    def handler(signum: int, frame: Any) -> None:
+        raise durabilis.StorageUnavailable("the handler's own save failed")
+
+    def fn(ctx: OperationContext) -> str:
+        if ctx.attempt == 0:
+            signal.setitimer(signal.ITIMER_REAL, 0.1)  # goes off in the 400 ms backoff
+            raise durabilis.OperationError("NETWORK_TIMEOUT", "first attempt")
+        return "done"
+
+    previous = signal.signal(signal.SIGALRM, handler)
+    try:
+        with pytest.raises(durabilis.StorageUnavailable, match="handler's own save"):
+            layer.execute("a1", "job", "p", fn)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert layer.idempotency.check(key) is None  # given back (touched), not in progress
+    op = Counter(result="again")
+    assert layer.execute("a1", "job", "p", op) == "again"
+    assert op.calls[0].recovered is True  # told: the first attempt may have had its effect
+
+
 class _SignalWhenEncoded(tzinfo):
     """A time zone that sends the process ``signum`` the first time an offset
     is asked for: while the layer encodes fn's result, after fn returned."""

@@ -123,7 +123,7 @@ from durabilis.layer._direct import lean_call
 from durabilis.layer._plans import base as _plans_base
 from durabilis.retry import RetryBudget
 from durabilis.testing import offset_server_clock
-from tests.sim.threaded import threaded_plan
+from tests.sim.threaded import Threads, threaded_plan
 
 LEASE = 10.0  # virtual seconds
 SECRET_1 = "sim-key-secret-one-0123456789"
@@ -298,6 +298,7 @@ class Simulation:
         self.probe_owner: dict[str, tuple[str, int]] = {}  # probe nonce -> (actor, plan)
         self.graveyard: list[Any] = []  # abandoned plans (kept: no GeneratorExit cleanup)
         self.lean_calls = 0  # sync operations run by the layer's own lean_call (threaded_plan)
+        self.threads = Threads()  # (their threads: those of crashed calls end at close)
         self.faults = True
         # The counts the layers put in their per-process batches (_leave, and a
         # duplicate's): in a run without faults, every one lands exactly once.
@@ -496,7 +497,7 @@ class Simulation:
             if lean is not None:  # the sync layer's lean path itself, as DurabilityLayer runs it
                 self.lean_calls += 1
                 return threaded_plan(
-                    lambda port: lean_call(core, req, fn, lean[0], lean[1], port)
+                    lambda port: lean_call(core, req, fn, lean[0], lean[1], port), self.threads
                 )
             return core.execute_plan(req, fn)
 
@@ -1471,6 +1472,7 @@ class Simulation:
         for rkey in self.raw.scan_iter(match=f"{self.namespace}:*", count=1000):
             pipe.unlink(rkey)
         pipe.execute()
+        self.threads.end()
         self.graveyard.clear()
 
 

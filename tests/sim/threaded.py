@@ -6,11 +6,16 @@ simulator steps like any other.
 ``rest``, ``rest_after``). Here it runs in a thread of its own whose port hands
 each step to the plan below and waits: the plan yields the step (or yields from
 the plan handed over to) and passes back its reply, or what was thrown into it
-(a fault, an interruption, the simulated process's death: ``GeneratorExit``).
-Only one of the two runs at any moment, so a seed stays deterministic, and the
-simulator injects its faults at every step boundary of the real function: the
+(a fault, or the plan closed: ``GeneratorExit``). Only one of the two runs at
+any moment, so a seed stays deterministic, and the faults the simulator injects
+at step boundaries (a lost reply, a timeout, a step that did or did not land,
+the process dying between steps or inside ``fn``) meet the real function: the
 guarantees it checks cover the sync layer's lean path itself, not only its
-plan twin (``_lean_plan``, which the async actors still drive).
+plan twin (``_lean_plan``, which the async actors still drive). The simulator
+interrupts sync actors inside ``fn`` only (``SystemExit``,
+``KeyboardInterrupt``): ``lean_call``'s other interruption branches (a signal
+in the claim or record step) are the integration tests' (the signal tests of
+tests/integration/test_layer_promise.py, run through the sync layer).
 """
 
 from __future__ import annotations
@@ -24,8 +29,30 @@ from durabilis._steps import shielded
 from durabilis.core.steps import Plan
 
 
-def threaded_plan(body: Callable[[Any], Any]) -> Plan[Any]:
-    """``body(port)`` as a plan (see the module docstring)."""
+class Threads:
+    """The threads of one simulation's calls. A call whose simulated process
+    died is never stepped again: its thread waits for a step's answer for
+    good, holding the simulation. :meth:`end` has each such thread leave at
+    the point it waits (``GeneratorExit`` there, which ``lean_call`` does not
+    compensate: nothing more runs, as for a plan left unstepped)."""
+
+    def __init__(self) -> None:
+        self._waiting: list[tuple[threading.Thread, queue.SimpleQueue[tuple[str, Any]]]] = []
+
+    def add(self, thread: threading.Thread, to_body: queue.SimpleQueue[tuple[str, Any]]) -> None:
+        self._waiting.append((thread, to_body))
+
+    def end(self) -> None:
+        for thread, to_body in self._waiting:
+            if thread.is_alive():
+                to_body.put(("raise", GeneratorExit()))
+                thread.join(5)
+        self._waiting.clear()
+
+
+def threaded_plan(body: Callable[[Any], Any], threads: Threads | None = None) -> Plan[Any]:
+    """``body(port)`` as a plan (see the module docstring); its thread joins
+    ``threads`` (see :class:`Threads`)."""
     to_plan: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
     to_body: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
 
@@ -58,7 +85,10 @@ def threaded_plan(body: Callable[[Any], Any]) -> Plan[Any]:
             to_plan.put(("done", value))
 
     def plan() -> Generator[Any, Any, Any]:
-        threading.Thread(target=main, name="sim-lean-call", daemon=True).start()
+        thread = threading.Thread(target=main, name="sim-lean-call", daemon=True)
+        if threads is not None:
+            threads.add(thread, to_body)
+        thread.start()
         while True:
             message = to_plan.get()
             kind = message[0]
