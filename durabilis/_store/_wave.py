@@ -38,13 +38,16 @@ def _drain(
     ``conn`` back (disconnected if a reply did not come by ``deadline``: False).
     ``release=False``: the caller gives it back. Interrupted again (a second
     Ctrl-C, a SIGTERM's ``SystemExit``), it stops waiting and that goes on."""
+    since = GATE.ran
     try:
         with _read_by(conn, deadline):
             for _ in range(replies):
                 with contextlib.suppress(redis.exceptions.ResponseError):
                     redis_node.parse_response(conn, "EVALSHA")
-    except Exception:
+    except Exception as exc:
         conn.disconnect()
+        if GATE.made_of(exc, since) is not None:
+            raise  # a signal handler's, meanwhile: an interruption again, it goes on
         return False
     except BaseException:
         conn.disconnect()
@@ -65,7 +68,7 @@ def _wait_out(target: Any, conn: Any, left: int, exc: BaseException) -> None:
     was made of, what a signal handler raised (a SIGALRM timeout's
     ``TimeoutError`` in the socket read: the plan compensates it as an
     interruption). The caller drops the connection."""
-    if left and (not isinstance(exc, Exception) or GATE.made_of(exc) is not None):
+    if left and (not isinstance(exc, Exception) or GATE.made_of(exc, GATE.step) is not None):
         _drain(target, conn, left, None, release=False)
 
 
@@ -235,10 +238,12 @@ class ClusterWaves(StoreBase):
         try:
             redis_node = self.client.get_redis_connection(node)
             conn = redis_node.connection_pool.get_connection()
-        except _UNREACHABLE:
-            failed[node.name] = None
-            return str(node.name)
-        except Exception:
+        except Exception as exc:
+            if GATE.made_of(exc, GATE.step) is not None:
+                raise  # a signal handler's (nothing written): an interruption, no node's fault
+            if isinstance(exc, _UNREACHABLE):
+                failed[node.name] = None
+                return str(node.name)
             return None
         try:
             if self._waits(call):
@@ -248,6 +253,8 @@ class ClusterWaves(StoreBase):
         except BaseException as exc:
             conn.disconnect()
             redis_node.connection_pool.release(conn)
+            if GATE.made_of(exc, GATE.step) is not None:
+                raise  # a signal handler's: an interruption (the plan takes it as unknown)
             if isinstance(exc, _UNREACHABLE):  # part of it may be in the node's
                 failed[node.name] = None  # buffers (a script whole, its WAIT not):
                 return _Lost(str(node.name))  # it may run, so it is never sent again
@@ -281,12 +288,14 @@ class ClusterWaves(StoreBase):
                 left = 1 if waits else 0
                 acked = _kept_reply(conn) if waits else None
                 left = 0
-        except Exception as exc:  # lost on the way: the outcome is unknown
-            conn.disconnect()
-            pool.release(conn)
-            self._reread_slots(node)
-            return map_error(exc, call)
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, Exception) and GATE.made_of(exc, GATE.step) is None:
+                # lost on the way: the outcome is unknown
+                conn.disconnect()
+                pool.release(conn)
+                self._reread_slots(node)
+                return map_error(exc, call)
+            # An interruption, or a signal handler's exception (as one): drained first.
             if not left:  # (every reply read: its timeout may not be restored yet)
                 _drop(redis_node, conn)
                 raise

@@ -1244,6 +1244,53 @@ def test_a_handler_raising_while_redis_is_awaited_is_raised_as_it_is(
         store.close()
 
 
+def test_a_second_handler_raising_while_the_step_is_drained_is_raised_too(
+    private_redis: RedisServer, namespace: str
+) -> None:
+    """Found by an adversarial review: once a handler's exception had the step's
+    reply drained (the test above), a second handler raising during that wait
+    (a shutdown request on SIGUSR1) was swallowed by the drain, and the first
+    was taken for a storage failure again. Both are interruptions: the second
+    is raised, the claim given back."""
+    import signal
+
+    store = durabilis.connect(private_redis.url, namespace=namespace, socket_timeout=2)
+    admin = redis.Redis.from_url(private_redis.url)
+    layer = DurabilityLayer(store, fast_config(lease=5, dependencies={}))
+    layer.execute("a1", "job", "warm", Counter())
+    key = IdempotencyKey.new("a1", "job", "p")
+
+    class Shutdown(Exception):
+        pass
+
+    alarms: list[float] = []
+
+    def alarm(signum: int, frame: Any) -> None:
+        alarms.append(time.monotonic())
+        if len(alarms) == 1:  # the caller's deadline, while the claim step waits
+            signal.setitimer(signal.ITIMER_REAL, 0.1)  # and a shutdown while it drains
+            raise TimeoutError("the caller's budget ran out")
+        raise Shutdown("shutdown requested")
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    op = Counter(result="done")
+    try:
+        admin.execute_command("CLIENT", "PAUSE", 500, "WRITE")  # the claim step waits
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
+        with pytest.raises(Shutdown):
+            layer.execute("a1", "job", "p", op)
+        assert len(alarms) == 2 and op.calls == []
+        assert layer.idempotency.check(key) is None  # given back: nothing in progress
+        assert layer.execute("a1", "job", "p", op) == "done"
+        assert layer.recover_orphans() == [] and layer.dlq.pending_count() == 0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        admin.close()
+        layer.close()
+        store.close()
+
+
 def test_a_handler_raising_a_durabilis_error_in_a_backoff_gives_the_claim_back(
     store: durabilis.Store,
 ) -> None:
