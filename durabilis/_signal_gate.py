@@ -10,6 +10,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from durabilis.errors import DurabilisError
+
 _C_SIGNAL: Any = getattr(signal, "_signal", signal)
 """The C module under ``signal``: its getsignal is ~200x faster (no enum conversion)."""
 
@@ -151,6 +153,31 @@ class SignalGate:
             seen = seen.__cause__ or seen.__context__
         return None
 
+    def handler_error(self, exc: Exception, ran: int, in_fn_step: bool) -> Exception | None:
+        """What a signal handler raised that ``exc``, escaping an unshielded
+        step that began at the ``ran``-th handler run, stands for (``None``:
+        the step's own failure, or a bug below the plan):
+
+        - a handler run during the step raised an ``Exception`` and ``exc`` is
+          it, or was made of it (redis-py turns a ``TimeoutError`` raised in its
+          socket read into its own, which the store maps to
+          ``StorageUnavailable``): the handler's own exception;
+        - else, in ``fn``'s step (``fn``'s own exceptions are its outcome,
+          caught below it): only the step's bookkeeping around ``fn`` is left,
+          where only a handler can raise (one ``fn`` installed itself
+          included): ``exc``;
+        - else a handler ran and ``exc`` is no ``DurabilisError`` (the step's
+          own failure): ``exc``.
+        """
+        handler = self.made_of(exc, ran)
+        if isinstance(handler, Exception):
+            return handler
+        if in_fn_step:
+            return exc
+        if self.ran != ran and not isinstance(exc, DurabilisError):
+            return exc
+        return None
+
     def uninstall(self) -> None:
         """Put the handlers back (not one replaced meanwhile: that one stays).
         Interrupted midway, the rest go after the next outermost plan."""
@@ -186,6 +213,24 @@ class HeldBack:
             self._gate.pending.append((self.__wrapped__, signum, frame))
             return None
         return self._gate.run(self.__wrapped__, signum, frame)
+
+
+class HandlerRaised(BaseException):
+    """An ``Exception`` a signal handler raised during an unshielded step of the
+    sync driver (a SIGALRM timeout's ``TimeoutError``), carried into the plan
+    as an interruption: the plan compensates (a claim step's claim given back,
+    a claim whose ``fn`` had started given back touched) and re-raises, and the
+    driver raises ``error``, the handler's own exception, in its place.
+
+    Without it such an exception would leave the driver as a bug below the plan
+    does, nothing compensated: a claim written just before the handler ran
+    (its reply being decoded) stayed in progress for its whole lease."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        super().__init__(error)
+        self.error: Exception = (
+            error if error is not None else RuntimeError("a signal handler raised")
+        )
 
 
 GATE = SignalGate()

@@ -50,7 +50,7 @@ from durabilis._cancel import cancels as _cancels
 from durabilis._fork import reset_in_child
 from durabilis._retry_core import TESTING
 from durabilis._scripts import ScriptCall
-from durabilis._signal_gate import GATE
+from durabilis._signal_gate import GATE, HandlerRaised
 from durabilis.core.steps import IO as IO  # noqa: PLC0414  (the vocabulary is the core's)
 from durabilis.core.steps import MAX_SLEEP_SECONDS as MAX_SLEEP_SECONDS  # noqa: PLC0414
 from durabilis.core.steps import Batch as Batch  # noqa: PLC0414
@@ -68,24 +68,6 @@ if TYPE_CHECKING:
     from durabilis._store import AsyncStore, Store
 
 T = TypeVar("T")
-
-class HandlerRaised(BaseException):
-    """An ``Exception`` a signal handler raised during an unshielded step of the
-    sync driver (a SIGALRM timeout's ``TimeoutError``), carried into the plan
-    as an interruption: the plan compensates (a claim step's claim given back,
-    a claim whose ``fn`` had started given back touched) and re-raises, and the
-    driver raises ``error``, the handler's own exception, in its place.
-
-    Without it such an exception would leave the driver as a bug below the plan
-    does, nothing compensated: a claim written just before the handler ran
-    (its reply being decoded) stayed in progress for its whole lease."""
-
-    def __init__(self, error: Exception | None = None) -> None:
-        super().__init__(error)
-        self.error: Exception = (
-            error if error is not None else RuntimeError("a signal handler raised")
-        )
-
 
 INTERRUPTS: tuple[type[BaseException], ...] = (
     asyncio.CancelledError,
@@ -369,7 +351,7 @@ def perform_open(store: Store, step: Any, leases: LeaseBook | None, held: list[A
             _GATE.deliver()
         return perform(store, step, leases, held)
     except Exception as exc:
-        raised = _from_handler(exc, ran, type(step))
+        raised = _GATE.handler_error(exc, ran, type(step) is Run)
         if raised is None:
             raise  # the step's own failure, or a bug below the plan (drive raises it)
         raise HandlerRaised(raised) from None
@@ -381,30 +363,6 @@ def perform_open(store: Store, step: Any, leases: LeaseBook | None, held: list[A
         # thread, and no other thread can install one: else nothing to wrap.
         if type(step) is Run or _GATE.ran != ran:
             _GATE.wrap()
-
-
-def _from_handler(exc: Exception, ran: int, kind: type) -> Exception | None:
-    """What a signal handler raised that ``exc``, escaping an unshielded step,
-    stands for (``None``: the step's own failure, or a bug below the plan).
-
-    - A handler run during the step raised an ``Exception`` and ``exc`` is it,
-      or was made of it (redis-py turns a ``TimeoutError`` raised in its socket
-      read into its own, which the store maps to ``StorageUnavailable``): the
-      handler's own exception.
-    - Else, in a ``Run`` step (``fn``'s own exceptions are its outcome, caught
-      below): only the step's bookkeeping around ``fn`` is left, where only a
-      handler can raise (one ``fn`` installed itself included): ``exc``.
-    - Else a handler ran and ``exc`` is no ``DurabilisError`` (the step's
-      failure): ``exc``.
-    """
-    handler = _GATE.made_of(exc, ran)
-    if isinstance(handler, Exception):
-        return handler
-    if kind is Run:
-        return exc
-    if _GATE.ran != ran and not isinstance(exc, DurabilisError):
-        return exc
-    return None
 
 
 def drive(

@@ -26,8 +26,8 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from durabilis import _fork, _steps
-from durabilis._signal_gate import GATE
-from durabilis._steps import INTERRUPTS, HandlerRaised, LeaseBook, drive, drive_rest
+from durabilis._signal_gate import GATE, HandlerRaised
+from durabilis._steps import INTERRUPTS, LeaseBook, drive, drive_rest
 from durabilis._store import Store
 from durabilis.core.retry import RetryPolicy
 from durabilis.core.steps import Plan, Run

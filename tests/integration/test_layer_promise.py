@@ -1201,15 +1201,26 @@ def test_a_handler_raising_while_the_claim_reply_is_read_gives_the_claim_back(
         signal.signal(signal.SIGALRM, previous)
 
 
+class _Deadline(Exception):
+    pass
+
+
+class _Shutdown(Exception):
+    pass
+
+
+@pytest.mark.parametrize("second", [False, True], ids=["one handler", "a second in the drain"])
 def test_a_handler_raising_while_redis_is_awaited_is_raised_as_it_is(
-    private_redis: RedisServer, namespace: str
+    private_redis: RedisServer, namespace: str, second: bool
 ) -> None:
-    """Found by an adversarial review: a SIGALRM timeout going off while the
+    """Found by adversarial reviews: a SIGALRM deadline going off while the
     claim step waits for Redis (where a blocked caller spends its time) raises
     inside redis-py's socket read, which made it a TimeoutError of its own, and
     the store a StorageUnavailable: the caller never got its own exception. It
-    gets it now, after the step's reply was waited for (the claim lands, then
-    goes back: a release never overtakes it) and the claim given back."""
+    gets it now, once the step's reply was waited for (the claim lands, then
+    goes back: a release never overtakes it). A second handler raising during
+    that wait (a shutdown request) was swallowed by it, and the first taken for
+    a storage failure again: the second is raised now, the claim given back."""
     import signal
 
     store = durabilis.connect(private_redis.url, namespace=namespace, socket_timeout=2)
@@ -1217,71 +1228,27 @@ def test_a_handler_raising_while_redis_is_awaited_is_raised_as_it_is(
     layer = DurabilityLayer(store, fast_config(lease=5, dependencies={}))
     layer.execute("a1", "job", "warm", Counter())
     key = IdempotencyKey.new("a1", "job", "p")
-
-    class Budget(Exception):
-        pass
-
-    def timeout(signum: int, frame: Any) -> None:
-        raise Budget("the caller's budget ran out")
-
-    previous = signal.signal(signal.SIGALRM, timeout)
-    op = Counter(result="done")
-    try:
-        admin.execute_command("CLIENT", "PAUSE", 400, "WRITE")  # the claim step waits
-        signal.setitimer(signal.ITIMER_REAL, 0.1)  # and the alarm goes off meanwhile
-        with pytest.raises(Budget, match="budget ran out"):
-            layer.execute("a1", "job", "p", op)
-        assert op.calls == []
-        assert layer.idempotency.check(key) is None  # given back: nothing in progress
-        assert layer.execute("a1", "job", "p", op) == "done"
-        assert len(op.calls) == 1 and op.calls[0].recovered is False
-        assert layer.recover_orphans() == [] and layer.dlq.pending_count() == 0
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-        admin.close()
-        layer.close()
-        store.close()
-
-
-def test_a_second_handler_raising_while_the_step_is_drained_is_raised_too(
-    private_redis: RedisServer, namespace: str
-) -> None:
-    """Found by an adversarial review: once a handler's exception had the step's
-    reply drained (the test above), a second handler raising during that wait
-    (a shutdown request on SIGUSR1) was swallowed by the drain, and the first
-    was taken for a storage failure again. Both are interruptions: the second
-    is raised, the claim given back."""
-    import signal
-
-    store = durabilis.connect(private_redis.url, namespace=namespace, socket_timeout=2)
-    admin = redis.Redis.from_url(private_redis.url)
-    layer = DurabilityLayer(store, fast_config(lease=5, dependencies={}))
-    layer.execute("a1", "job", "warm", Counter())
-    key = IdempotencyKey.new("a1", "job", "p")
-
-    class Shutdown(Exception):
-        pass
-
     alarms: list[float] = []
 
     def alarm(signum: int, frame: Any) -> None:
         alarms.append(time.monotonic())
         if len(alarms) == 1:  # the caller's deadline, while the claim step waits
-            signal.setitimer(signal.ITIMER_REAL, 0.1)  # and a shutdown while it drains
-            raise TimeoutError("the caller's budget ran out")
-        raise Shutdown("shutdown requested")
+            if second:
+                signal.setitimer(signal.ITIMER_REAL, 0.1)  # a shutdown while it drains
+            raise _Deadline("the caller's budget ran out")
+        raise _Shutdown("shutdown requested")
 
     previous = signal.signal(signal.SIGALRM, alarm)
     op = Counter(result="done")
     try:
         admin.execute_command("CLIENT", "PAUSE", 500, "WRITE")  # the claim step waits
-        signal.setitimer(signal.ITIMER_REAL, 0.1)
-        with pytest.raises(Shutdown):
+        signal.setitimer(signal.ITIMER_REAL, 0.1)  # and the alarm goes off meanwhile
+        with pytest.raises(_Shutdown if second else _Deadline):
             layer.execute("a1", "job", "p", op)
-        assert len(alarms) == 2 and op.calls == []
+        assert len(alarms) == (2 if second else 1) and op.calls == []
         assert layer.idempotency.check(key) is None  # given back: nothing in progress
         assert layer.execute("a1", "job", "p", op) == "done"
+        assert len(op.calls) == 1 and op.calls[0].recovered is False
         assert layer.recover_orphans() == [] and layer.dlq.pending_count() == 0
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
