@@ -47,15 +47,13 @@ class SignalGate:
     kills the process at once, like ``SIGKILL``.
     """
 
-    __slots__ = ("closed", "depth", "installed", "pending", "raised", "ran", "step")
+    __slots__ = ("closed", "depth", "installed", "pending", "raised", "ran")
 
     def __init__(self) -> None:
         self.ran = 0  # handlers run through the gate (each may install another)
         # (ran, what it raised) of the last handler run through the gate that raised
         # (forgotten when the outermost plan ends: a traceback is not kept)
         self.raised: tuple[int, BaseException] | None = None
-        # ``ran`` when the unshielded step running now began (None: none runs)
-        self.step: int | None = None
         self.closed = False
         self.depth = 0  # plans running on the main thread (one inside another's fn)
         self.pending: list[tuple[Any, int, Any]] = []
@@ -135,14 +133,14 @@ class SignalGate:
             self.raised = (self.ran, exc)
             raise
 
-    def made_of(self, exc: BaseException, since: int | None) -> BaseException | None:
+    def made_of(self, exc: BaseException, since: int) -> BaseException | None:
         """What the last handler that raised (after the ``since``-th handler
-        run: ``step`` for the unshielded step running now) raised, when ``exc``
-        is it or was made of it (a link of its chain of causes and contexts:
-        redis-py turns a ``TimeoutError`` raised in its socket read into its
-        own); else ``None`` (and when ``since`` is ``None``: no step runs)."""
+        run: the count when the step or the store's call began) raised, when
+        ``exc`` is it or was made of it (a link of its chain of causes and
+        contexts: redis-py turns a ``TimeoutError`` raised in its socket read
+        into its own); else ``None``."""
         last = self.raised
-        if last is None or since is None or last[0] <= since:
+        if last is None or last[0] <= since:
             return None
         seen: BaseException | None = exc
         for _ in range(8):  # (a few links deep)
@@ -194,7 +192,6 @@ class SignalGate:
         self.depth = 0
         self.pending.clear()
         self.raised = None
-        self.step = None
         if threading.current_thread() is threading.main_thread():
             self.uninstall()
 

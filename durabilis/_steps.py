@@ -339,7 +339,6 @@ def perform_open(store: Store, step: Any, leases: LeaseBook | None, held: list[A
     One held back runs first: it interrupts the step before it is sent, and at
     the start of ``fn`` what it raises is ``fn``'s (as one a moment later)."""
     ran = _GATE.ran
-    outer, _GATE.step = _GATE.step, ran  # (the store tells a handler's error by it)
     try:
         _GATE.closed = False
         if type(step) is Run:
@@ -356,7 +355,6 @@ def perform_open(store: Store, step: Any, leases: LeaseBook | None, held: list[A
             raise  # the step's own failure, or a bug below the plan (drive raises it)
         raise HandlerRaised(raised) from None
     finally:
-        _GATE.step = outer
         _GATE.closed = True
         # A handler fn (or a handler that ran meanwhile) installed is held back
         # for the rest of the plan. Nothing else runs user code on the main

@@ -17,6 +17,7 @@ from redis.connection import HiredisRespSerializer as _HIREDIS_PACKER
 from durabilis import _fork
 from durabilis._acks import Acks
 from durabilis._scripts import Replies, ScriptCall, fuse
+from durabilis._signal_gate import GATE
 from durabilis._store._base import (
     Gates,
     Stepping,
@@ -247,6 +248,7 @@ class Store(ClusterWaves):
     def _send_waited(self, target: Any, command: tuple[Any, ...]) -> tuple[Any, Any]:
         """``command`` and ``WAIT`` written together on one connection of ``target``:
         ``(command's reply or its error reply, WAIT's reply)``."""
+        since = GATE.ran  # (a signal handler's exception: one raised during this send)
         pool = target.connection_pool
         conn = pool.get_connection()
         left = 0  # replies written and not read yet
@@ -259,7 +261,7 @@ class Store(ClusterWaves):
             left = 0
             return reply, acked
         except BaseException as exc:
-            _wait_out(target, conn, left, exc)
+            _wait_out(target, conn, left, exc, since)
             conn.disconnect()
             raise
         finally:
@@ -275,6 +277,7 @@ class Store(ClusterWaves):
         On a pool of plain connections (:class:`_ReadyPool`'s), taking one and
         giving it back costs no pool round, and the command is packed by
         hiredis (the very bytes redis-py's packer makes, in C)."""
+        since = GATE.ran  # (a signal handler's exception: one raised during this send)
         pool = self.client.connection_pool
         conn = pool.get_connection()
         sent = False
@@ -303,7 +306,7 @@ class Store(ClusterWaves):
         except redis.exceptions.ResponseError:
             raise
         except BaseException as exc:
-            _wait_out(self.client, conn, 1 if sent else 0, exc)
+            _wait_out(self.client, conn, 1 if sent else 0, exc, since)
             conn.disconnect()
             raise
         finally:

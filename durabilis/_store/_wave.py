@@ -58,7 +58,7 @@ def _drain(
     return True
 
 
-def _wait_out(target: Any, conn: Any, left: int, exc: BaseException) -> None:
+def _wait_out(target: Any, conn: Any, left: int, exc: BaseException, since: int) -> None:
     """A send of one connection failed with ``exc`` while ``left`` of its replies
     were unread: when that is an interruption (Ctrl-C, ``SystemExit``), the
     scripts written still run, so their replies are waited for (one socket
@@ -67,8 +67,11 @@ def _wait_out(target: Any, conn: Any, left: int, exc: BaseException) -> None:
     them (the claim would be held by nobody). So are they when ``exc`` is, or
     was made of, what a signal handler raised (a SIGALRM timeout's
     ``TimeoutError`` in the socket read: the plan compensates it as an
-    interruption). The caller drops the connection."""
-    if left and (not isinstance(exc, Exception) or GATE.made_of(exc, GATE.step) is not None):
+    interruption), raised by a handler that ran since the send began (``since``:
+    the gate's count of handler runs then; one raised before, in whose
+    ``except`` block a nested call runs, is no interruption of this send). The
+    caller drops the connection."""
+    if left and (not isinstance(exc, Exception) or GATE.made_of(exc, since) is not None):
         _drain(target, conn, left, None, release=False)
 
 
@@ -156,11 +159,12 @@ class ClusterWaves(StoreBase):
         deadline = None if self.socket_timeout is None else (
             time.monotonic() + self.socket_timeout)
         failed: dict[str, DurabilisError | None] = {}  # node -> the error its calls get
+        since = GATE.ran  # (a signal handler's exception: one raised during this wave)
         unread: list[Any] = []
         out: list[Any] = []
         try:
             for call in calls:  # every call written first...
-                unread.append(self._send_to_node(call, failed))
+                unread.append(self._send_to_node(call, failed, since))
             for i, call in enumerate(calls):  # ...then each reply read
                 on, unread[i] = unread[i], None  # (each connection given back)
                 if on is None:  # not written, for no node's fault: the usual path
@@ -173,7 +177,7 @@ class ClusterWaves(StoreBase):
                     _drop(on[0], on[1])
                     out.append(_unknown(call, on[2].name))
                 else:
-                    reply = self._reply_of(call, on, deadline, failed)
+                    reply = self._reply_of(call, on, deadline, failed, since)
                     if isinstance(reply, StorageUnavailable) and not isinstance(
                         reply, NotReplicated
                     ):
@@ -223,7 +227,7 @@ class ClusterWaves(StoreBase):
         return reply
 
     def _send_to_node(
-        self, call: ScriptCall, failed: dict[str, DurabilisError | None]
+        self, call: ScriptCall, failed: dict[str, DurabilisError | None], since: int,
     ) -> tuple[Any, Any, Any] | str | _Lost | None:
         """Write one script to the connection of its key's primary (Cluster).
         ``None`` if it could not be written whole (then nothing ran: the usual
@@ -231,7 +235,9 @@ class ClusterWaves(StoreBase):
         in this wave, now or before (``failed``): then nothing is tried there."""
         try:
             node = self.client.get_node_from_key(call.keys[0])
-        except Exception:
+        except Exception as exc:
+            if GATE.made_of(exc, since) is not None:
+                raise  # a signal handler's (nothing written): an interruption
             return None
         if node.name in failed:
             return str(node.name)
@@ -239,7 +245,7 @@ class ClusterWaves(StoreBase):
             redis_node = self.client.get_redis_connection(node)
             conn = redis_node.connection_pool.get_connection()
         except Exception as exc:
-            if GATE.made_of(exc, GATE.step) is not None:
+            if GATE.made_of(exc, since) is not None:
                 raise  # a signal handler's (nothing written): an interruption, no node's fault
             if isinstance(exc, _UNREACHABLE):
                 failed[node.name] = None
@@ -253,7 +259,7 @@ class ClusterWaves(StoreBase):
         except BaseException as exc:
             conn.disconnect()
             redis_node.connection_pool.release(conn)
-            if GATE.made_of(exc, GATE.step) is not None:
+            if GATE.made_of(exc, since) is not None:
                 raise  # a signal handler's: an interruption (the plan takes it as unknown)
             if isinstance(exc, _UNREACHABLE):  # part of it may be in the node's
                 failed[node.name] = None  # buffers (a script whole, its WAIT not):
@@ -265,7 +271,7 @@ class ClusterWaves(StoreBase):
 
     def _reply_of(
         self, call: ScriptCall, on: tuple[Any, Any, Any], deadline: float | None,
-        failed: dict[str, DurabilisError | None],
+        failed: dict[str, DurabilisError | None], since: int,
     ) -> Any:
         """The reply of a script :meth:`_send_to_node` wrote (``on``: its node's
         client, the connection, the node; or its DurabilisError),
@@ -289,7 +295,7 @@ class ClusterWaves(StoreBase):
                 acked = _kept_reply(conn) if waits else None
                 left = 0
         except BaseException as exc:
-            if isinstance(exc, Exception) and GATE.made_of(exc, GATE.step) is None:
+            if isinstance(exc, Exception) and GATE.made_of(exc, since) is None:
                 # lost on the way: the outcome is unknown
                 conn.disconnect()
                 pool.release(conn)
