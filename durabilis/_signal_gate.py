@@ -22,6 +22,10 @@ _GUARDED = tuple(
 )
 
 
+_REMEMBERED = 4
+"""How many handlers' exceptions the gate remembers (see ``SignalGate.made_of``)."""
+
+
 class SignalGate:
     """Where the main thread's signal handlers may raise during a sync plan.
 
@@ -51,9 +55,10 @@ class SignalGate:
 
     def __init__(self) -> None:
         self.ran = 0  # handlers run through the gate (each may install another)
-        # (ran, what it raised) of the last handler run through the gate that raised
+        # (ran, what it raised) of the last handlers run through the gate that raised
+        # (a few: a second one swallowed where it landed must not hide the first)
         # (forgotten when the outermost plan ends: a traceback is not kept)
-        self.raised: tuple[int, BaseException] | None = None
+        self.raised: list[tuple[int, BaseException]] = []
         self.closed = False
         self.depth = 0  # plans running on the main thread (one inside another's fn)
         self.pending: list[tuple[Any, int, Any]] = []
@@ -103,7 +108,7 @@ class SignalGate:
         self.depth = max(0, self.depth - 1)
         try:
             if self.depth == 0:
-                self.raised = None
+                self.raised = []
                 self.uninstall()
         finally:
             self.closed = was
@@ -130,23 +135,23 @@ class SignalGate:
         try:
             return handler(signum, frame)
         except BaseException as exc:
-            self.raised = (self.ran, exc)
+            self.raised = [*self.raised[-(_REMEMBERED - 1):], (self.ran, exc)]
             raise
 
     def made_of(self, exc: BaseException, since: int) -> BaseException | None:
-        """What the last handler that raised (after the ``since``-th handler
-        run: the count when the step or the store's call began) raised, when
-        ``exc`` is it or was made of it (a link of its chain of causes and
-        contexts: redis-py turns a ``TimeoutError`` raised in its socket read
-        into its own); else ``None``."""
-        last = self.raised
-        if last is None or last[0] <= since:
+        """What a handler that raised (after the ``since``-th handler run: the
+        count when the step or the store's call began) raised, when ``exc`` is
+        it or was made of it (a link of its chain of causes and contexts:
+        redis-py turns a ``TimeoutError`` raised in its socket read into its
+        own); else ``None``."""
+        mine = [raised for ran, raised in self.raised if ran > since]
+        if not mine:
             return None
         seen: BaseException | None = exc
         for _ in range(8):  # (a few links deep)
             if seen is None:
                 return None
-            if seen is last[1]:
+            if any(seen is raised for raised in mine):
                 return seen
             seen = seen.__cause__ or seen.__context__
         return None
@@ -191,7 +196,7 @@ class SignalGate:
         self.closed = False
         self.depth = 0
         self.pending.clear()
-        self.raised = None
+        self.raised = []
         if threading.current_thread() is threading.main_thread():
             self.uninstall()
 

@@ -288,3 +288,42 @@ def test_an_interrupt_while_the_handlers_are_put_back_leaves_the_gate_open(
     assert fake.handlers[signal.SIGINT] is signal.default_int_handler
     assert not any(callable(h) and type(h).__name__ == "_HeldBack"
                    for h in fake.handlers.values())
+
+
+def test_the_gate_tells_each_of_the_last_handlers_exceptions_from_the_step_s_own() -> None:
+    """What the store and the driver ask of the gate: whether an error is, or
+    was made of, what a handler raised since a step (or a store's call) began.
+    A second handler's exception (one swallowed where it landed: redis-py's
+    disconnect drops an OSError) must not hide the first's; one raised before
+    the step began is not the step's."""
+    from durabilis._signal_gate import SignalGate
+
+    gate = SignalGate()
+    before = TimeoutError("an earlier step's deadline")
+    first, second = TimeoutError("the deadline"), OSError("a second alarm")
+
+    def raising(error: BaseException) -> Any:
+        def handler(signum: int, frame: Any) -> None:
+            raise error
+        return handler
+
+    with pytest.raises(TimeoutError):
+        gate.run(raising(before), signal.SIGALRM, None)
+    since = gate.ran  # the step begins
+    for error in (first, second):
+        with pytest.raises(type(error)):
+            gate.run(raising(error), signal.SIGALRM, None)
+    try:  # what redis-py and the store make of the first
+        try:
+            raise first
+        except TimeoutError as inner:
+            raise ConnectionError("Timeout reading from socket") from inner
+    except ConnectionError as made:
+        mapped = StorageUnavailable("Redis unavailable")
+        mapped.__cause__ = made
+    assert gate.made_of(mapped, since) is first
+    assert gate.made_of(mapped, gate.ran) is None  # (a later step's own failure)
+    assert gate.made_of(StorageUnavailable("its own"), since) is None
+    stale = StorageUnavailable("made in the except block of an earlier deadline")
+    stale.__context__ = before
+    assert gate.made_of(stale, since) is None
