@@ -539,16 +539,9 @@ def test_a_parking_left_to_the_keep_alive_meets_the_record_of_the_delivery_that_
     window = 1.0  # (the lease, 30 s, renewed every 10 s: no tick of the keep-alive's
     # own thread in this test; it is driven below)
     idem = IdempotencyConfig(dedup_window_seconds=window, in_progress_ttl_seconds=30)
-    a = DurabilityLayer(store, fast_config(idempotency=idem, dependencies={}))
-    a._core._lease_s = 0.0  # (a step that fails once goes to the keep-alive at once)
-    a._core._late_tries = 1
-    lose_replies(store, "dlq_enqueue", landed=False, times=1)
-    with instant_retries(), pytest.raises(durabilis.OutcomeUnrecorded):
-        a.execute("agent-1", "job", {"n": 21}, _down)
-    [waiting] = a._leases.deferred()
+    a, waiting = _parked_late_and_lapsed(store, {"n": 21}, idempotency=idem)
     assert waiting.step.guarded
     rkey = store.keys.idem(waiting.step.key)
-    store.command("HSET", rkey, "le", 0)  # A's claim lapsed (its renewals failed)
     b = DurabilityLayer(store, fast_config(idempotency=idem, dependencies={}))
     ran: list[OperationContext] = []
 
@@ -656,15 +649,8 @@ def test_a_taken_over_claim_given_back_is_held_for_its_lapsed_owners_late_parkin
     ("stale") and was dropped, and recovery had nothing left to park. A claim
     taken over and given back is now held as long as a DLQ record, so the
     late parking meets it and parks."""
-    a = DurabilityLayer(store, fast_config(dependencies={}))
-    a._core._lease_s = 0.0  # (a step that fails once goes to the keep-alive at once)
-    a._core._late_tries = 1
-    lose_replies(store, "dlq_enqueue", landed=False, times=1)
-    with instant_retries(), pytest.raises(durabilis.OutcomeUnrecorded):
-        a.execute("agent-1", "job", {"n": 61}, _down)
-    [waiting] = a._leases.deferred()
+    a, waiting = _parked_late_and_lapsed(store, {"n": 61})
     rkey = store.keys.idem(waiting.step.key)
-    store.command("HSET", rkey, "le", 0)  # A's claim lapsed (its renewals failed)
     b = DurabilityLayer(store, fast_config(dependencies={}))
 
     def gives_up(ctx: OperationContext) -> str:
@@ -783,6 +769,23 @@ def test_a_parkings_release_leaves_its_hold_whatever_holds_the_key(
 # --- adversarial review 31 (F2, F4, F5, F6) -----------------------------------------------
 
 NEVER_TRIPS = CircuitBreakerConfig("svc", 1.0, 4, 1, 1, 10, 1)
+
+
+def _parked_late_and_lapsed(
+    store: durabilis.Store, payload: Any, **config: Any
+) -> tuple[DurabilityLayer, Any]:
+    """Worker A's operation failed for good and its parking's reply was lost:
+    the parking waits in A's keep-alive (returned: A and that deferred step),
+    and A's claim lapsed (its renewals failed)."""
+    a = DurabilityLayer(store, fast_config(dependencies={}, **config))
+    a._core._lease_s = 0.0  # (a step that fails once goes to the keep-alive at once)
+    a._core._late_tries = 1
+    lose_replies(store, "dlq_enqueue", landed=False, times=1)
+    with instant_retries(), pytest.raises(durabilis.OutcomeUnrecorded):
+        a.execute("agent-1", "job", payload, _down)
+    [waiting] = a._leases.deferred()
+    store.command("HSET", store.keys.idem(waiting.step.key), "le", 0)
+    return a, waiting
 
 
 def _down(_ctx: Any) -> Any:

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Generator
 from typing import Any
 
-from durabilis._steps import shielded
+from durabilis._steps import Stepper, shielded
 from durabilis.core.steps import Plan
 
 
@@ -118,25 +118,16 @@ def threaded_plan(body: Callable[[Any], Any], threads: Threads | None = None) ->
 
 def _deferred(plan: Plan[Any], interruption: BaseException) -> Generator[Any, Any, Any]:
     """``plan`` with ``interruption`` delivered at its first unshielded step, or
-    raised at its end (what the sync driver's ``Stepper(deferred=...)`` does)."""
-    pending: BaseException | None = interruption
-    send: Any = None
-    error: BaseException | None = None
-    while True:
+    raised at its end: the sync driver's own ``Stepper(deferred=...)``, stepped
+    by the simulator."""
+    run = Stepper(plan, shielded, deferred=interruption)
+    while not run.done:
         try:
-            step = plan.send(send) if error is None else plan.throw(error)
-        except StopIteration as stop:
-            if pending is not None:
-                raise pending from None
-            return stop.value
-        except Exception as exc:
-            if pending is not None:
-                raise pending from exc
-            raise
-        if pending is not None and not shielded(step):
-            send, error, pending = None, pending, None
+            reply = yield run.step
+        except BaseException as exc:  # a fault at this step (GeneratorExit: closed)
+            if isinstance(exc, GeneratorExit):
+                raise
+            run.throw(exc)
             continue
-        try:
-            send, error = (yield step), None
-        except BaseException as exc:
-            send, error = None, exc
+        run.send(reply)
+    return run.value
