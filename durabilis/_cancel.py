@@ -1,17 +1,34 @@
-"""A cancellation a library call swallowed, found and raised again (asyncio, Python 3.11+).
+"""Cancellations (asyncio): one a library call swallowed, found and raised
+again (Python 3.11+); one held back until a shielded step's end, in the
+running task (:class:`HeldThrough`).
 
 Shared by the store, the retry engine and the async driver."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Coroutine, Generator
+from contextvars import ContextVar
+from functools import partial
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+_HELD: ContextVar[int] = ContextVar("durabilis_cancels_held", default=0)
+"""The running task's cancellations held back by :class:`HeldThrough` (they stay
+counted by ``Task.cancelling()``, as after ``asyncio.shield``: a ``timeout``
+or ``TaskGroup`` around the call still tells its own from another's)."""
 
 
 def cancels() -> int:
-    """How many times the running task was asked to cancel (0 before Python 3.11)."""
+    """How many times the running task was asked to cancel, less those held back
+    until a shielded step's end (0 before Python 3.11). Compare two readings
+    taken in one task: an increase is a cancellation that came in between and
+    was neither raised nor held back."""
     task = asyncio.current_task()
     cancelling = getattr(task, "cancelling", None)
-    return int(cancelling()) if cancelling is not None else 0
+    return int(cancelling()) - _HELD.get() if cancelling is not None else 0
 
 
 def resurface(before: int) -> None:
@@ -27,3 +44,68 @@ def resurface(before: int) -> None:
     """
     if cancels() > before:
         raise asyncio.CancelledError
+
+
+class HeldThrough(Generic[T]):
+    """``await HeldThrough(work, defer)``: ``work`` (a coroutine) awaited to its
+    end in the running task; a cancellation that arrives meanwhile is held
+    back (counted in ``_HELD``, so that the work's own :func:`cancels` checks
+    do not take it for one a library call swallowed) and handed to ``defer``
+    (the plan's :meth:`~durabilis._steps.Stepper.defer`: the plan gets the
+    step's reply, then the cancellation). A shield without a task of its own:
+    ``asyncio.shield`` needs one per step (a few us of a durable call's ~75 us
+    at 64 in flight, benchmarks/README.md).
+
+    Every future ``work`` awaits is awaited through a proxy future, so the
+    task's cancellation cancels the proxy, never that future. Only for work
+    whose futures complete by themselves: a timeout inside ``work``
+    (``asyncio.timeout``, ``wait_for`` on 3.12+) fires by cancelling the running
+    task, and would be taken for the caller's cancellation and waited through.
+    The async store says when its steps qualify
+    (:attr:`~durabilis._store.AsyncStore.holds_in_task`: its batched steps,
+    whose I/O and deadlines live in the batch's sender task).
+    """
+
+    __slots__ = ("_defer", "_work")
+
+    def __init__(
+        self, work: Coroutine[Any, Any, T], defer: Callable[[BaseException], None],
+    ) -> None:
+        self._work = work
+        self._defer = defer
+
+    def __await__(self) -> Generator[Any, None, T]:
+        inner = self._work.__await__()
+        try:
+            while True:
+                try:
+                    waited = inner.send(None)  # (a future is resumed with None)
+                except StopIteration as end:
+                    value: T = end.value
+                    return value
+                if waited is None:  # a bare yield (asyncio.sleep(0))
+                    try:
+                        yield None
+                    except asyncio.CancelledError as exc:
+                        self._take(exc)
+                    continue
+                waited._asyncio_future_blocking = False  # (what the task would do)
+                while not waited.done():
+                    proxy = waited.get_loop().create_future()
+                    waited.add_done_callback(partial(_wake, proxy))
+                    proxy._asyncio_future_blocking = True
+                    try:
+                        yield proxy
+                    except asyncio.CancelledError as exc:
+                        self._take(exc)
+        finally:
+            inner.close()
+
+    def _take(self, exc: asyncio.CancelledError) -> None:
+        _HELD.set(_HELD.get() + 1)  # (not a cancellation the work swallowed: see cancels)
+        self._defer(exc)
+
+
+def _wake(proxy: asyncio.Future[None], _: Any) -> None:
+    if not proxy.done():
+        proxy.set_result(None)

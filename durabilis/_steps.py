@@ -46,6 +46,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from durabilis._cancel import HeldThrough
 from durabilis._cancel import cancels as _cancels
 from durabilis._fork import reset_in_child
 from durabilis._retry_core import TESTING
@@ -520,6 +521,18 @@ async def _shielded(run: Stepper, step: Any, work: Awaitable[Any]) -> Any:
                 return task.result()  # (raises what the step raised)
 
 
+def _held(
+    run: Stepper, store: AsyncStore, step: Any, leases: LeaseBook | None, held: list[Any],
+) -> Awaitable[Any]:
+    """A shielded step: in this task when the store's steps allow it (no task
+    of its own: :class:`~durabilis._cancel.HeldThrough`), else :func:`_shielded`."""
+    work = aperform(store, step, leases, held)
+    kind = type(step)
+    if (kind is IO or kind is ScriptCall) and store.holds_in_task:
+        return HeldThrough(work, run.defer)
+    return _shielded(run, step, work)
+
+
 def _cancel_requested() -> bool:
     """Whether the running task was asked to cancel (always, before Python 3.11:
     it cannot tell, and a cancellation must not be lost)."""
@@ -556,7 +569,7 @@ async def adrive(plan: Plan[T], store: AsyncStore, *, leases: LeaseBook | None =
                 elif kind is Hold or kind is Defer or not async_shielded(step):
                     reply = await aperform(store, step, leases, held)  # (those two never wait)
                 else:
-                    reply = await _shielded(run, step, aperform(store, step, leases, held))
+                    reply = await _held(run, store, step, leases, held)
             except DurabilisError as exc:
                 run.throw(_rekey(exc, step))
                 continue

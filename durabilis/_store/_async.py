@@ -108,6 +108,17 @@ class AsyncStore(_base.StoreBase):
             if getattr(self.client, "_initialize", False):
                 await self.client.initialize()
 
+    @property
+    def holds_in_task(self) -> bool:
+        """Whether a shielded step may be awaited in its caller's task
+        (:class:`~durabilis._cancel.HeldThrough`) rather than a task of its own:
+        when its calls go through the autopipe (standalone, Sentinel) and the
+        acks level is checked. Then what a step awaits in the caller's task
+        are futures that complete by themselves (the batch's, a script's load,
+        a sleep): no read, and no timeout that would cancel the caller's task
+        to fire, runs there (they run in the batch's sender task)."""
+        return self.autopipe is not None and not self._acks_unchecked
+
     def with_acks(self, acks: str | Acks, timeout: float | None = None) -> AsyncStore:
         """See :meth:`Store.with_acks` (the twin shares this store's batching too)."""
         twin: AsyncStore = self._acking(acks, timeout)

@@ -516,6 +516,50 @@ def test_a_cancel_after_fn_succeeded_still_records_its_result(
     run_async(redis_url, namespace, body)
 
 
+@pytest.mark.parametrize("also", ["cancel", "timeout", "timeout_and_cancel"])
+def test_a_cancel_while_the_record_is_in_flight_records_it_then_ends_the_task(
+    redis_url: str, namespace: str, also: str
+) -> None:
+    """Cancelled (or timed out) in the loop turn after an async ``fn`` returned:
+    the record is out (on standalone and Sentinel, held in the operation's own
+    task, not a task of its own). It lands; then the task ends cancelled, or
+    with the timeout's TimeoutError, and a cancellation from elsewhere that
+    came with the timeout is not taken for the timeout's."""
+    if also != "cancel" and sys.version_info < (3, 11):
+        pytest.skip("asyncio.timeout is Python 3.11+")
+
+    async def body(layer: AsyncDurabilityLayer, store: durabilis.aio.Store) -> None:
+        loop = asyncio.get_running_loop()
+        calls: list[int] = []
+        task: list[asyncio.Task[Any]] = []
+        timeout: list[Any] = []
+
+        async def fn(ctx: OperationContext) -> str:
+            calls.append(1)
+            if also != "timeout":
+                loop.call_soon(task[0].cancel)  # lands while the record is out
+            if also != "cancel":
+                timeout[0].reschedule(loop.time())  # fires then too
+            return "charged"
+
+        async def call() -> str:
+            if also == "cancel":
+                return await layer.execute("a1", "job", "p", fn)
+            async with asyncio.timeout(None) as deadline:
+                timeout.append(deadline)
+                return await layer.execute("a1", "job", "p", fn)
+
+        await layer.execute("a0", "job", "p", Counter())  # (the store's first use is behind)
+        task.append(asyncio.ensure_future(call()))
+        expected = TimeoutError if also == "timeout" else asyncio.CancelledError
+        with pytest.raises(expected):
+            await task[0]
+        assert await layer.execute("a1", "job", "p", Counter(result="x")) == "charged"
+        assert calls == [1]
+
+    run_async(redis_url, namespace, body)
+
+
 def test_a_cancel_while_a_failure_is_parked_ends_the_task_cancelled_after_the_park(
     redis_url: str, namespace: str
 ) -> None:
