@@ -16,9 +16,12 @@ T = TypeVar("T")
 
 
 _HELD: ContextVar[int] = ContextVar("durabilis_cancels_held", default=0)
-"""The running task's cancellations held back by :class:`HeldThrough` (they stay
-counted by ``Task.cancelling()``, as after ``asyncio.shield``: a ``timeout``
-or ``TaskGroup`` around the call still tells its own from another's)."""
+"""The running task's cancellations held back by the :class:`HeldThrough` step
+it is in (they stay counted by ``Task.cancelling()``, as after ``asyncio.shield``:
+a ``timeout`` or ``TaskGroup`` around the call still tells its own from
+another's). Once the step ends they are the plan's to deliver, and count as
+any other: an ``fn`` that swallows one (a nested durable call's, caught) is
+seen by the driver's check around ``fn``."""
 
 
 def cancels() -> int:
@@ -66,13 +69,14 @@ class HeldThrough(Generic[T]):
     whose I/O and deadlines live in the batch's sender task).
     """
 
-    __slots__ = ("_defer", "_work")
+    __slots__ = ("_defer", "_taken", "_work")
 
     def __init__(
         self, work: Coroutine[Any, Any, T], defer: Callable[[BaseException], None],
     ) -> None:
         self._work = work
         self._defer = defer
+        self._taken = 0
 
     def __await__(self) -> Generator[Any, None, T]:
         inner = self._work.__await__()
@@ -100,8 +104,11 @@ class HeldThrough(Generic[T]):
                         self._take(exc)
         finally:
             inner.close()
+            if self._taken:  # handed to the plan: from here on, a cancellation like any
+                _HELD.set(_HELD.get() - self._taken)
 
     def _take(self, exc: asyncio.CancelledError) -> None:
+        self._taken += 1
         _HELD.set(_HELD.get() + 1)  # (not a cancellation the work swallowed: see cancels)
         self._defer(exc)
 

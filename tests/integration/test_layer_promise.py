@@ -1573,6 +1573,41 @@ def test_an_async_fn_that_swallows_the_caller_s_cancellation_is_not_retried(
     run_async(redis_url, namespace, body)
 
 
+def test_an_fn_that_swallows_the_cancellation_a_nested_call_s_record_held_is_seen(
+    redis_url: str, namespace: str
+) -> None:
+    """fn makes a durable call of its own; the caller's cancellation lands while
+    that inner call's record is out (held back in the task until its reply,
+    then raised by the inner call), and fn turns it into a result: the outer
+    call records that result and ends cancelled, as for any cancellation fn
+    swallows (the held one is not left out of the count once delivered)."""
+
+    async def body(layer: AsyncDurabilityLayer, store: durabilis.aio.Store) -> None:
+        loop = asyncio.get_running_loop()
+        task: list[asyncio.Task[Any]] = []
+
+        async def inner(ctx: OperationContext) -> str:
+            loop.call_soon(task[0].cancel)  # lands while the inner record is out
+            return "inner done"
+
+        async def outer(ctx: OperationContext) -> str:
+            try:
+                return await layer.execute("a1", "inner", "p", inner)
+            except asyncio.CancelledError:
+                return "swallowed"
+
+        await layer.execute("a0", "job", "p", Counter())  # (the store's first use is behind)
+        task.append(asyncio.ensure_future(layer.execute("a1", "outer", "p", outer)))
+        with pytest.raises(asyncio.CancelledError):
+            await task[0]
+        assert await layer.execute("a1", "inner", "p", Counter(result="x")) == "inner done"
+        after = Counter(result="again")
+        assert await layer.execute("a1", "outer", "p", after) == "swallowed"
+        assert after.calls == []  # recorded, not run again
+
+    run_async(redis_url, namespace, body)
+
+
 def test_a_retry_after_too_large_for_a_float_is_capped_and_the_operation_retried(
     store: durabilis.Store,
 ) -> None:

@@ -52,7 +52,17 @@ def test_a_cancellation_during_a_held_step_waits_for_it_and_the_reply_is_kept() 
             seen.append(cancels() - before)  # what the store's own check sees
             return value
 
-        task = _held_task(step, run)
+        after: list[int] = []
+
+        async def held() -> str:
+            before = cancels()
+            value = await HeldThrough(step(), run.defer)
+            # The plan's to deliver now: counted like any other from here (an
+            # fn that swallows it is seen by the driver's check around fn).
+            after.append(cancels() - before)
+            return value
+
+        task = asyncio.get_running_loop().create_task(held())
         await asyncio.sleep(0)  # the step awaits its reply
         task.cancel()
         for _ in range(3):
@@ -63,6 +73,7 @@ def test_a_cancellation_during_a_held_step_waits_for_it_and_the_reply_is_kept() 
         assert await task == "committed"  # the plan gets the reply: the step did commit
         assert [type(e) for e in run.deferred] == [asyncio.CancelledError]  # then this
         assert seen == [0]  # not a cancellation the step swallowed
+        assert after == [0 if _counted(task) is None else 1]
         assert _counted(task) in (None, 1)  # still counted (3.11+), as after asyncio.shield
 
     asyncio.run(main())
