@@ -67,15 +67,20 @@ class HeldThrough(Generic[T]):
     The async store says when its steps qualify
     (:attr:`~durabilis._store.AsyncStore.holds_in_task`: its batched steps,
     whose I/O and deadlines live in the batch's sender task).
+
+    ``lost``: the error raised when the work ends cancelled without the
+    caller's cancellation (else that ``CancelledError``).
     """
 
-    __slots__ = ("_defer", "_taken", "_work")
+    __slots__ = ("_defer", "_lost", "_taken", "_work")
 
     def __init__(
         self, work: Coroutine[Any, Any, T], defer: Callable[[BaseException], None],
+        lost: Callable[[], BaseException] | None = None,
     ) -> None:
         self._work = work
         self._defer = defer
+        self._lost = lost
         self._taken = 0
 
     def __await__(self) -> Generator[Any, None, T]:
@@ -87,6 +92,13 @@ class HeldThrough(Generic[T]):
                 except StopIteration as end:
                     value: T = end.value
                     return value
+                except asyncio.CancelledError:
+                    # Not the caller's (held back above): a future the work
+                    # awaited was cancelled by another (a sweep cancelling a
+                    # task it waits for). ``lost``: what the step's fate is then.
+                    if self._lost is None:
+                        raise
+                    raise self._lost() from None
                 if waited is None:  # a bare yield (asyncio.sleep(0))
                     try:
                         yield None

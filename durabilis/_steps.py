@@ -529,8 +529,15 @@ def _held(
     work = aperform(store, step, leases, held)
     kind = type(step)
     if (kind is IO or kind is ScriptCall) and store.holds_in_task:
-        return HeldThrough(work, run.defer)
+        return HeldThrough(work, run.defer, _lost_in_flight)
     return _shielded(run, step, work)
+
+
+def _lost_in_flight() -> StorageUnavailable:
+    """A shielded step cancelled by another than its caller: its fate unknown,
+    as after a lost reply (the plan sends a record again, leaves a
+    compensation to the lease and recovery)."""
+    return StorageUnavailable("the step's work was cancelled while the step was in flight")
 
 
 def _cancel_requested() -> bool:

@@ -16,6 +16,7 @@ import pytest
 from durabilis._cancel import HeldThrough, cancels
 from durabilis._steps import IO, Sleep, _held
 from durabilis.core.steps import Run
+from durabilis.errors import StorageUnavailable
 
 
 class _Run:
@@ -145,9 +146,13 @@ def test_a_held_step_s_own_error_is_raised_with_the_cancellation_held() -> None:
     asyncio.run(main())
 
 
-def test_a_future_the_held_step_awaits_that_is_cancelled_by_another_is_raised() -> None:
+@pytest.mark.parametrize("lost", [None, StorageUnavailable])
+def test_a_future_the_held_step_awaits_that_is_cancelled_by_another_ends_it(
+    lost: type[BaseException] | None,
+) -> None:
     """Only the caller's cancellation is held back: the step's own future
-    cancelled elsewhere (a batch's sender dropping it) ends the step as it would."""
+    cancelled elsewhere (a sweep cancelling a task it waits for) ends the
+    step, with ``lost``'s error when given (the driver's: a lost reply)."""
     async def main() -> None:
         run = _Run()
         reply: asyncio.Future[str] = asyncio.get_running_loop().create_future()
@@ -155,10 +160,13 @@ def test_a_future_the_held_step_awaits_that_is_cancelled_by_another_is_raised() 
         async def step() -> str:
             return await reply
 
-        task = _held_task(step, run)
+        async def held() -> str:
+            return await HeldThrough(step(), run.defer, lost)
+
+        task = asyncio.get_running_loop().create_task(held())
         await asyncio.sleep(0)
         reply.cancel()
-        with pytest.raises(asyncio.CancelledError):
+        with pytest.raises(lost or asyncio.CancelledError):
             await task
         assert run.deferred == []
 
