@@ -120,20 +120,26 @@ async def _outcome(entries: Sequence[_Entry]) -> list[Any]:
             e.future.add_done_callback(_retrieve)
         raise
     except asyncio.CancelledError:
-        while True:
-            # (again after each wait: a sender cancelled before it sent puts
-            # its batch back, not taken; another sender may have taken it since)
-            for e in entries:
-                if e.taken is None:
-                    e.future.cancel()
-            batches = {e.taken for e in entries if e.taken is not None and not e.taken.done()}
-            if not batches:
-                break
-            try:
-                await asyncio.wait(batches)
-            except asyncio.CancelledError:
-                continue  # cancelled again: it is already being cancelled
+        await _taken_over(entries)
         raise
+
+
+async def _taken_over(entries: Sequence[_Entry]) -> None:
+    """The caller of ``entries`` was cancelled: those not taken yet are dropped,
+    and the batches that took the others are waited for (see :func:`_outcome`)."""
+    while True:
+        # (again after each wait: a sender cancelled before it sent puts
+        # its batch back, not taken; another sender may have taken it since)
+        for e in entries:
+            if e.taken is None:
+                e.future.cancel()
+        batches = {e.taken for e in entries if e.taken is not None and not e.taken.done()}
+        if not batches:
+            break
+        try:
+            await asyncio.wait(batches)
+        except asyncio.CancelledError:
+            continue  # cancelled again: it is already being cancelled
 
 
 class AutoPipeline:
@@ -169,7 +175,11 @@ class AutoPipeline:
         """
         entry = self._push(args)
         self._wake()
-        return (await _outcome((entry,)))[0]
+        try:
+            return await entry.future
+        except asyncio.CancelledError:
+            await _taken_over((entry,))
+            raise
 
     async def execute_many(
         self, commands: list[tuple[Any, ...]], confirm: tuple[Any, ...] | None = None

@@ -42,8 +42,9 @@ import contextvars
 import inspect
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from durabilis._cancel import HeldThrough
@@ -486,9 +487,24 @@ async def aperform(store: AsyncStore, step: Any, leases: LeaseBook | None, held:
     return _book(step, leases, held)
 
 
+def _astep(
+    store: AsyncStore, step: Any, leases: LeaseBook | None, held: list[Any]
+) -> Coroutine[Any, Any, Any]:
+    """:func:`aperform`'s work; a script step's is the store's own coroutine."""
+    kind = type(step)
+    if kind is IO:
+        return store.run_step(step.calls, step.gates, step.waves)
+    if kind is ScriptCall:
+        return store.run(step)
+    return aperform(store, step, leases, held)
+
+
 def async_shielded(step: Any) -> bool:
     """Shielded under the asyncio driver: marked so, or a plain function (runs in a thread)."""
     return shielded(step) or (type(step) is Run and not is_async_callable(step.fn))
+
+
+_LOST_IN_FLIGHT = partial(StorageUnavailable, "the step was cancelled while in flight")
 
 
 async def _shielded(run: Stepper, step: Any, work: Awaitable[Any]) -> Any:
@@ -513,9 +529,7 @@ async def _shielded(run: Stepper, step: Any, work: Awaitable[Any]) -> Any:
                     return None
                 if type(step) is Run:
                     raise
-                raise StorageUnavailable(
-                    "the step's task was cancelled while the step was in flight"
-                ) from None
+                raise _LOST_IN_FLIGHT() from None
             run.defer(exc)  # the step finishes first
             if task.done():  # it finished as the cancellation came
                 return task.result()  # (raises what the step raised)
@@ -524,20 +538,12 @@ async def _shielded(run: Stepper, step: Any, work: Awaitable[Any]) -> Any:
 def _held(
     run: Stepper, store: AsyncStore, step: Any, leases: LeaseBook | None, held: list[Any],
 ) -> Awaitable[Any]:
-    """A shielded step: in this task when the store's steps allow it (no task
-    of its own: :class:`~durabilis._cancel.HeldThrough`), else :func:`_shielded`."""
-    work = aperform(store, step, leases, held)
-    kind = type(step)
-    if (kind is IO or kind is ScriptCall) and store.holds_in_task:
-        return HeldThrough(work, run.defer, _lost_in_flight)
+    """A shielded step, in this task where the store allows it (no task of its
+    own: :class:`~durabilis._cancel.HeldThrough`), else :func:`_shielded`."""
+    work = _astep(store, step, leases, held)
+    if (type(step) is IO or type(step) is ScriptCall) and store.holds_in_task:
+        return HeldThrough(work, run.defer, _LOST_IN_FLIGHT)
     return _shielded(run, step, work)
-
-
-def _lost_in_flight() -> StorageUnavailable:
-    """A shielded step cancelled by another than its caller: its fate unknown,
-    as after a lost reply (the plan sends a record again, leaves a
-    compensation to the lease and recovery)."""
-    return StorageUnavailable("the step's work was cancelled while the step was in flight")
 
 
 def _cancel_requested() -> bool:
@@ -574,7 +580,7 @@ async def adrive(plan: Plan[T], store: AsyncStore, *, leases: LeaseBook | None =
                         # attempt) or its end, as if it had come just after fn.
                         run.defer(asyncio.CancelledError())
                 elif kind is Hold or kind is Defer or not async_shielded(step):
-                    reply = await aperform(store, step, leases, held)  # (those two never wait)
+                    reply = await _astep(store, step, leases, held)  # (those two never wait)
                 else:
                     reply = await _held(run, store, step, leases, held)
             except DurabilisError as exc:
