@@ -7,31 +7,36 @@ Shared by the store, the retry engine and the async driver."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Generator
-from contextvars import ContextVar
-from functools import partial
+from collections.abc import Awaitable, Callable, Generator
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
 
-_HELD: ContextVar[int] = ContextVar("durabilis_cancels_held", default=0)
-"""The running task's cancellations held back by the :class:`HeldThrough` step
-it is in (they stay counted by ``Task.cancelling()``, as after ``asyncio.shield``:
-a ``timeout`` or ``TaskGroup`` around the call still tells its own from
-another's). Once the step ends they are the plan's to deliver, and count as
-any other: an ``fn`` that swallows one (a nested durable call's, caught) is
-seen by the driver's check around ``fn``."""
+_HOLDING: dict[int, int] = {}
+"""The tasks inside a :class:`HeldThrough` step (by ``id``: a task left in a
+step is not kept alive by it; the step's end, or its collection, removes it),
+each with its ``cancelling()`` count when the step began: what it is asked
+meanwhile is held back for the plan, and stays counted by
+``Task.cancelling()`` (as after ``asyncio.shield``: a ``timeout`` or
+``TaskGroup`` around the call still tells its own cancellation from
+another's)."""
 
 
 def cancels() -> int:
-    """How many times the running task was asked to cancel, less those held back
-    until a shielded step's end (0 before Python 3.11). Compare two readings
-    taken in one task: an increase is a cancellation that came in between and
-    was neither raised nor held back."""
+    """How many times the running task was asked to cancel (0 before Python
+    3.11), not counting what it is asked while inside a held step (up to the
+    step's end: then it is the plan's to deliver, and counts as any other, so
+    an ``fn`` that swallows one is seen by the driver's check around ``fn``).
+    Compare two readings taken in one task: an increase is a cancellation that
+    came in between and was neither raised nor held back."""
     task = asyncio.current_task()
     cancelling = getattr(task, "cancelling", None)
-    return int(cancelling()) - _HELD.get() if cancelling is not None else 0
+    if cancelling is None:
+        return 0
+    count = int(cancelling())
+    base = _HOLDING.get(id(task)) if _HOLDING else None
+    return count if base is None else min(count, base)
 
 
 def resurface(before: int) -> None:
@@ -50,40 +55,47 @@ def resurface(before: int) -> None:
 
 
 class HeldThrough(Generic[T]):
-    """``await HeldThrough(work, defer)``: ``work`` (a coroutine) awaited to its
-    end in the running task; a cancellation that arrives meanwhile is held
-    back (counted in ``_HELD``, so that the work's own :func:`cancels` checks
-    do not take it for one a library call swallowed) and handed to ``defer``
-    (the plan's :meth:`~durabilis._steps.Stepper.defer`: the plan gets the
-    step's reply, then the cancellation). A shield without a task of its own:
+    """``await HeldThrough(work, defer)``: ``work`` awaited to its end in the
+    running task; a cancellation that arrives meanwhile is held back (the
+    work's own :func:`cancels` checks do not take it for one a library call
+    swallowed) and handed to ``defer`` (the plan's
+    :meth:`~durabilis._steps.Stepper.defer`: the plan gets the step's reply,
+    then the cancellation). A shield without a task of its own:
     ``asyncio.shield`` needs one per step (a few us of a durable call's ~75 us
     at 64 in flight, benchmarks/README.md).
 
     Every future ``work`` awaits is awaited through a proxy future, so the
-    task's cancellation cancels the proxy, never that future. Only for work
-    whose futures complete by themselves: a timeout inside ``work``
-    (``asyncio.timeout``, ``wait_for`` on 3.12+) fires by cancelling the running
-    task, and would be taken for the caller's cancellation and waited through.
-    The async store says when its steps qualify
-    (:attr:`~durabilis._store.AsyncStore.holds_in_task`: its batched steps,
-    whose I/O and deadlines live in the batch's sender task).
+    task's cancellation cancels the proxy, never that future (one wake-up
+    callback per future, whatever the number of cancellations: anyio cancels
+    again at every loop turn). Only for work whose futures complete by
+    themselves: a timeout inside ``work`` (``asyncio.timeout``, ``wait_for``
+    on 3.12+) fires by cancelling the running task, and would be taken for the
+    caller's cancellation and waited through. The async store says when its
+    steps qualify (:attr:`~durabilis._store.AsyncStore.holds_in_task`: its
+    batched steps, whose I/O and deadlines live in the batch's sender task).
 
     ``lost``: the error raised when the work ends cancelled without the
     caller's cancellation (else that ``CancelledError``).
     """
 
-    __slots__ = ("_defer", "_lost", "_taken", "_work")
+    __slots__ = ("_defer", "_lost", "_work")
 
     def __init__(
-        self, work: Coroutine[Any, Any, T], defer: Callable[[BaseException], None],
+        self, work: Awaitable[T], defer: Callable[[BaseException], None],
         lost: Callable[[], BaseException] | None = None,
     ) -> None:
         self._work = work
         self._defer = defer
         self._lost = lost
-        self._taken = 0
 
     def __await__(self) -> Generator[Any, None, T]:
+        task = asyncio.current_task()
+        cancelling = getattr(task, "cancelling", None)
+        # (the outermost hold of this task keeps it: a held step inside another)
+        key = id(task)
+        holds = cancelling is not None and key not in _HOLDING
+        if holds:
+            _HOLDING[key] = int(cancelling())  # type: ignore[misc]
         inner = self._work.__await__()
         try:
             while True:
@@ -93,38 +105,52 @@ class HeldThrough(Generic[T]):
                     value: T = end.value
                     return value
                 except asyncio.CancelledError:
-                    # Not the caller's (held back above): a future the work
+                    # Not the caller's (held back below): a future the work
                     # awaited was cancelled by another (a sweep cancelling a
                     # task it waits for). ``lost``: what the step's fate is then.
                     if self._lost is None:
                         raise
                     raise self._lost() from None
-                if waited is None:  # a bare yield (asyncio.sleep(0))
-                    try:
-                        yield None
-                    except asyncio.CancelledError as exc:
-                        self._take(exc)
-                    continue
-                waited._asyncio_future_blocking = False  # (what the task would do)
-                while not waited.done():
-                    proxy = waited.get_loop().create_future()
-                    waited.add_done_callback(partial(_wake, proxy))
-                    proxy._asyncio_future_blocking = True
-                    try:
-                        yield proxy
-                    except asyncio.CancelledError as exc:
-                        self._take(exc)
+                yield from _through(waited, self._defer)
         finally:
             inner.close()
-            if self._taken:  # handed to the plan: from here on, a cancellation like any
-                _HELD.set(_HELD.get() - self._taken)
-
-    def _take(self, exc: asyncio.CancelledError) -> None:
-        self._taken += 1
-        _HELD.set(_HELD.get() + 1)  # (not a cancellation the work swallowed: see cancels)
-        self._defer(exc)
+            if holds:
+                del _HOLDING[key]
 
 
-def _wake(proxy: asyncio.Future[None], _: Any) -> None:
-    if not proxy.done():
-        proxy.set_result(None)
+def _through(waited: Any, defer: Callable[[BaseException], None]) -> Generator[Any, None, None]:
+    """Wait, as the task would, for what the work yielded (a future, or
+    ``None``: a bare yield), the task's cancellations meanwhile to ``defer``."""
+    if waited is None:  # (asyncio.sleep(0))
+        try:
+            yield None
+        except asyncio.CancelledError as exc:
+            defer(exc)
+        return
+    waited._asyncio_future_blocking = False  # (what the task would do)
+    wake: _Wake | None = None
+    while not waited.done():
+        proxy = waited.get_loop().create_future()
+        if wake is None:
+            wake = _Wake(proxy)
+            waited.add_done_callback(wake)
+        else:
+            wake.proxy = proxy
+        proxy._asyncio_future_blocking = True
+        try:
+            yield proxy
+        except asyncio.CancelledError as exc:
+            defer(exc)
+
+
+class _Wake:
+    """A future's done-callback that wakes the proxy awaited for it now."""
+
+    __slots__ = ("proxy",)
+
+    def __init__(self, proxy: asyncio.Future[None]) -> None:
+        self.proxy = proxy
+
+    def __call__(self, _: Any) -> None:
+        if not self.proxy.done():
+            self.proxy.set_result(None)

@@ -7,6 +7,7 @@ a library call swallowed. No server: the step awaits futures the test completes.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -121,6 +122,70 @@ def test_cancellations_at_every_loop_turn_are_all_held_until_the_step_ends() -> 
         assert await task == "committed"
         assert len(run.deferred) == 5 and seen == [0]
         assert _counted(task) in (None, 5)
+
+    asyncio.run(main())
+
+
+def test_two_cancellations_in_one_turn_are_not_taken_for_one_the_step_swallowed() -> None:
+    """Two ``cancel()`` in one loop turn count twice and are delivered once: the
+    step's own check still sees nothing to raise (its reply is not thrown away)."""
+    async def main() -> None:
+        run = _Run()
+        reply: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        seen: list[int] = []
+
+        async def step() -> str:
+            before = cancels()
+            value = await reply
+            seen.append(cancels() - before)
+            return value
+
+        task = _held_task(step, run)
+        await asyncio.sleep(0)
+        task.cancel()
+        task.cancel()
+        await asyncio.sleep(0)
+        reply.set_result("committed")
+        assert await task == "committed"
+        assert seen == [0] and len(run.deferred) == 1
+        assert _counted(task) in (None, 2)
+
+    asyncio.run(main())
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="create_task(context=) is Python 3.11+")
+def test_a_held_step_holds_nothing_back_for_another_task_of_the_same_context() -> None:
+    """Tasks started with one context (``create_task(..., context=ctx)``) share
+    its variables: what a held step holds back is its own task's alone."""
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        run = _Run()
+        ctx = contextvars.copy_context()
+        reply: asyncio.Future[str] = loop.create_future()
+        other_s: asyncio.Future[str] = loop.create_future()
+        seen: list[int] = []
+
+        async def held() -> str:
+            async def step() -> str:
+                return await reply
+            return await HeldThrough(step(), run.defer)
+
+        async def other() -> str:
+            before = cancels()
+            value = await other_s
+            seen.append(cancels() - before)  # nobody cancelled this task
+            return value
+
+        a = loop.create_task(held(), context=ctx)
+        await asyncio.sleep(0)
+        a.cancel()
+        await asyncio.sleep(0)  # held back by a's step...
+        b = loop.create_task(other(), context=ctx)
+        await asyncio.sleep(0)  # ...as b takes its first reading
+        reply.set_result("a")
+        assert await a == "a"
+        other_s.set_result("b")
+        assert await b == "b" and seen == [0]
 
     asyncio.run(main())
 
