@@ -171,3 +171,18 @@ def test_the_suite_runs_in_smoke_mode_and_writes_every_section(tmp_path: Path) -
         assert "skipped" in results["retry"]
     if _installed("matplotlib"):
         assert (tmp_path / "throughput.png").stat().st_size > 10_000
+
+
+def test_the_async_cpu_benchmark_runs_and_reports_its_figures() -> None:
+    """``python -m benchmarks.bench_async`` (not part of the suite: the A/B tool of
+    the async row) runs on its own server and gives each figure it names."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_async", "--in-flight", "4", "--rounds", "2",
+         "--seconds", "0.2", "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["in_flight"] == 4 and len(out["client_cpu_us_rounds"]) == 2
+    assert out["client_cpu_us"] > 0 and out["calls_per_s"] > 0 and out["ping_per_s"] > 0
+    assert out["ratio_to_ping"] > 0
