@@ -30,6 +30,27 @@ class _Run:
         self.deferred.append(exc)
 
 
+def _run_and_reply() -> tuple[_Run, asyncio.Future[str]]:
+    """The plan's stand-in, and the future the step awaits (the test completes it)."""
+    return _Run(), asyncio.get_running_loop().create_future()
+
+
+def _noting(
+    reply: asyncio.Future[str], seen: list[int], *, bare_yield: bool = False,
+) -> Callable[[], Awaitable[str]]:
+    """A step that awaits ``reply`` and notes what the store's own check
+    (``cancels()`` before and after) sees meanwhile."""
+    async def step() -> str:
+        before = cancels()
+        if bare_yield:
+            await asyncio.sleep(0)  # a bare yield: held too
+        value = await reply
+        seen.append(cancels() - before)
+        return value
+
+    return step
+
+
 def _held_task(step: Callable[[], Awaitable[Any]], run: _Run) -> asyncio.Task[Any]:
     async def held() -> Any:
         return await HeldThrough(step(), run.defer)  # type: ignore[arg-type]
@@ -44,15 +65,9 @@ def _counted(task: asyncio.Task[Any]) -> int | None:
 
 def test_a_cancellation_during_a_held_step_waits_for_it_and_the_reply_is_kept() -> None:
     async def main() -> None:
-        run = _Run()
-        reply: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        run, reply = _run_and_reply()
         seen: list[int] = []
-
-        async def step() -> str:
-            before = cancels()
-            value = await reply
-            seen.append(cancels() - before)  # what the store's own check sees
-            return value
+        step = _noting(reply, seen)
 
         after: list[int] = []
 
@@ -83,8 +98,7 @@ def test_a_cancellation_during_a_held_step_waits_for_it_and_the_reply_is_kept() 
 
 def test_a_cancellation_as_the_held_step_s_reply_comes_keeps_the_reply() -> None:
     async def main() -> None:
-        run = _Run()
-        reply: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        run, reply = _run_and_reply()
 
         async def step() -> str:
             return await reply
@@ -102,16 +116,9 @@ def test_a_cancellation_as_the_held_step_s_reply_comes_keeps_the_reply() -> None
 def test_cancellations_at_every_loop_turn_are_all_held_until_the_step_ends() -> None:
     """anyio's cancel scopes cancel again at every turn until the task leaves them."""
     async def main() -> None:
-        run = _Run()
-        reply: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        run, reply = _run_and_reply()
         seen: list[int] = []
-
-        async def step() -> str:
-            before = cancels()
-            await asyncio.sleep(0)  # a bare yield: held too
-            value = await reply
-            seen.append(cancels() - before)
-            return value
+        step = _noting(reply, seen, bare_yield=True)
 
         task = _held_task(step, run)
         await asyncio.sleep(0)  # the step started
@@ -130,15 +137,9 @@ def test_two_cancellations_in_one_turn_are_not_taken_for_one_the_step_swallowed(
     """Two ``cancel()`` in one loop turn count twice and are delivered once: the
     step's own check still sees nothing to raise (its reply is not thrown away)."""
     async def main() -> None:
-        run = _Run()
-        reply: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        run, reply = _run_and_reply()
         seen: list[int] = []
-
-        async def step() -> str:
-            before = cancels()
-            value = await reply
-            seen.append(cancels() - before)
-            return value
+        step = _noting(reply, seen)
 
         task = _held_task(step, run)
         await asyncio.sleep(0)
@@ -192,8 +193,7 @@ def test_a_held_step_holds_nothing_back_for_another_task_of_the_same_context() -
 
 def test_a_held_step_s_own_error_is_raised_with_the_cancellation_held() -> None:
     async def main() -> None:
-        run = _Run()
-        reply: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        run, reply = _run_and_reply()
 
         async def step() -> str:
             await reply
@@ -219,8 +219,7 @@ def test_a_future_the_held_step_awaits_that_is_cancelled_by_another_ends_it(
     cancelled elsewhere (a sweep cancelling a task it waits for) ends the
     step, with ``lost``'s error when given (the driver's: a lost reply)."""
     async def main() -> None:
-        run = _Run()
-        reply: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        run, reply = _run_and_reply()
 
         async def step() -> str:
             return await reply
