@@ -49,6 +49,9 @@ except ImportError:  # (redis-py then packs and parses in Python)
 
 
 _POLL = hasattr(select, "poll")
+_SHOULD_RECONNECT = hasattr(redis.connection.AbstractConnection, "should_reconnect")
+"""(redis-py 7+: a connection the server's maintenance notice marked)"""
+_ENSURE = hasattr(redis.BlockingConnectionPool, "ensure_connection")  # (redis-py 8.2+)
 
 def _in_step(conn: Any) -> bool:
     """Whether a connection is connected with nothing unread (the check the pool
@@ -128,6 +131,8 @@ class _ReadyPool(redis.BlockingConnectionPool):
     """
 
     _ready: list[Any]
+    # (redis-py < 7 has no maintenance state: never in maintenance)
+    _in_maintenance = False
 
     def reset(self) -> None:
         self._ready = []
@@ -143,7 +148,7 @@ class _ReadyPool(redis.BlockingConnectionPool):
                 if _in_step(conn):
                     return conn
                 try:
-                    self.ensure_connection(conn)  # reconnects it, or raises
+                    self._ensure(conn)  # reconnects it, or raises
                 except BaseException:
                     super().release(conn)  # type: ignore[no-untyped-call]
                     raise
@@ -154,11 +159,33 @@ class _ReadyPool(redis.BlockingConnectionPool):
         if (
             self.pid == _fork.pid() and getattr(connection, "pid", None) == self.pid
             and not self._in_maintenance and len(self.pool.queue)  # (qsize without its lock)
-            and not connection.should_reconnect()
+            and not (_SHOULD_RECONNECT and connection.should_reconnect())
         ):
             self._ready.append(connection)
             return
         super().release(connection)  # type: ignore[no-untyped-call]
+
+    def _ensure(self, conn: Any) -> None:
+        """``conn`` connected, with nothing unread (reconnected once if not), or
+        raise: redis-py's ``ensure_connection`` (8.2+), else :meth:`_ensure_inline`."""
+        if _ENSURE:
+            self.ensure_connection(conn)
+        else:
+            self._ensure_inline(conn)
+
+    def _ensure_inline(self, conn: Any) -> None:
+        """What redis-py's ``get_connection`` does inline before 8.2 (5.3 to 8.1,
+        the releases Python 3.10 gets): connect; unread data or a closed socket
+        gets one reconnection, then still unread data raises."""
+        conn.connect()
+        try:
+            if conn.can_read() and getattr(self, "cache", None) is None:
+                raise redis.exceptions.ConnectionError("Connection has data")
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
+            conn.disconnect()
+            conn.connect()
+            if conn.can_read() and getattr(self, "cache", None) is None:
+                raise redis.exceptions.ConnectionError("Connection not ready") from None
 
 
 class Store(ClusterWaves):
