@@ -49,8 +49,6 @@ except ImportError:  # (redis-py then packs and parses in Python)
 
 
 _POLL = hasattr(select, "poll")
-_SHOULD_RECONNECT = hasattr(redis.connection.AbstractConnection, "should_reconnect")
-"""(redis-py 7+: a connection the server's maintenance notice marked)"""
 _ENSURE = hasattr(redis.BlockingConnectionPool, "ensure_connection")  # (redis-py 8.2+)
 
 def _in_step(conn: Any) -> bool:
@@ -131,8 +129,6 @@ class _ReadyPool(redis.BlockingConnectionPool):
     """
 
     _ready: list[Any]
-    # (redis-py < 7 has no maintenance state: never in maintenance)
-    _in_maintenance = False
 
     def reset(self) -> None:
         self._ready = []
@@ -159,7 +155,7 @@ class _ReadyPool(redis.BlockingConnectionPool):
         if (
             self.pid == _fork.pid() and getattr(connection, "pid", None) == self.pid
             and not self._in_maintenance and len(self.pool.queue)  # (qsize without its lock)
-            and not (_SHOULD_RECONNECT and connection.should_reconnect())
+            and not connection.should_reconnect()
         ):
             self._ready.append(connection)
             return
@@ -174,8 +170,8 @@ class _ReadyPool(redis.BlockingConnectionPool):
             self._ensure_inline(conn)
 
     def _ensure_inline(self, conn: Any) -> None:
-        """What redis-py's ``get_connection`` does inline before 8.2 (5.3 to 8.1,
-        the releases Python 3.10 gets): connect; unread data or a closed socket
+        """What redis-py's ``get_connection`` does inline before 8.2 (8.1 is the
+        last release for Python 3.10): connect; unread data or a closed socket
         gets one reconnection, then still unread data raises."""
         conn.connect()
         try:
