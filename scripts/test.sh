@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run the whole test suite on a fresh Debian/Ubuntu machine with Python >= 3.10:
+# Run the whole test suite on a fresh Debian/Ubuntu machine with Python >= 3.11:
 # makes .venv, installs durabilis with its test extras (`.[test,hiredis]`: what the
 # tests import, no benchmark peer), installs redis-server and chromium via apt when
 # they are missing, then runs ruff, mypy --strict and these passes (docs/testing.md:

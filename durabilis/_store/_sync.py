@@ -49,7 +49,6 @@ except ImportError:  # (redis-py then packs and parses in Python)
 
 
 _POLL = hasattr(select, "poll")
-_ENSURE = hasattr(redis.BlockingConnectionPool, "ensure_connection")  # (redis-py 8.2+)
 
 def _in_step(conn: Any) -> bool:
     """Whether a connection is connected with nothing unread (the check the pool
@@ -144,7 +143,7 @@ class _ReadyPool(redis.BlockingConnectionPool):
                 if _in_step(conn):
                     return conn
                 try:
-                    self._ensure(conn)  # reconnects it, or raises
+                    self.ensure_connection(conn)  # reconnects it, or raises
                 except BaseException:
                     super().release(conn)  # type: ignore[no-untyped-call]
                     raise
@@ -160,28 +159,6 @@ class _ReadyPool(redis.BlockingConnectionPool):
             self._ready.append(connection)
             return
         super().release(connection)  # type: ignore[no-untyped-call]
-
-    def _ensure(self, conn: Any) -> None:
-        """``conn`` connected, with nothing unread (reconnected once if not), or
-        raise: redis-py's ``ensure_connection`` (8.2+), else :meth:`_ensure_inline`."""
-        if _ENSURE:
-            self.ensure_connection(conn)
-        else:
-            self._ensure_inline(conn)
-
-    def _ensure_inline(self, conn: Any) -> None:
-        """What redis-py's ``get_connection`` does inline before 8.2 (8.1 is the
-        last release for Python 3.10): connect; unread data or a closed socket
-        gets one reconnection, then still unread data raises."""
-        conn.connect()
-        try:
-            if conn.can_read() and getattr(self, "cache", None) is None:
-                raise redis.exceptions.ConnectionError("Connection has data")
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
-            conn.disconnect()
-            conn.connect()
-            if conn.can_read() and getattr(self, "cache", None) is None:
-                raise redis.exceptions.ConnectionError("Connection not ready") from None
 
 
 class Store(ClusterWaves):

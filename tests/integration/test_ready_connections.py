@@ -9,7 +9,6 @@ all. Real server, real processes."""
 from __future__ import annotations
 
 import os
-import select
 import threading
 from typing import Any
 
@@ -56,36 +55,6 @@ def test_a_connection_the_server_closed_is_replaced_before_use(
     assert layer.execute("a", "op", {"n": 2}, lambda ctx: "two") == "two"
     assert store._send("CLIENT", "ID") != mine
     layer.close()
-
-
-@pytest.mark.parametrize("how", ["closed by the server", "a reply left unread"])
-def test_before_redis_py_8_2_a_ready_connection_out_of_step_is_reconnected(
-    store: durabilis.Store, raw: Any, how: str
-) -> None:
-    """redis-py 5.3 to 8.1 (what Python 3.10 gets) have no ``ensure_connection``:
-    the pool's own check does what their ``get_connection`` does inline. Run
-    here whatever the installed release, on a connection the server closed or
-    with a reply nobody read: reconnected, and the next command gets its own
-    reply."""
-    pool = store.client.connection_pool
-    _ready(store)
-    conn = pool.get_connection()
-    try:
-        conn.send_command("CLIENT", "ID")
-        mine = conn.read_response()
-        if how == "closed by the server":
-            raw.client_kill_filter(_id=mine)
-        else:
-            conn.send_command("ECHO", "left unread")
-        # (the server's close, or the reply, has reached the socket)
-        assert select.select([conn._sock], [], [], 5)[0]
-        pool._ensure_inline(conn)
-        conn.send_command("ECHO", "mine")
-        assert conn.read_response() == b"mine"
-        conn.send_command("CLIENT", "ID")
-        assert conn.read_response() != mine  # a new connection
-    finally:
-        pool.release(conn)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork() on this platform")
