@@ -470,10 +470,8 @@ async def _in_thread(run: Stepper, step: Run) -> tuple[bool, Any]:
 async def aperform(store: AsyncStore, step: Any, leases: LeaseBook | None, held: list[Any]) -> Any:
     """Do one step on the event loop (raises what the step raised)."""
     kind = type(step)
-    if kind is IO:
-        return await store.run_step(step.calls, step.gates, step.waves)
-    if kind is ScriptCall:
-        return await store.run(step)
+    if kind is IO or kind is ScriptCall:
+        return await _astep(store, step, leases, held)
     if kind is Batch:
         return await store.run_many(step.calls)
     if kind is Run:  # (a plain function runs in a thread: adrive's _in_thread)
