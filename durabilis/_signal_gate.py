@@ -12,6 +12,9 @@ from typing import Any
 
 from durabilis.errors import DurabilisError
 
+_get_ident = threading.get_ident
+_main_thread = threading.main_thread
+
 _C_SIGNAL: Any = getattr(signal, "_signal", signal)
 """The C module under ``signal``: its getsignal is ~200x faster (no enum conversion)."""
 
@@ -51,7 +54,7 @@ class SignalGate:
     kills the process at once, like ``SIGKILL``.
     """
 
-    __slots__ = ("closed", "depth", "installed", "pending", "raised", "ran")
+    __slots__ = ("closed", "depth", "holding", "installed", "main", "pending", "raised", "ran")
 
     def __init__(self) -> None:
         self.ran = 0  # handlers run through the gate (each may install another)
@@ -60,7 +63,9 @@ class SignalGate:
         # (forgotten when the outermost plan ends: a traceback is not kept)
         self.raised: list[tuple[int, BaseException]] = []
         self.closed = False
+        self.holding = False  # closed by hold(): a pool's bookkeeping in an open step
         self.depth = 0  # plans running on the main thread (one inside another's fn)
+        self.main = _main_thread().ident  # (the main thread's: set again by enter())
         self.pending: list[tuple[Any, int, Any]] = []
         self.installed: dict[int, HeldBack] = {}
 
@@ -70,6 +75,7 @@ class SignalGate:
         if threading.current_thread() is not threading.main_thread():
             return None
         was, self.closed = self.closed, True  # first: a wrapper holds back at once
+        self.main = _get_ident()  # (a forked child's main thread is the one that forked)
         self.depth += 1
         try:
             self.wrap()
@@ -77,6 +83,32 @@ class SignalGate:
             self._exit(was)
             raise
         return was
+
+    def hold(self) -> bool:
+        """Hold the handlers back for a moment inside an open step (the main
+        thread, a plan running): while a connection pool takes or gives back a
+        connection. Its locks, its queue and its count of connections are not
+        safe against an exception raised between two bytecodes: a handler
+        raising just after a lock's acquire left the queue's lock held, and
+        every later caller stuck on it; one raising just after a connection
+        was taken lost it for good. Returns whether it closed the gate (pass
+        it to :meth:`unhold`)."""
+        if self.closed or not self.installed or _get_ident() != self.main:
+            return False
+        self.closed = self.holding = True
+        return True
+
+    def unhold(self, held: bool, deliver: bool = True) -> None:
+        """Open the gate :meth:`hold` closed; ``deliver``: the handlers held back
+        meanwhile run now (raises what one raised)."""
+        if held:
+            self.holding = self.closed = False
+            if deliver and self.pending:
+                self.deliver()
+
+    def held_here(self) -> bool:
+        """Whether :meth:`hold` holds the gate closed, and this is its thread."""
+        return self.holding and _get_ident() == self.main
 
     def wrap(self) -> None:
         """Wrap the Python handlers (not SIG_DFL / SIG_IGN) not wrapped yet: at
@@ -193,7 +225,7 @@ class SignalGate:
     def after_fork_in_child(self) -> None:
         """A fork from another thread while the main thread ran a plan: the
         child's only thread runs no plan."""
-        self.closed = False
+        self.closed = self.holding = False
         self.depth = 0
         self.pending.clear()
         self.raised = []

@@ -20,6 +20,7 @@ from durabilis._keys import KeySpace
 from durabilis._store._async import AsyncStore
 from durabilis._store._embedded import _client_name, _embedded_socket, _memory_server
 from durabilis._store._errors import map_error
+from durabilis._store._held import HeldPool
 from durabilis._store._sync import Store, _ReadyPool
 from durabilis._url import check_url
 from durabilis.errors import (
@@ -108,7 +109,7 @@ def _blocking(lib: Any, client: Any, options: dict[str, Any]) -> Any:
     """
     pool = client.connection_pool
     timeout = options.get("socket_timeout", DEFAULT_SOCKET_OPTIONS["socket_timeout"])
-    kind = lib.BlockingConnectionPool
+    kind = lib.BlockingConnectionPool if lib is not redis else _HeldBlockingPool
     if lib is redis and pool.connection_kwargs.get("encoding", "utf-8") in ("utf-8", "utf8") \
             and pool.connection_kwargs.get("encoding_errors", "strict") == "strict":
         kind = _ReadyPool  # (hiredis packs text as UTF-8, strict)
@@ -143,16 +144,24 @@ def _sentinel_client(lib: Any, url: str, options: dict[str, Any]) -> Any:
     )
 
 
-class _SentinelPool(redis.sentinel.SentinelConnectionPool, redis.BlockingConnectionPool):
-    """redis-py's Sentinel pool, waiting for a free connection past its limit."""
+class _HeldBlockingPool(HeldPool, redis.BlockingConnectionPool):
+    """redis-py's blocking pool; signal handlers wait while it takes or gives
+    back a connection (:class:`~durabilis._store._held.HeldPool`)."""
 
-    def release(self, connection: Any) -> None:
+
+class _SentinelPool(
+    HeldPool, redis.sentinel.SentinelConnectionPool, redis.BlockingConnectionPool
+):
+    """redis-py's Sentinel pool, waiting for a free connection past its limit
+    (signal handlers wait while it takes or gives back one, as :class:`_HeldBlockingPool`)."""
+
+    def give(self, connection: Any) -> None:
         # A connection to a primary that is one no more is dropped and replaced by
         # a placeholder; forget it too, or every failover leaves dead ones behind.
         if not self.owns_connection(connection):  # type: ignore[no-untyped-call]
             with contextlib.suppress(ValueError):
                 self._connections.remove(connection)
-        super().release(connection)  # type: ignore[no-untyped-call]
+        super().give(connection)
 
 
 class _AsyncSentinelPool(

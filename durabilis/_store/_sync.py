@@ -35,6 +35,7 @@ from durabilis._store._base import (
     wave_groups,
 )
 from durabilis._store._errors import map_error
+from durabilis._store._held import HeldPool
 from durabilis._store._wave import ClusterWaves, _kept_reply, _wait_out
 from durabilis.errors import (
     DurabilisError,
@@ -110,7 +111,7 @@ def _read_reply(conn: Any) -> Any:
     return reply
 
 
-class _ReadyPool(redis.BlockingConnectionPool):
+class _ReadyPool(HeldPool, redis.BlockingConnectionPool):
     """redis-py's blocking pool, with the connections given back kept ready in
     a list (a LIFO, lock-free under the GIL) in front of its queue: taking one
     and giving it back costs no lock, queue or observability hook (~35 us a
@@ -125,6 +126,7 @@ class _ReadyPool(redis.BlockingConnectionPool):
     back to the queue, not the list, whenever the queue is empty (a caller may
     be waiting there for one). A forked child resets the pool (redis-py's
     ``_checkpid``), the list with it: it never uses its parent's sockets.
+    Signal handlers wait while it takes or gives back one (:class:`HeldPool`).
     """
 
     _ready: list[Any]
@@ -133,7 +135,7 @@ class _ReadyPool(redis.BlockingConnectionPool):
         self._ready = []
         super().reset()  # type: ignore[no-untyped-call]
 
-    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+    def take(self, *args: Any, **kwargs: Any) -> Any:
         if self._ready and self.pid == _fork.pid() and not self._in_maintenance:
             try:
                 conn = self._ready.pop()
@@ -145,12 +147,12 @@ class _ReadyPool(redis.BlockingConnectionPool):
                 try:
                     self.ensure_connection(conn)  # reconnects it, or raises
                 except BaseException:
-                    super().release(conn)  # type: ignore[no-untyped-call]
+                    super().give(conn)
                     raise
                 return conn
-        return super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
+        return super().take(*args, **kwargs)
 
-    def release(self, connection: Any) -> None:
+    def give(self, connection: Any) -> None:
         if (
             self.pid == _fork.pid() and getattr(connection, "pid", None) == self.pid
             and not self._in_maintenance and len(self.pool.queue)  # (qsize without its lock)
@@ -158,7 +160,7 @@ class _ReadyPool(redis.BlockingConnectionPool):
         ):
             self._ready.append(connection)
             return
-        super().release(connection)  # type: ignore[no-untyped-call]
+        super().give(connection)
 
 
 class Store(ClusterWaves):
@@ -250,9 +252,16 @@ class Store(ClusterWaves):
         ``(command's reply or its error reply, WAIT's reply)``."""
         since = GATE.ran  # (a signal handler's exception: one raised during this send)
         pool = target.connection_pool
-        conn = pool.get_connection()
+        held = GATE.hold()  # (until the connection is in this try: see _send)
+        try:
+            conn = pool.take() if isinstance(pool, HeldPool) else pool.get_connection()
+        except BaseException:
+            GATE.unhold(held)
+            raise
         left = 0  # replies written and not read yet
         try:
+            if held:
+                GATE.unhold(held)
             conn.send_packed_command(conn.pack_commands([command, self._wait()]))
             left = 2
             reply = _kept_reply(conn)  # (EVALSHA / EVAL: no response callback)
@@ -265,7 +274,11 @@ class Store(ClusterWaves):
             conn.disconnect()
             raise
         finally:
-            pool.release(conn)
+            if held:  # (no call before the pool holds it again)
+                GATE.closed = GATE.holding = True
+            pool.give(conn) if isinstance(pool, HeldPool) else pool.release(conn)
+            if held:
+                GATE.unhold(held)
 
     def _send(self, *args: Any) -> Any:
         """One command on a pooled connection: what redis-py's ``execute_command``
@@ -276,12 +289,24 @@ class Store(ClusterWaves):
 
         On a pool of plain connections (:class:`_ReadyPool`'s), taking one and
         giving it back costs no pool round, and the command is packed by
-        hiredis (the very bytes redis-py's packer makes, in C)."""
+        hiredis (the very bytes redis-py's packer makes, in C).
+
+        Signal handlers wait from before the connection is taken until it is in
+        this ``try``, and again while it is given back
+        (:meth:`~durabilis._signal_gate.SignalGate.hold`): what one raises never
+        leaves the connection out of the pool."""
         since = GATE.ran  # (a signal handler's exception: one raised during this send)
         pool = self.client.connection_pool
-        conn = pool.get_connection()
+        held = GATE.hold()
+        try:
+            conn = pool.take() if isinstance(pool, HeldPool) else pool.get_connection()
+        except BaseException:
+            GATE.unhold(held)  # (no connection taken)
+            raise
         sent = False
         try:
+            if held:  # a handler held back meanwhile runs now: nothing is sent
+                GATE.unhold(held)
             if (_PACK is not None and type(pool) is _ReadyPool
                     and type(conn._command_packer) is _HIREDIS_PACKER):
                 # Numbers become bytes here (the very bytes redis-py's encoder
@@ -310,7 +335,11 @@ class Store(ClusterWaves):
             conn.disconnect()
             raise
         finally:
-            pool.release(conn)
+            if held:  # (no call before the pool holds it again: none can raise here)
+                GATE.closed = GATE.holding = True
+            pool.give(conn) if isinstance(pool, HeldPool) else pool.release(conn)
+            if held:  # what was held back meanwhile runs now
+                GATE.unhold(held)
 
     def run_many(self, calls: Sequence[ScriptCall]) -> list[Any]:
         """Run several scripts in ONE round trip (a non-transactional pipeline).

@@ -1,0 +1,109 @@
+"""Connection pools whose bookkeeping no signal handler interrupts.
+
+The sync driver lets the main thread's signal handlers run during an open step
+(:mod:`durabilis._signal_gate`): a Ctrl-C or a ``SIGALRM`` timeout cuts a
+blocked read. But a pool's bookkeeping is not safe against an exception raised
+between two bytecodes: a handler raising just after ``Queue.get`` acquired its
+lock left the lock held (every later caller waited on it forever), and one
+raising just after a connection was taken lost that connection (the pool had
+one fewer, for good). So the sync pools hold the handlers back
+(:meth:`~durabilis._signal_gate.SignalGate.hold`) while they take or give back
+a connection, and run them just after. Where the bookkeeping waits, they run
+as before: between the polls of a wait for a free connection
+(:class:`HeldLifo`), and while a connection (re)connects (the pool holds it
+in a local variable then, and gives it back if that raises).
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from durabilis._signal_gate import GATE
+
+_FIRST_POLL = 0.001
+_LAST_POLL = 0.05
+
+
+@contextmanager
+def _let_through() -> Iterator[None]:
+    """The handlers held back by :meth:`~durabilis._signal_gate.SignalGate.hold`
+    run (first those held back already) until the block ends; then held again."""
+    GATE.holding = GATE.closed = False
+    try:
+        GATE.deliver()
+        yield
+    finally:
+        GATE.closed = GATE.holding = True
+
+
+class HeldLifo(queue.LifoQueue):  # type: ignore[type-arg]
+    """The pool's queue. A blocking ``get`` while the gate is held (the main
+    thread waiting for a free connection inside an open step) polls, and lets
+    the handlers run between its polls, with no lock held: an interruption
+    still cuts the wait, and leaves the queue as it was."""
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        if not block or not GATE.held_here():
+            return super().get(block, timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = _FIRST_POLL
+        while True:
+            try:
+                return super().get(False)
+            except queue.Empty:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise
+            with _let_through():
+                time.sleep(pause if left is None else min(pause, left))
+            pause = min(pause * 2, _LAST_POLL)
+
+
+class HeldPool:
+    """A mixin for a redis-py blocking pool: its ``get_connection`` and
+    ``release`` run with the handlers held back. What a handler held back
+    during ``get_connection`` does runs at the next ``release``, or at the
+    caller's own :meth:`~durabilis._signal_gate.SignalGate.unhold` when it held
+    the gate across the call (:meth:`durabilis._store._sync.Store._send`: the
+    connection is then in its hands, never lost between the two); one held back
+    during ``release`` runs as it returns."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("queue_class", HeldLifo)
+        super().__init__(*args, **kwargs)
+
+    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        held = GATE.hold()
+        try:
+            conn = self.take(*args, **kwargs)
+        except BaseException:
+            GATE.unhold(held)  # (no connection taken)
+            raise
+        GATE.unhold(held, deliver=False)
+        return conn
+
+    def release(self, connection: Any) -> None:
+        held = GATE.hold()
+        try:
+            self.give(connection)
+        finally:
+            GATE.unhold(held)
+
+    def ensure_connection(self, connection: Any) -> None:
+        if not GATE.held_here():
+            super().ensure_connection(connection)  # type: ignore[misc]
+            return
+        with _let_through():  # (a reconnection waits on the network)
+            super().ensure_connection(connection)  # type: ignore[misc]
+
+    def take(self, *args: Any, **kwargs: Any) -> Any:
+        """``get_connection`` for a caller that holds the gate itself."""
+        return super().get_connection(*args, **kwargs)  # type: ignore[misc]
+
+    def give(self, connection: Any) -> None:
+        """``release`` for a caller that holds the gate itself."""
+        super().release(connection)  # type: ignore[misc]
