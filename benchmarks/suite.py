@@ -63,7 +63,7 @@ def run_suite(settings: Settings, out_dir: Path | None = None) -> dict[str, Any]
     results: dict[str, Any] = {
         "meta": {
             "mode": settings.mode,
-            "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(
+            "started_at": datetime.datetime.now(datetime.UTC).isoformat(
                 timespec="seconds"
             ),
             "settings": settings.as_dict(),

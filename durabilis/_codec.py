@@ -66,7 +66,7 @@ import json
 import struct
 import sys
 from collections.abc import Callable
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import UTC, date, datetime, time, timedelta, timezone
 from decimal import Context, Decimal, InvalidOperation
 from enum import Enum, Flag
 from typing import Any
@@ -527,7 +527,7 @@ def json_text_or_none(value: Any) -> str | None:
 
 def ms_to_datetime(ms: int | float) -> datetime:
     """Milliseconds since the epoch (Redis server clock) as an aware UTC datetime."""
-    return datetime.fromtimestamp(ms / 1000.0, tz=timezone.utc)
+    return datetime.fromtimestamp(ms / 1000.0, tz=UTC)
 
 
 def as_datetime(value: Any, *, key: str, field: str) -> datetime:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import re
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -26,10 +25,7 @@ from typing import TYPE_CHECKING, Any
 from durabilis.errors import DurabilisError
 
 if TYPE_CHECKING:
-    if sys.version_info >= (3, 11):
-        from importlib.resources.abc import Traversable
-    else:
-        from importlib.abc import Traversable
+    from importlib.resources.abc import Traversable
 
 KeyArg = str | bytes
 Arg = str | bytes | int | float

@@ -11,14 +11,14 @@ import math
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from durabilis._escape import escape_unprintable
 
 
 def _iso(value: datetime) -> str:
-    return value.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def jsonable(value: Any) -> Any:
@@ -76,7 +76,7 @@ def cell(value: Any, limit: int | None = 48) -> str:
     if value is None:
         return "-"
     if isinstance(value, datetime):
-        return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
     if isinstance(value, enum.Enum):
         return printable(value.value)
     if isinstance(value, float):

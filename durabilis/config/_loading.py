@@ -36,13 +36,8 @@ _T = TypeVar("_T")
 
 
 def _tomllib() -> Any:
-    """``tomllib`` (Python >= 3.11), else ``tomli`` (the dependency on 3.10)."""
-    for name in ("tomllib", "tomli"):
-        try:
-            return importlib.import_module(name)
-        except ModuleNotFoundError:
-            continue
-    raise ConfigError("path", "reading TOML on Python 3.10 needs tomli: pip install tomli")
+    """``tomllib``, imported when a file is read (not with durabilis)."""
+    return importlib.import_module("tomllib")
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

@@ -516,6 +516,5 @@ def _cancel_again() -> None:
     if this is None:
         return
     this.cancel()
-    cancelling = getattr(this, "cancelling", None)  # (Python 3.11+)
-    if cancelling is not None and cancelling() > 1:
-        this.uncancel()  # type: ignore[attr-defined]
+    if this.cancelling() > 1:
+        this.uncancel()

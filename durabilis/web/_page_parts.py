@@ -4,7 +4,7 @@ read, and how a stored value is shown in a page (no route, no template)."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -61,7 +61,7 @@ def _fmt_dt(value: Any) -> str:
         return "-" if value is None else printable(value)
     if value.year >= 9999:
         return "never"
-    return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _cell(value: Any, limit: int = 80) -> str:

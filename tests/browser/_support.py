@@ -122,10 +122,7 @@ send_email = "mail"
 
 def console_config(*, lease: float = 30) -> DurabilityConfig:
     """:func:`fleet_toml` as the replicas load it."""
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover
-        import tomli as tomllib
+    import tomllib
     return parse_config(tomllib.loads(fleet_toml(lease=lease)), environ={})
 
 

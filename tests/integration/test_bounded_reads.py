@@ -11,7 +11,7 @@ import json
 import subprocess
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ def sleep_until(raw: redis.Redis, moment: datetime) -> None:
     deadline = time.monotonic() + 10
     while True:
         secs, micros = raw.time()
-        if datetime.fromtimestamp(secs + micros / 1e6, tz=timezone.utc) > moment + timedelta(
+        if datetime.fromtimestamp(secs + micros / 1e6, tz=UTC) > moment + timedelta(
             milliseconds=2
         ):
             return

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -41,7 +41,7 @@ def ckpt_keys(raw: redis.Redis, namespace: str, tail: str = "*") -> list[str]:
 
 
 def test_save_returns_every_field(mgr: CheckpointManager) -> None:
-    before = datetime.now(timezone.utc)
+    before = datetime.now(UTC)
     cp = mgr.save("task-123", "agent-1", "phase-2", {"step": 2, "items": [1, 2]}, ttl_seconds=3600)
     assert len(cp.checkpoint_id) == 32
     assert (cp.task_id, cp.agent_id, cp.phase) == ("task-123", "agent-1", "phase-2")

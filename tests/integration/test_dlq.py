@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import re
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +53,7 @@ def park(dlq: DeadLetterQueue, n: int, op: str = "wiki_write", **kw: Any) -> lis
 
 def server_now(raw: redis.Redis) -> datetime:
     secs, micros = raw.time()
-    return datetime.fromtimestamp(secs + micros / 1e6, tz=timezone.utc)
+    return datetime.fromtimestamp(secs + micros / 1e6, tz=UTC)
 
 
 def sleep_until(raw: redis.Redis, moment: datetime) -> None:
@@ -595,12 +595,12 @@ def test_lua_iso_timestamps_match_python_for_tricky_dates(raw: redis.Redis) -> N
     script = block.group(1) + "\nlocal out = {}\nfor i, a in ipairs(ARGV) do " \
         "out[i] = iso_utc(tonumber(a)) end\nreturn out"
     moments = [
-        datetime(1970, 1, 1, tzinfo=timezone.utc),
-        datetime(2000, 2, 29, 23, 59, 59, 999000, tzinfo=timezone.utc),
-        datetime(2024, 2, 29, 12, 0, 0, 1000, tzinfo=timezone.utc),
-        datetime(2100, 3, 1, tzinfo=timezone.utc),
-        datetime(2023, 12, 31, 23, 59, 59, tzinfo=timezone.utc),
-        datetime(2400, 12, 31, 0, 0, 0, 500000, tzinfo=timezone.utc),
+        datetime(1970, 1, 1, tzinfo=UTC),
+        datetime(2000, 2, 29, 23, 59, 59, 999000, tzinfo=UTC),
+        datetime(2024, 2, 29, 12, 0, 0, 1000, tzinfo=UTC),
+        datetime(2100, 3, 1, tzinfo=UTC),
+        datetime(2023, 12, 31, 23, 59, 59, tzinfo=UTC),
+        datetime(2400, 12, 31, 0, 0, 0, 500000, tzinfo=UTC),
     ]
     ms = [int(m.timestamp() * 1000) for m in moments]
     got = [v.decode() for v in raw.eval(script, 0, *ms)]

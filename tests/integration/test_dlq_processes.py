@@ -6,7 +6,7 @@ import multiprocessing
 import os
 import signal
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 import redis
@@ -29,7 +29,7 @@ CLAIM_TTL = 2.0
 
 def server_now(raw: redis.Redis) -> datetime:
     secs, micros = raw.time()
-    return datetime.fromtimestamp(secs + micros / 1e6, tz=timezone.utc)
+    return datetime.fromtimestamp(secs + micros / 1e6, tz=UTC)
 
 
 def park(store: durabilis.Store, n: int) -> list[str]:

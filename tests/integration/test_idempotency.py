@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
-from datetime import timedelta, timezone
+from datetime import UTC, timedelta
 
 import pytest
 import redis
@@ -74,7 +74,7 @@ def test_recorded_result_is_returned_to_duplicates_with_utc_times(
     assert dup.in_progress is False
     assert dup.original_result == {"page": 42, "bytes": b"\x00\xff"}
     assert dup.original_timestamp == claim.claimed_at
-    assert dup.original_timestamp.tzinfo is timezone.utc
+    assert dup.original_timestamp.tzinfo is UTC
     assert dup.dedup_window_expires_at - dup.original_timestamp == timedelta(seconds=120)
 
 

@@ -46,7 +46,7 @@ def test_a_payload_fn_changed_is_parked_as_it_was_claimed(store: durabilis.Store
     {"page": "P", "n": 1, "f": 0.5, "none": None, "text": "\u00e9\u4e2d"},
     ("a", 1),
     b"\x00\xff bytes",
-    {"when": datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc),
+    {"when": datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.UTC),
      "amount": decimal.Decimal("1.10"), "tags": {"x", "y"}},
     {1: "int keys"},
     "plain text",

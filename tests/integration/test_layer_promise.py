@@ -19,11 +19,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import date, datetime, timedelta, timezone, tzinfo
+from datetime import UTC, date, datetime, timedelta, tzinfo
 from decimal import Decimal
 from typing import Any
 from uuid import UUID
@@ -85,7 +84,7 @@ def test_values_users_return_round_trip_exactly(store: durabilis.Store) -> None:
     layer = layer_on(store)
     value = {"sent_at": datetime.now(), "day": date(2026, 11, 30), "amount": Decimal("1.10"),
              "id": UUID(int=7), "tags": {"a", "b"}, "pair": (1, 2),
-             "at": datetime(2026, 1, 1, tzinfo=timezone.utc)}
+             "at": datetime(2026, 1, 1, tzinfo=UTC)}
     op = Counter(result=value)
     assert layer.execute("a1", "job", "v", op) == value
     again = layer.execute("a1", "job", "v", op)  # the stored result, decoded
@@ -525,9 +524,6 @@ def test_a_cancel_while_the_record_is_in_flight_records_it_then_ends_the_task(
     task, not a task of its own). It lands; then the task ends cancelled, or
     with the timeout's TimeoutError, and a cancellation from elsewhere that
     came with the timeout is not taken for the timeout's."""
-    if also != "cancel" and sys.version_info < (3, 11):
-        pytest.skip("asyncio.timeout is Python 3.11+")
-
     async def body(layer: AsyncDurabilityLayer, store: durabilis.aio.Store) -> None:
         loop = asyncio.get_running_loop()
         calls: list[int] = []
@@ -1383,7 +1379,7 @@ def test_an_interrupt_while_the_result_is_encoded_is_raised_after_the_record(
         signal.signal(number, previous)
     found = layer.idempotency.check(IdempotencyKey.new("a1", "job", "p"))
     assert found is not None and not found.in_progress
-    at = datetime(2026, 12, 2, tzinfo=timezone.utc)
+    at = datetime(2026, 12, 2, tzinfo=UTC)
     assert layer.execute("a1", "job", "p", Counter()) == {"at": at}
     assert calls == [1]
 
@@ -1541,9 +1537,6 @@ def test_a_replay_whose_result_cannot_be_stored_is_replayed_not_lost(
 # --- 8. the retry review: a swallowed cancellation, classification and events that raise --------
 
 
-@pytest.mark.skipif(
-    sys.version_info < (3, 11), reason="Task.cancelling() (how a lost one is seen) is 3.11+"
-)
 @pytest.mark.parametrize("ending", ["raises", "returns"])
 def test_an_async_fn_that_swallows_the_caller_s_cancellation_is_not_retried(
     redis_url: str, namespace: str, ending: str
@@ -1573,9 +1566,6 @@ def test_an_async_fn_that_swallows_the_caller_s_cancellation_is_not_retried(
     run_async(redis_url, namespace, body)
 
 
-@pytest.mark.skipif(
-    sys.version_info < (3, 11), reason="seen by Task.cancelling() (3.11+)"
-)
 def test_an_fn_that_swallows_the_cancellation_a_nested_call_s_record_held_is_seen(
     redis_url: str, namespace: str
 ) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -26,9 +25,6 @@ from durabilis.layer import AsyncDurabilityLayer, OperationContext
 from tests.integration._layer_support import fast_config
 
 pytestmark = [
-    pytest.mark.skipif(
-        sys.version_info < (3, 11), reason="Task.cancelling() (how a lost one is seen) is 3.11+"
-    ),
     pytest.mark.topologies("cluster"),  # seen under CPU load on Cluster (no auto-pipelining)
 ]
 

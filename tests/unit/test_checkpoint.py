@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -57,7 +57,7 @@ def manager() -> CheckpointManager:
 
 
 def cp(cid: str, parent: str | None, *, agent: str = "a", phase: str = "p") -> Checkpoint:
-    at = datetime(2024, 1, 1, tzinfo=timezone.utc)
+    at = datetime(2024, 1, 1, tzinfo=UTC)
     return Checkpoint(cid, "t", agent, phase, {"id": cid}, at, at, parent)
 
 
@@ -207,7 +207,7 @@ def test_decode_save_ok_returns_the_checkpoint_with_the_state_round_tripped() ->
     got = o.decode_save(call, _ok_reply(call, hint=[b"x:t2"], evicted=[]))
     assert isinstance(got, Checkpoint)
     assert got.state == (1, 2)  # tuples round-trip (msgpack ext types)
-    assert got.created_at == datetime.fromtimestamp(NOW_MS / 1000, tz=timezone.utc)
+    assert got.created_at == datetime.fromtimestamp(NOW_MS / 1000, tz=UTC)
     assert got.expires_at.tzinfo is not None
     assert got.parent_checkpoint_id is None
 

@@ -17,7 +17,7 @@ import threading
 import types
 import zoneinfo
 from collections import OrderedDict, defaultdict, namedtuple
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import UTC, date, datetime, time, timedelta, timezone
 from decimal import Decimal
 from enum import Enum, Flag, IntEnum, IntFlag
 from typing import Any
@@ -69,12 +69,13 @@ class Outer:
 ENUM_MEMBERS: list[Enum] = [
     *Color, *Level, *Shade, *Perm, Perm.R | Perm.W, Bits.ONE | Bits.TWO, Outer.Inner.A
 ]
-if sys.version_info >= (3, 11):
 
-    class Mood(enum.StrEnum):
-        CALM = "calm"
 
-    ENUM_MEMBERS.append(Mood.CALM)
+class Mood(enum.StrEnum):
+    CALM = "calm"
+
+
+ENUM_MEMBERS.append(Mood.CALM)
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -144,7 +145,7 @@ EXAMPLES = [
     {"page": 7, "text": "hi", "tags": ["a", "b"]}, {1: "int key", b"k": "bytes key"},
     datetime(2024, 2, 29, 12, 30, 45, 123456),
     datetime(2024, 2, 29, 12, 30, 45, 123456, tzinfo=PLUS_0530),
-    datetime(2024, 1, 1, tzinfo=timezone.utc),
+    datetime(2024, 1, 1, tzinfo=UTC),
     datetime(2024, 1, 1, tzinfo=ODD),
     datetime(2024, 1, 1, tzinfo=timezone(timedelta(hours=-23, minutes=-59, seconds=-59))),
     datetime.min, datetime.max, datetime.max.replace(tzinfo=timezone(timedelta(hours=23))),
@@ -232,10 +233,10 @@ def test_nesting_round_trips_up_to_msgpack_limit_and_deeper_is_refused() -> None
 
 def test_naive_and_aware_stay_distinct() -> None:
     naive = datetime(2024, 5, 1, 12, 0, 0, 1)
-    aware = naive.replace(tzinfo=timezone.utc)
+    aware = naive.replace(tzinfo=UTC)
     out_naive, out_aware = round_trip([naive, aware])
     assert out_naive.tzinfo is None and out_naive == naive
-    assert out_aware.tzinfo is timezone.utc and out_aware == aware
+    assert out_aware.tzinfo is UTC and out_aware == aware
     t_naive, t_aware = round_trip([time(12, 0, 0, 1), time(12, 0, 0, 1, tzinfo=PLUS_0530)])
     assert t_naive.tzinfo is None
     assert t_aware.utcoffset() == timedelta(hours=5, minutes=30)
@@ -530,7 +531,7 @@ offsets = st.timedeltas(
     min_value=-timedelta(hours=24) + timedelta(microseconds=1),
     max_value=timedelta(hours=24) - timedelta(microseconds=1),
 )
-zones = st.none() | st.just(timezone.utc) | offsets.map(timezone)
+zones = st.none() | st.just(UTC) | offsets.map(timezone)
 
 hashable_leaves = (
     st.none()

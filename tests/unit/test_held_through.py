@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -154,7 +153,6 @@ def test_two_cancellations_in_one_turn_are_not_taken_for_one_the_step_swallowed(
     asyncio.run(main())
 
 
-@pytest.mark.skipif(sys.version_info < (3, 11), reason="create_task(context=) is Python 3.11+")
 def test_a_held_step_holds_nothing_back_for_another_task_of_the_same_context() -> None:
     """Tasks started with one context (``create_task(..., context=ctx)``) share
     its variables: what a held step holds back is its own task's alone."""
@@ -277,7 +275,6 @@ def test_steps_other_than_the_stores_scripts_keep_a_task_of_their_own(step: Any)
     asyncio.run(main())
 
 
-@pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.timeout is Python 3.11+")
 def test_a_timeout_around_a_held_step_still_tells_its_own_cancellation_from_another_s() -> None:
     """Held, not taken back: ``asyncio.timeout`` turns its own cancellation into
     TimeoutError, and one from elsewhere that came too is not swallowed."""

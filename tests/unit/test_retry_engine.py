@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -493,9 +492,6 @@ def test_an_engine_refuses_a_store_of_the_other_kind() -> None:
 # --- what fn, a classifier or a logging hook may do wrong (review: retry findings 3, 4, 8) ---
 
 
-@pytest.mark.skipif(
-    sys.version_info < (3, 11), reason="Task.cancelling() (how a lost one is seen) is 3.11+"
-)
 @pytest.mark.parametrize("ending", ["raises", "returns"])
 def test_an_async_fn_that_turns_its_cancellation_into_an_outcome_is_not_retried(
     ending: str,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import math
 import random
@@ -223,7 +222,7 @@ def test_error_codes_come_from_code_attribute_builtins_then_class_name() -> None
     assert error_code(_WithCode(_Code.BUSY)) == "SERVICE_UNAVAILABLE"
     assert error_code(_WithCode(503)) == "_WithCode"  # only string codes are codes
     assert error_code(TimeoutError()) == "NETWORK_TIMEOUT"
-    assert error_code(asyncio.TimeoutError()) == "NETWORK_TIMEOUT"
+    assert error_code(TimeoutError()) == "NETWORK_TIMEOUT"
     assert error_code(ConnectionRefusedError()) == "SERVICE_UNAVAILABLE"
     assert error_code(PermissionError()) == "PERMISSION_DENIED"
     assert error_code(KeyError("k")) == "KeyError"

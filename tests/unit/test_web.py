@@ -3,7 +3,7 @@ charts' numbers (rates from cumulative counters, a breaker's timeline)."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -12,7 +12,7 @@ from durabilis.web import BulkTarget
 from durabilis.web._charts import TIMELINE_WIDTH, breaker_timeline, overview_charts
 from durabilis.web._data import BadInput, DlqFilter, Sample, error_code, parse_age
 
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def sample(at: float, started: int, backlog: int = 0) -> Sample:
