@@ -7,6 +7,7 @@ Shared by the store, the retry engine and the async driver."""
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any, Generic, TypeVar
 
@@ -23,20 +24,34 @@ meanwhile is held back for the plan, and stays counted by
 another's)."""
 
 
+if sys.version_info < (3, 12):  # (its current_task is Python: two C calls here)
+    _TASKS = asyncio.tasks._current_tasks  # type: ignore[attr-defined]
+    _running_loop = asyncio.get_running_loop
+
+    def current_task() -> asyncio.Task[Any] | None:
+        """The running task (``asyncio.current_task()``)."""
+        task: asyncio.Task[Any] | None = _TASKS.get(_running_loop())
+        return task
+else:
+    current_task = asyncio.current_task  # (C)
+
+
 def cancels() -> int:
-    """How many times the running task was asked to cancel (0 before Python
-    3.11), not counting what it is asked while inside a held step (up to the
-    step's end: then it is the plan's to deliver, and counts as any other, so
-    an ``fn`` that swallows one is seen by the driver's check around ``fn``).
-    Compare two readings taken in one task: an increase is a cancellation that
-    came in between and was neither raised nor held back."""
-    task = asyncio.current_task()
-    cancelling = getattr(task, "cancelling", None)
-    if cancelling is None:
+    """How many times the running task was asked to cancel, not counting what
+    it is asked while inside a held step (up to the step's end: then it is the
+    plan's to deliver, and counts as any other, so an ``fn`` that swallows one
+    is seen by the driver's check around ``fn``). Compare two readings taken
+    in one task: an increase is a cancellation that came in between and was
+    neither raised nor held back."""
+    task = current_task()
+    if task is None:
         return 0
-    count = int(cancelling())
-    base = _HOLDING.get(id(task)) if _HOLDING else None
-    return count if base is None else min(count, base)
+    count: int = task.cancelling()
+    if _HOLDING:
+        base = _HOLDING.get(id(task))
+        if base is not None and base < count:
+            return base
+    return count
 
 
 def resurface(before: int) -> None:

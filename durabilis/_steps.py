@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from durabilis._cancel import HeldThrough
 from durabilis._cancel import cancels as _cancels
+from durabilis._cancel import current_task as _current_task
 from durabilis._fork import reset_in_child
 from durabilis._retry_core import TESTING
 from durabilis._scripts import ScriptCall
@@ -545,10 +546,10 @@ def _held(
 
 
 def _cancel_requested() -> bool:
-    """Whether the running task was asked to cancel (always, before Python 3.11:
+    """Whether the running task was asked to cancel (always outside a task:
     it cannot tell, and a cancellation must not be lost)."""
-    cancelling = getattr(asyncio.current_task(), "cancelling", None)
-    return cancelling is None or cancelling() > 0
+    task = _current_task()
+    return task is None or task.cancelling() > 0
 
 
 async def adrive(plan: Plan[T], store: AsyncStore, *, leases: LeaseBook | None = None) -> T:
