@@ -29,9 +29,13 @@ _LAST_POLL = 0.05
 
 
 @contextmanager
-def _let_through() -> Iterator[None]:
+def let_through() -> Iterator[None]:
     """The handlers held back by :meth:`~durabilis._signal_gate.SignalGate.hold`
-    run (first those held back already) until the block ends; then held again."""
+    run (first those held back already) until the block ends; then held again.
+    Nothing to do where the gate is not held (by this thread)."""
+    if not GATE.held_here():
+        yield
+        return
     GATE.holding = GATE.closed = False
     try:
         GATE.deliver()
@@ -58,7 +62,7 @@ class HeldLifo(queue.LifoQueue):  # type: ignore[type-arg]
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise
-            with _let_through():
+            with let_through():
                 time.sleep(pause if left is None else min(pause, left))
             pause = min(pause * 2, _LAST_POLL)
 
@@ -94,10 +98,7 @@ class HeldPool:
             GATE.unhold(held)
 
     def ensure_connection(self, connection: Any) -> None:
-        if not GATE.held_here():
-            super().ensure_connection(connection)  # type: ignore[misc]
-            return
-        with _let_through():  # (a reconnection waits on the network)
+        with let_through():  # (a reconnection waits on the network)
             super().ensure_connection(connection)  # type: ignore[misc]
 
     def take(self, *args: Any, **kwargs: Any) -> Any:

@@ -16,6 +16,7 @@ from durabilis._scripts import ScriptCall
 from durabilis._signal_gate import GATE
 from durabilis._store._base import _NOT_RUN, StoreBase
 from durabilis._store._errors import map_error
+from durabilis._store._held import let_through
 from durabilis.errors import DurabilisError, NotReplicated, StorageUnavailable
 
 
@@ -40,7 +41,7 @@ def _drain(
     Ctrl-C, a SIGTERM's ``SystemExit``), it stops waiting and that goes on."""
     since = GATE.ran
     try:
-        with _read_by(conn, deadline):
+        with _read_by(conn, deadline), let_through():
             for _ in range(replies):
                 with contextlib.suppress(redis.exceptions.ResponseError):
                     redis_node.parse_response(conn, "EVALSHA")
@@ -162,30 +163,47 @@ class ClusterWaves(StoreBase):
         since = GATE.ran  # (a signal handler's exception: one raised during this wave)
         unread: list[Any] = []
         out: list[Any] = []
+        # Signal handlers wait while the wave's own bookkeeping runs (a connection
+        # taken, written to, then kept in ``unread`` until its reply is read):
+        # one raising between two of those lost the connection, its reply never
+        # read. They run during the writes, the reads and the usual path's calls
+        # (``let_through``), where what was taken is in hand; the rest at the end.
+        held = GATE.hold()
         try:
-            for call in calls:  # every call written first...
-                unread.append(self._send_to_node(call, failed, since))
-            for i, call in enumerate(calls):  # ...then each reply read
-                on, unread[i] = unread[i], None  # (each connection given back)
-                if on is None:  # not written, for no node's fault: the usual path
-                    out.append(self._caught(call))
-                elif type(on) is str:  # not written: its node failed in this wave
-                    out.append(self._unreached(call, on, failed))
-                elif type(on) is _Lost:  # a write that timed out: it may run
-                    out.append(_unknown(call, on.node))
-                elif on[2].name in failed:  # written; its node failed since: unknown
-                    _drop(on[0], on[1])
-                    out.append(_unknown(call, on[2].name))
-                else:
-                    reply = self._reply_of(call, on, deadline, failed, since)
-                    if isinstance(reply, StorageUnavailable) and not isinstance(
-                        reply, NotReplicated
-                    ):
-                        failed[on[2].name] = None
-                    out.append(reply)
+            self._each_call(calls, unread, out, failed=failed, deadline=deadline, since=since)
         finally:
-            self._left_unread(calls, unread, failed, deadline)
+            try:
+                self._left_unread(calls, unread, failed, deadline)
+            finally:
+                GATE.unhold(held)
         return out
+
+    def _each_call(
+        self, calls: Sequence[ScriptCall], unread: list[Any], out: list[Any], *,
+        failed: dict[str, DurabilisError | None], deadline: float | None, since: int,
+    ) -> None:
+        """:meth:`_wave`'s calls written, then their replies read into ``out``."""
+        for call in calls:  # every call written first...
+            unread.append(self._send_to_node(call, failed, since))
+        for i, call in enumerate(calls):  # ...then each reply read
+            on, unread[i] = unread[i], None  # (each connection given back)
+            if on is None:  # not written, for no node's fault: the usual path
+                with let_through():
+                    out.append(self._caught(call))
+            elif type(on) is str:  # not written: its node failed in this wave
+                out.append(self._unreached(call, on, failed))
+            elif type(on) is _Lost:  # a write that timed out: it may run
+                out.append(_unknown(call, on.node))
+            elif on[2].name in failed:  # written; its node failed since: unknown
+                _drop(on[0], on[1])
+                out.append(_unknown(call, on[2].name))
+            else:
+                reply = self._reply_of(call, on, deadline, failed, since)
+                if isinstance(reply, StorageUnavailable) and not isinstance(
+                    reply, NotReplicated
+                ):
+                    failed[on[2].name] = None
+                out.append(reply)
 
     def _left_unread(
         self, calls: Sequence[ScriptCall], unread: list[Any],
@@ -219,7 +237,8 @@ class ClusterWaves(StoreBase):
         error = failed.get(name)
         if error is not None:
             return error
-        reply = self._caught(call)
+        with let_through():
+            reply = self._caught(call)
         if isinstance(reply, StorageUnavailable):
             failed[name] = reply
         else:  # (the usual way works: the others go that way too)
@@ -252,10 +271,12 @@ class ClusterWaves(StoreBase):
                 return str(node.name)
             return None
         try:
-            if self._waits(call):
-                conn.send_packed_command(conn.pack_commands([self._evalsha(call), self._wait()]))
-            else:
-                conn.send_command(*self._evalsha(call))
+            with let_through():
+                if self._waits(call):
+                    conn.send_packed_command(
+                        conn.pack_commands([self._evalsha(call), self._wait()]))
+                else:
+                    conn.send_command(*self._evalsha(call))
         except BaseException as exc:
             conn.disconnect()
             redis_node.connection_pool.release(conn)
@@ -289,7 +310,7 @@ class ClusterWaves(StoreBase):
         waits = self._waits(call)
         left = 2 if waits else 1
         try:
-            with _read_by(conn, deadline):
+            with _read_by(conn, deadline), let_through():
                 reply = _kept_reply(conn)
                 left = 1 if waits else 0
                 acked = _kept_reply(conn) if waits else None
@@ -299,7 +320,8 @@ class ClusterWaves(StoreBase):
                 # lost on the way: the outcome is unknown
                 conn.disconnect()
                 pool.release(conn)
-                self._reread_slots(node)
+                with let_through():
+                    self._reread_slots(node)
                 return map_error(exc, call)
             # An interruption, or a signal handler's exception (as one): drained first.
             if not left:  # (every reply read: its timeout may not be restored yet)
@@ -314,7 +336,8 @@ class ClusterWaves(StoreBase):
             raise
         pool.release(conn)
         if isinstance(reply, _NOT_RUN):  # a redirect, NOSCRIPT, a failover: nothing ran
-            return self._caught(call)  # the usual path
+            with let_through():
+                return self._caught(call)  # the usual path
         if isinstance(reply, redis.exceptions.ResponseError):
             return map_error(reply, call)
         if self._waits(call):

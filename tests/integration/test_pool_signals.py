@@ -27,6 +27,8 @@ from durabilis._store._held import HeldPool
 from durabilis.layer import DurabilityLayer, OperationContext
 from tests.integration._layer_support import fast_config
 
+pytestmark = pytest.mark.topologies("sentinel")
+
 
 class Interrupted(BaseException):
     """What the test's handler raises (as KeyboardInterrupt would)."""
@@ -95,6 +97,7 @@ def test_a_handler_raising_as_the_queue_takes_its_lock_leaves_the_queue_usable(
         layer.close()
 
 
+@pytest.mark.topologies()  # (connections are kept ready on a standalone server only)
 def test_a_handler_raising_just_after_a_connection_is_taken_loses_no_connection(
     redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
