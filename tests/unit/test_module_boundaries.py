@@ -31,6 +31,7 @@ FOREIGN = {
     # Not durabilis's: redis-py's connection and cluster internals (the store
     # talks to them on its hot path), and the standard library's.
     "_sock", "_command_packer", "_initialize", "_getframe", "_replace",
+    "_current_tasks",  # (asyncio's, read on 3.11 only: its current_task is Python there)
 }
 
 
