@@ -429,7 +429,8 @@ def with_clock_offset(source: str, clock_key: str) -> str:
 
 
 class ScriptRegistry:
-    """Lazily registers each script once on one client (sync or async).
+    """Registers each script once on one client (sync or async), at its first use
+    (the shipped sources are read when the first registry is made).
 
     Args:
         client: The redis-py client.
@@ -444,6 +445,11 @@ class ScriptRegistry:
         self._clock_key = clock_key
         self._scripts: dict[str, Any] = {}
         self._fused: dict[tuple[str, ...], Any] = {}  # names -> the fused script
+        # The shipped sources read now (once per process), not at a store's first
+        # script: reading package data takes importlib's module locks, and a
+        # signal handler raising inside the sync driver's open claim step, while
+        # one was held, left it held: every thread then hung on its next import.
+        sources()
 
     def fused(self, names: tuple[str, ...]) -> Any:
         """The script :func:`fuse` names for calls of these scripts (as :meth:`get`)."""

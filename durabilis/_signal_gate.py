@@ -74,8 +74,11 @@ class SignalGate:
         (``None`` off the main thread: nothing to do)."""
         if threading.current_thread() is not threading.main_thread():
             return None
+        # (No call between closing and the try: a handler not wrapped yet that
+        # raised there would leave the gate closed for good.)
+        main = _get_ident()  # (a forked child's main thread is the one that forked)
         was, self.closed = self.closed, True  # first: a wrapper holds back at once
-        self.main = _get_ident()  # (a forked child's main thread is the one that forked)
+        self.main = main
         self.depth += 1
         try:
             self.wrap()

@@ -18,52 +18,61 @@ from __future__ import annotations
 
 import queue
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from durabilis._signal_gate import GATE
+
+T = TypeVar("T")
 
 _FIRST_POLL = 0.001
 _LAST_POLL = 0.05
 
 
-@contextmanager
-def let_through() -> Iterator[None]:
-    """The handlers held back by :meth:`~durabilis._signal_gate.SignalGate.hold`
-    run (first those held back already) until the block ends; then held again.
-    Nothing to do where the gate is not held (by this thread)."""
+def through(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` with the handlers that :meth:`~durabilis._signal_gate.SignalGate.hold`
+    holds back let through (those held back already run first); held again
+    after. Nothing changes where the gate is not held (by this thread).
+
+    A plain function, not a context manager: the gate is opened inside its
+    ``try`` and closed first thing in its ``finally``, with no call in
+    between where a handler could run with the gate in the wrong state (a
+    generator's ``finally``, left suspended by a handler raising in
+    ``contextlib``, closed the gate later, at its collection: for good)."""
     if not GATE.held_here():
-        yield
-        return
+        return fn(*args)
     GATE.holding = GATE.closed = False
     try:
         GATE.deliver()
-        yield
+        return fn(*args)
     finally:
         GATE.closed = GATE.holding = True
 
 
+def _nothing() -> None:
+    return None
+
+
 class HeldLifo(queue.LifoQueue):  # type: ignore[type-arg]
     """The pool's queue. A blocking ``get`` while the gate is held (the main
-    thread waiting for a free connection inside an open step) polls, and lets
-    the handlers run between its polls, with no lock held: an interruption
-    still cuts the wait, and leaves the queue as it was."""
+    thread waiting for a free connection inside an open step) waits in short
+    spans (up to 50 ms), in the queue's own line of waiters, and lets the
+    handlers run between them, with no lock held: an interruption still cuts
+    the wait (within a span), and leaves the queue as it was."""
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         if not block or not GATE.held_here():
             return super().get(block, timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
-        pause = _FIRST_POLL
+        pause, left = _FIRST_POLL, timeout
         while True:
-            try:
-                return super().get(False)
+            try:  # (in the queue's own line of waiters, the handlers held back)
+                return super().get(True, pause if left is None else max(0.0, min(pause, left)))
             except queue.Empty:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise
-            with let_through():
-                time.sleep(pause if left is None else min(pause, left))
+            through(_nothing)  # (what was held back meanwhile runs here: no lock held)
             pause = min(pause * 2, _LAST_POLL)
 
 
@@ -98,8 +107,7 @@ class HeldPool:
             GATE.unhold(held)
 
     def ensure_connection(self, connection: Any) -> None:
-        with let_through():  # (a reconnection waits on the network)
-            super().ensure_connection(connection)  # type: ignore[misc]
+        through(super().ensure_connection, connection)  # type: ignore[misc]  # (network)
 
     def take(self, *args: Any, **kwargs: Any) -> Any:
         """``get_connection`` for a caller that holds the gate itself."""

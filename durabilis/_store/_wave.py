@@ -16,7 +16,7 @@ from durabilis._scripts import ScriptCall
 from durabilis._signal_gate import GATE
 from durabilis._store._base import _NOT_RUN, StoreBase
 from durabilis._store._errors import map_error
-from durabilis._store._held import let_through
+from durabilis._store._held import through
 from durabilis.errors import DurabilisError, NotReplicated, StorageUnavailable
 
 
@@ -41,10 +41,8 @@ def _drain(
     Ctrl-C, a SIGTERM's ``SystemExit``), it stops waiting and that goes on."""
     since = GATE.ran
     try:
-        with _read_by(conn, deadline), let_through():
-            for _ in range(replies):
-                with contextlib.suppress(redis.exceptions.ResponseError):
-                    redis_node.parse_response(conn, "EVALSHA")
+        with _read_by(conn, deadline):
+            through(_read_and_drop, redis_node, conn, replies)
     except Exception as exc:
         conn.disconnect()
         if GATE.made_of(exc, since) is not None:
@@ -57,6 +55,17 @@ def _drain(
         if release:
             redis_node.connection_pool.release(conn)
     return True
+
+
+def _read_and_drop(redis_node: Any, conn: Any, replies: int) -> None:
+    for _ in range(replies):
+        with contextlib.suppress(redis.exceptions.ResponseError):
+            redis_node.parse_response(conn, "EVALSHA")
+
+
+def _read_into(conn: Any, got: list[Any], replies: int) -> None:
+    for _ in range(replies):
+        got.append(_kept_reply(conn))
 
 
 def _wait_out(target: Any, conn: Any, left: int, exc: BaseException, since: int) -> None:
@@ -167,11 +176,13 @@ class ClusterWaves(StoreBase):
         # taken, written to, then kept in ``unread`` until its reply is read):
         # one raising between two of those lost the connection, its reply never
         # read. They run during the writes, the reads and the usual path's calls
-        # (``let_through``), where what was taken is in hand; the rest at the end.
+        # (``through``), where what was taken is in hand; the rest at the end.
         held = GATE.hold()
         try:
             self._each_call(calls, unread, out, failed=failed, deadline=deadline, since=since)
         finally:
+            if held:  # (held again, whatever ended the calls: no call before)
+                GATE.closed = GATE.holding = True
             try:
                 self._left_unread(calls, unread, failed, deadline)
             finally:
@@ -188,8 +199,7 @@ class ClusterWaves(StoreBase):
         for i, call in enumerate(calls):  # ...then each reply read
             on, unread[i] = unread[i], None  # (each connection given back)
             if on is None:  # not written, for no node's fault: the usual path
-                with let_through():
-                    out.append(self._caught(call))
+                out.append(through(self._caught, call))
             elif type(on) is str:  # not written: its node failed in this wave
                 out.append(self._unreached(call, on, failed))
             elif type(on) is _Lost:  # a write that timed out: it may run
@@ -237,8 +247,7 @@ class ClusterWaves(StoreBase):
         error = failed.get(name)
         if error is not None:
             return error
-        with let_through():
-            reply = self._caught(call)
+        reply = through(self._caught, call)
         if isinstance(reply, StorageUnavailable):
             failed[name] = reply
         else:  # (the usual way works: the others go that way too)
@@ -271,12 +280,7 @@ class ClusterWaves(StoreBase):
                 return str(node.name)
             return None
         try:
-            with let_through():
-                if self._waits(call):
-                    conn.send_packed_command(
-                        conn.pack_commands([self._evalsha(call), self._wait()]))
-                else:
-                    conn.send_command(*self._evalsha(call))
+            through(self._write, conn, call)
         except BaseException as exc:
             conn.disconnect()
             redis_node.connection_pool.release(conn)
@@ -289,6 +293,12 @@ class ClusterWaves(StoreBase):
                 return None
             raise
         return redis_node, conn, node
+
+    def _write(self, conn: Any, call: ScriptCall) -> None:
+        if self._waits(call):
+            conn.send_packed_command(conn.pack_commands([self._evalsha(call), self._wait()]))
+        else:
+            conn.send_command(*self._evalsha(call))
 
     def _reply_of(
         self, call: ScriptCall, on: tuple[Any, Any, Any], deadline: float | None,
@@ -308,20 +318,18 @@ class ClusterWaves(StoreBase):
         redis_node, conn, node = on
         pool = redis_node.connection_pool
         waits = self._waits(call)
-        left = 2 if waits else 1
+        got: list[Any] = []  # the replies read (the script's, then WAIT's)
         try:
-            with _read_by(conn, deadline), let_through():
-                reply = _kept_reply(conn)
-                left = 1 if waits else 0
-                acked = _kept_reply(conn) if waits else None
-                left = 0
+            with _read_by(conn, deadline):
+                through(_read_into, conn, got, 2 if waits else 1)
+            reply, acked = got[0], (got[1] if waits else None)
         except BaseException as exc:
+            left = (2 if waits else 1) - len(got)
             if isinstance(exc, Exception) and GATE.made_of(exc, since) is None:
                 # lost on the way: the outcome is unknown
                 conn.disconnect()
                 pool.release(conn)
-                with let_through():
-                    self._reread_slots(node)
+                through(self._reread_slots, node)
                 return map_error(exc, call)
             # An interruption, or a signal handler's exception (as one): drained first.
             if not left:  # (every reply read: its timeout may not be restored yet)
@@ -336,8 +344,7 @@ class ClusterWaves(StoreBase):
             raise
         pool.release(conn)
         if isinstance(reply, _NOT_RUN):  # a redirect, NOSCRIPT, a failover: nothing ran
-            with let_through():
-                return self._caught(call)  # the usual path
+            return through(self._caught, call)  # the usual path
         if isinstance(reply, redis.exceptions.ResponseError):
             return map_error(reply, call)
         if self._waits(call):

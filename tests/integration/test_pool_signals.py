@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +24,8 @@ from typing import Any
 import pytest
 
 import durabilis
+from durabilis import _signal_gate
+from durabilis._signal_gate import GATE
 from durabilis._store import _sync
 from durabilis._store._held import HeldPool
 from durabilis.layer import DurabilityLayer, OperationContext
@@ -159,3 +163,88 @@ def test_a_ctrl_c_while_waiting_for_a_free_connection_cuts_the_wait(
         assert waited < 1.5, f"the wait went on {waited:.1f} s after the signal"
         assert layer.execute("a", "op", {"n": 1}, lambda ctx: "ran") == "ran"
         layer.close()
+
+
+def test_a_handler_raising_as_a_plan_starts_leaves_the_gate_open(
+    store: durabilis.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The signal lands inside the gate's ``enter`` before the handlers are
+    wrapped (the outermost plan's start): the call is interrupted, and the
+    gate is left as it was, open (once left closed, a later Ctrl-C held back
+    during a record was never raised when that call ended)."""
+    layer = _layer(store)
+    assert layer.execute("a", "op", {"n": 0}, lambda ctx: "warm") == "warm"
+    real = _signal_gate._get_ident
+    armed = [True]
+
+    def ident_then_signal() -> int:
+        got = real()
+        if armed[0] and sys._getframe(1).f_code.co_name == "enter":
+            armed[0] = False
+            signal.raise_signal(signal.SIGUSR1)  # a raw handler: runs here
+        return got
+
+    monkeypatch.setattr(_signal_gate, "_get_ident", ident_then_signal)
+    with _raising_handler():
+        with pytest.raises(Interrupted):
+            layer.execute("a", "op", {"n": 1}, lambda ctx: "never")
+        assert not armed[0], "the signal was never raised in enter"
+        monkeypatch.setattr(_signal_gate, "_get_ident", real)
+        assert (GATE.closed, GATE.depth) == (False, 0)
+        assert layer.execute("a", "op", {"n": 1}, lambda ctx: "ran") == "ran"
+    layer.close()
+
+
+def test_the_main_thread_waiting_for_a_connection_keeps_its_place_in_line(
+    redis_url: str, namespace: str
+) -> None:
+    """With one connection and two worker threads making durable calls, the
+    main thread's calls (inside open steps: its wait for a free connection
+    lets the handlers run between short spans) get a connection as often as
+    the workers', and none times out. (Polling beside the queue's waiters, it
+    got 20 calls to a worker's ~3,000 in 8 s, and 5 of them failed.)"""
+    with durabilis.connect(redis_url, namespace=namespace, max_connections=1,
+                           socket_timeout=1) as store:
+        _pool(store)
+        layer = _layer(store)
+        stop = time.monotonic() + 2.0
+        counts = {"main": 0, "w0": 0, "w1": 0}
+        errors: list[str] = []
+
+        def work(who: str) -> None:
+            i = 0
+            while time.monotonic() < stop:
+                i += 1
+                try:
+                    layer.execute("a", "op", {"who": who, "i": i}, lambda ctx: "ok")
+                    counts[who] += 1
+                except Exception as exc:  # (reported below)
+                    errors.append(f"{who}: {exc!r}")
+
+        workers = [threading.Thread(target=work, args=(w,)) for w in ("w0", "w1")]
+        for th in workers:
+            th.start()
+        with _raising_handler():  # (a handler, so that the main thread's steps hold it)
+            work("main")
+        for th in workers:
+            th.join()
+        assert not [e for e in errors if e.startswith("main")], errors
+        assert counts["main"] * 5 >= min(counts["w0"], counts["w1"]), counts
+        layer.close()
+
+
+def test_the_scripts_are_read_when_the_store_is_made_not_in_a_step(redis_url: str) -> None:
+    """Reading the shipped Lua sources takes importlib's module locks; a
+    handler raising inside the open claim step while one was held left it held
+    (every thread then hung on its next import). They are read when the first
+    store is made."""
+    code = (
+        "import sys, durabilis, durabilis._scripts as s\n"
+        "assert s.sources.cache_info().currsize == 0, 'read at import'\n"
+        "store = durabilis.connect(sys.argv[1], namespace='scripts-read')\n"
+        "assert s.sources.cache_info().currsize == 1, 'not read when the store was made'\n"
+        "store.close()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, redis_url], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
