@@ -149,6 +149,14 @@ class _HeldBlockingPool(HeldPool, redis.BlockingConnectionPool):
     back a connection (:class:`~durabilis._store._held.HeldPool`)."""
 
 
+class _HeldNodePool(HeldPool, redis.ConnectionPool):
+    """A sync Cluster node's pool (redis-py's plain one): signal handlers wait
+    while it takes or gives back a connection, and run while one connects (a
+    wave holds them for its bookkeeping: without this, a node's new connection
+    was made with them held, and one raising inside the pool's own bookkeeping,
+    on redis-py's routing path, left a connection in use for good)."""
+
+
 class _SentinelPool(
     HeldPool, redis.sentinel.SentinelConnectionPool, redis.BlockingConnectionPool
 ):
@@ -190,6 +198,8 @@ def make_client(url: str, options: dict[str, Any], *, asyncio: bool) -> tuple[An
         netloc = urlsplit(url).netloc
         nodes = [node_cls(h, p) for h, p in _cluster_nodes(netloc)]
         opts.update({k: v for k, v in _credentials(netloc).items() if k not in opts})
+        if not asyncio:
+            opts.setdefault("connection_pool_class", _HeldNodePool)
         try:
             # The sync client reads the slot map here; the async one on first use.
             return cluster_cls(startup_nodes=nodes, **opts), True

@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import redis
+
 from durabilis._signal_gate import GATE
 
 T = TypeVar("T")
@@ -77,7 +79,7 @@ class HeldLifo(queue.LifoQueue):  # type: ignore[type-arg]
 
 
 class HeldPool:
-    """A mixin for a redis-py blocking pool: its ``get_connection`` and
+    """A mixin for a redis-py pool (blocking, or a Cluster node's): its ``get_connection`` and
     ``release`` run with the handlers held back. What a handler held back
     during ``get_connection`` does runs at the next ``release``, or at the
     caller's own :meth:`~durabilis._signal_gate.SignalGate.unhold` when it held
@@ -86,7 +88,8 @@ class HeldPool:
     during ``release`` runs as it returns."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("queue_class", HeldLifo)
+        if isinstance(self, redis.BlockingConnectionPool):  # (a plain pool has no queue)
+            kwargs.setdefault("queue_class", HeldLifo)
         super().__init__(*args, **kwargs)
 
     def get_connection(self, *args: Any, **kwargs: Any) -> Any:

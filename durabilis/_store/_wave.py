@@ -356,9 +356,12 @@ class ClusterWaves(StoreBase):
 
     def _reread_slots(self, node: Any) -> None:
         """After a connection failed, as redis-py does: the node tried last, the slot
-        map read again (a failover moves the slots to a new primary)."""
+        map read again (a failover moves the slots to a new primary). What a
+        signal handler raises meanwhile (a ``SIGALRM`` timeout) goes on."""
+        since = GATE.ran
         try:
             self.client.nodes_manager.move_node_to_end_of_cached_nodes(node.name)
             self.client.nodes_manager.initialize(last_failed_node_name=node.name)
-        except Exception:  # the next call finds out again
-            pass
+        except Exception as exc:  # the next call finds out again
+            if GATE.made_of(exc, since) is not None:
+                raise

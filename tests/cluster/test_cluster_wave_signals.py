@@ -15,6 +15,7 @@ import signal
 from typing import Any
 
 import pytest
+import redis
 
 import durabilis
 from durabilis._store._wave import ClusterWaves
@@ -73,4 +74,93 @@ def test_a_handler_raising_just_after_a_wave_wrote_a_call_leaves_no_connection_o
         assert layer.execute("a", "op", {"n": 1}, fn) == "done"
         assert layer.execute("a", "op", {"n": 1}, fn) == "done"
         assert len(runs) == 1
+        layer.close()
+
+
+def test_a_handler_raising_inside_a_node_pool_on_redis_py_s_own_path_leaks_nothing(
+    redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call the wave hands to redis-py's own routing (here: NOSCRIPT after a
+    ``SCRIPT FLUSH``) takes a connection from the node's pool, with the
+    handlers let through. The signal lands inside that pool's
+    ``get_connection``, after it marked the connection in use: the call is
+    interrupted, and no connection stays in use (the node pools hold the
+    handlers back for their bookkeeping; redis-py's plain pool kept it in use
+    for good, and with ``max_connections`` every later call failed)."""
+    with durabilis.connect(redis_url, namespace=namespace) as store:
+        layer = DurabilityLayer(store, fast_config(dependencies={}))
+        assert layer.execute("a", "op", {"n": 0}, lambda ctx: "warm") == "warm"
+        for node in store.client.get_primaries():
+            store.client.get_redis_connection(node).script_flush()
+        armed = [True]
+        inside = [False]
+        caught = durabilis.Store._caught
+        record = redis.connection.record_connection_count
+
+        def caught_here(self: durabilis.Store, call: Any) -> Any:
+            inside[0] = True
+            try:
+                return caught(self, call)
+            finally:
+                inside[0] = False
+
+        def record_then_signal(*args: Any, **kwargs: Any) -> Any:
+            if armed[0] and inside[0]:
+                armed[0] = False
+                signal.raise_signal(signal.SIGUSR1)  # the connection is marked in use
+            return record(*args, **kwargs)
+
+        def handler(signum: int, frame: Any) -> None:
+            raise Interrupted
+
+        monkeypatch.setattr(durabilis.Store, "_caught", caught_here)
+        monkeypatch.setattr(redis.connection, "record_connection_count", record_then_signal)
+        previous = signal.signal(signal.SIGUSR1, handler)
+        try:
+            with pytest.raises(Interrupted):
+                layer.execute("a", "op", {"n": 1}, lambda ctx: "never")
+        finally:
+            signal.signal(signal.SIGUSR1, previous)
+        assert not armed[0], "the signal was never raised in a node's pool"
+        assert _in_use(store) == 0, "a node pool's connection stayed in use"
+        assert layer.execute("a", "op", {"n": 1}, lambda ctx: "ran") == "ran"
+        layer.close()
+
+
+def test_a_handler_runs_while_a_wave_connects_to_a_node(
+    redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wave holds the handlers for its bookkeeping, but a node's new
+    connection waits on the network (a paused or unreachable node: up to the
+    connect timeout): the signal that lands while it connects interrupts it
+    there, not after (held, a Ctrl-C waited out each node's connect)."""
+    with durabilis.connect(redis_url, namespace=namespace) as store:
+        layer = DurabilityLayer(store, fast_config(dependencies={}))
+        assert layer.execute("a", "op", {"n": 0}, lambda ctx: "warm") == "warm"
+        store.client.disconnect_connection_pools()  # (the next wave connects anew)
+        armed = [True]
+        went_on: list[str] = []
+        connect = redis.connection.AbstractConnection.connect
+
+        def connect_with_signal(conn: Any) -> None:
+            if armed[0]:
+                armed[0] = False
+                signal.raise_signal(signal.SIGUSR1)  # a Ctrl-C while it connects
+                went_on.append("the connect went on")
+            connect(conn)
+
+        def handler(signum: int, frame: Any) -> None:
+            raise Interrupted
+
+        monkeypatch.setattr(redis.connection.AbstractConnection, "connect", connect_with_signal)
+        previous = signal.signal(signal.SIGUSR1, handler)
+        try:
+            with pytest.raises(Interrupted):
+                layer.execute("a", "op", {"n": 1}, lambda ctx: "never")
+        finally:
+            signal.signal(signal.SIGUSR1, previous)
+        assert not armed[0], "no connection was made"
+        assert went_on == [], "the handler waited for the connect to end"
+        assert _in_use(store) == 0
+        assert layer.execute("a", "op", {"n": 1}, lambda ctx: "ran") == "ran"
         layer.close()
