@@ -36,6 +36,13 @@ else:
     current_task = asyncio.current_task  # (C)
 
 
+def cancel_requested() -> bool:
+    """Whether the running task was asked to cancel (always outside a task:
+    it cannot tell, and a cancellation must not be lost)."""
+    task = current_task()
+    return task is None or task.cancelling() > 0
+
+
 def cancels() -> int:
     """How many times the running task was asked to cancel, not counting what
     it is asked while inside a held step (up to the step's end: then it is the

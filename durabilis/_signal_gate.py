@@ -191,6 +191,27 @@ class SignalGate:
             seen = seen.__cause__ or seen.__context__
         return None
 
+    def swallowed(self, since: int) -> Exception | None:
+        """The last ``Exception`` a handler run after the ``since``-th raised, on
+        this thread (the main one: another's calls are none of its business):
+        one that a step's code below may have caught (redis-py's Cluster client
+        asks the next node for the slot map when one fails)."""
+        if _get_ident() != self.main:
+            return None
+        for ran, raised in reversed(self.raised):
+            if ran > since and isinstance(raised, Exception):
+                return raised
+        return None
+
+    def raise_swallowed(self, since: int) -> None:
+        """After an open step outside ``fn`` that returned: a handler's
+        ``Exception`` that code below caught (redis-py's Cluster client asks
+        the next node for the slot map when one fails) interrupts the step all
+        the same, as if it had come out (:class:`HandlerRaised`)."""
+        swallowed = self.swallowed(since)
+        if swallowed is not None:
+            raise HandlerRaised(swallowed)
+
     def handler_error(self, exc: Exception, ran: int, in_fn_step: bool) -> Exception | None:
         """What a signal handler raised that ``exc``, escaping an unshielded
         step that began at the ``ran``-th handler run, stands for (``None``:

@@ -48,8 +48,8 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from durabilis._cancel import HeldThrough
+from durabilis._cancel import cancel_requested as _cancel_requested
 from durabilis._cancel import cancels as _cancels
-from durabilis._cancel import current_task as _current_task
 from durabilis._fork import reset_in_child
 from durabilis._retry_core import TESTING
 from durabilis._scripts import ScriptCall
@@ -351,7 +351,10 @@ def perform_open(store: Store, step: Any, leases: LeaseBook | None, held: list[A
                 return False, exc
         else:
             _GATE.deliver()
-        return perform(store, step, leases, held)
+        reply = perform(store, step, leases, held)
+        if _GATE.ran != ran and type(step) is not Run:  # (one caught below interrupts too)
+            _GATE.raise_swallowed(ran)
+        return reply
     except Exception as exc:
         raised = _GATE.handler_error(exc, ran, type(step) is Run)
         if raised is None:
@@ -543,13 +546,6 @@ def _held(
     if (type(step) is IO or type(step) is ScriptCall) and store.holds_in_task:
         return HeldThrough(work, run.defer, _LOST_IN_FLIGHT)
     return _shielded(run, step, work)
-
-
-def _cancel_requested() -> bool:
-    """Whether the running task was asked to cancel (always outside a task:
-    it cannot tell, and a cancellation must not be lost)."""
-    task = _current_task()
-    return task is None or task.cancelling() > 0
 
 
 async def adrive(plan: Plan[T], store: AsyncStore, *, leases: LeaseBook | None = None) -> T:

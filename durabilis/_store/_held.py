@@ -79,11 +79,12 @@ class HeldLifo(queue.LifoQueue):  # type: ignore[type-arg]
 
 
 class HeldPool:
-    """A mixin for a redis-py pool (blocking, or a Cluster node's): its ``get_connection`` and
-    ``release`` run with the handlers held back. What a handler held back
-    during ``get_connection`` does runs at the next ``release``, or at the
-    caller's own :meth:`~durabilis._signal_gate.SignalGate.unhold` when it held
-    the gate across the call (:meth:`durabilis._store._sync.Store._send`: the
+    """A mixin for a redis-py pool (blocking, or a Cluster node's): its
+    ``get_connection`` and ``release`` run with the handlers held back. One
+    held back during ``get_connection`` runs as it returns (the connection is
+    given back first if it raises), or at the caller's own
+    :meth:`~durabilis._signal_gate.SignalGate.unhold` when the caller held the
+    gate across the call (:meth:`durabilis._store._sync.Store._send`: the
     connection is then in its hands, never lost between the two); one held back
     during ``release`` runs as it returns."""
 
@@ -99,7 +100,18 @@ class HeldPool:
         except BaseException:
             GATE.unhold(held)  # (no connection taken)
             raise
-        GATE.unhold(held, deliver=False)
+        if not (held and GATE.pending):
+            GATE.unhold(held, deliver=False)
+            return conn
+        try:  # what was held back meanwhile runs now (not after the caller's read)
+            GATE.unhold(held)
+        except BaseException:  # the connection goes back first (no call before the hold)
+            GATE.closed = GATE.holding = True
+            try:
+                self.give(conn)
+            finally:
+                GATE.unhold(held, deliver=False)
+            raise
         return conn
 
     def release(self, connection: Any) -> None:

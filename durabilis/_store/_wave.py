@@ -365,3 +365,6 @@ class ClusterWaves(StoreBase):
         except Exception as exc:  # the next call finds out again
             if GATE.made_of(exc, since) is not None:
                 raise
+        swallowed = GATE.swallowed(since)  # (one caught in there: it asked the next node)
+        if swallowed is not None:
+            raise swallowed

@@ -11,6 +11,7 @@ call on the main thread, against a real server."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -22,6 +23,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+import redis
 
 import durabilis
 from durabilis import _signal_gate
@@ -248,3 +250,106 @@ def test_the_scripts_are_read_when_the_store_is_made_not_in_a_step(redis_url: st
     done = subprocess.run([sys.executable, "-c", code, redis_url], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+class CallTimeout(Exception):
+    """What a ``SIGALRM`` deadline's handler raises (an ``Exception``)."""
+
+
+def test_a_handler_s_exception_swallowed_below_the_store_still_interrupts_the_step(
+    store: durabilis.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A handler's ``Exception`` raised during the claim step and caught by
+    code below the store (redis-py's Cluster client asks the next node for the
+    slot map when one fails) interrupts the step all the same: the claim goes
+    back and the caller gets its timeout, ``fn`` never runs. (Before, the call
+    went on as if no alarm had fired.)"""
+    layer = _layer(store)
+    assert layer.execute("a", "op", {"n": 0}, lambda ctx: "warm") == "warm"
+    armed = [True]
+    check = durabilis.Store._check_acks
+
+    def check_swallowing(self: durabilis.Store) -> None:
+        if armed[0]:
+            armed[0] = False
+            with contextlib.suppress(CallTimeout):  # (code that swallows it)
+                signal.raise_signal(signal.SIGUSR1)  # its handler raises here
+        check(self)
+
+    def handler(signum: int, frame: Any) -> None:
+        raise CallTimeout
+
+    runs: list[str] = []
+    monkeypatch.setattr(durabilis.Store, "_check_acks", check_swallowing)
+    previous = signal.signal(signal.SIGUSR1, handler)
+    try:
+        with pytest.raises(CallTimeout):
+            layer.execute("a", "op", {"n": 1}, lambda ctx: runs.append("ran") or "done")
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert not armed[0], "the signal was never raised in the claim step"
+    assert runs == []
+    assert layer.execute("a", "op", {"n": 1}, lambda ctx: runs.append("ran") or "done") == "done"
+    assert runs == ["ran"]
+    layer.close()
+
+
+@pytest.mark.topologies()  # (connections are kept ready on a standalone server only)
+def test_a_handler_held_while_redis_py_takes_a_connection_runs_before_the_command_is_sent(
+    store: durabilis.Store, raw: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On redis-py's own path (here the ``Script`` fallback after NOSCRIPT),
+    a signal that lands while the pool takes a connection runs as the pool
+    hands it over, and the connection goes back: nothing is sent. (Held until
+    the connection's release, it waited for the whole reply: up to the socket
+    timeout on a paused server.)"""
+    pool = _pool(store)
+    layer = _layer(store)
+    assert layer.execute("a", "op", {"n": 0}, lambda ctx: "warm") == "warm"
+    raw.script_flush()
+    inside = [False]
+    armed = [True]
+    sent: list[str] = []
+    script_call = redis.commands.core.Script.__call__
+    in_step = _sync._in_step
+    send = redis.connection.AbstractConnection.send_packed_command
+
+    def script_here(self: Any, *args: Any, **kwargs: Any) -> Any:
+        inside[0] = True
+        try:
+            return script_call(self, *args, **kwargs)
+        finally:
+            inside[0] = False
+
+    def in_step_then_signal(conn: Any) -> bool:
+        ready = in_step(conn)
+        if armed[0] and inside[0]:
+            armed[0] = False
+            signal.raise_signal(signal.SIGUSR1)  # held: the pool is taking a connection
+        return ready
+
+    def sending(conn: Any, *args: Any, **kwargs: Any) -> None:
+        if not armed[0] and not handled:
+            sent.append("sent between the signal and its handler")
+        send(conn, *args, **kwargs)
+
+    handled: list[str] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        handled.append("ran")
+        raise Interrupted
+
+    monkeypatch.setattr(redis.commands.core.Script, "__call__", script_here)
+    monkeypatch.setattr(_sync, "_in_step", in_step_then_signal)
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", sending)
+    previous = signal.signal(signal.SIGUSR1, handler)
+    try:
+        with pytest.raises(Interrupted):
+            layer.execute("a", "op", {"n": 1}, lambda ctx: "never")
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert not armed[0], "the signal was never raised in the Script path"
+    assert sent == []
+    idle = {id(c) for c in pool._ready} | {id(c) for c in pool.pool.queue if c}
+    assert {id(c) for c in pool._connections} <= idle, "a connection is out of the pool"
+    layer.close()
