@@ -21,10 +21,7 @@ import durabilis
 from durabilis._store._wave import ClusterWaves
 from durabilis.layer import DurabilityLayer, OperationContext
 from tests.integration._layer_support import fast_config
-
-
-class Interrupted(BaseException):
-    """What the test's handler raises (as KeyboardInterrupt would)."""
+from tests.support.interrupts import Interrupted, raising_handler
 
 
 def _in_use(store: durabilis.Store) -> int:
@@ -52,9 +49,6 @@ def test_a_handler_raising_just_after_a_wave_wrote_a_call_leaves_no_connection_o
                 signal.raise_signal(signal.SIGUSR1)  # its handler runs here
             return written
 
-        def handler(signum: int, frame: Any) -> None:
-            raise Interrupted
-
         runs: list[str] = []
 
         def fn(ctx: OperationContext) -> str:
@@ -62,12 +56,8 @@ def test_a_handler_raising_just_after_a_wave_wrote_a_call_leaves_no_connection_o
             return "done"
 
         monkeypatch.setattr(ClusterWaves, "_send_to_node", send_then_signal)
-        previous = signal.signal(signal.SIGUSR1, handler)
-        try:
-            with pytest.raises(Interrupted):
-                layer.execute("a", "op", {"n": 1}, fn)
-        finally:
-            signal.signal(signal.SIGUSR1, previous)
+        with raising_handler(), pytest.raises(Interrupted):
+            layer.execute("a", "op", {"n": 1}, fn)
         assert not armed[0], "the signal was never raised in a wave"
         assert runs == []
         assert _in_use(store) == 0, "a connection of the wave was never given back"
@@ -110,17 +100,10 @@ def test_a_handler_raising_inside_a_node_pool_on_redis_py_s_own_path_leaks_nothi
                 signal.raise_signal(signal.SIGUSR1)  # the connection is marked in use
             return record(*args, **kwargs)
 
-        def handler(signum: int, frame: Any) -> None:
-            raise Interrupted
-
         monkeypatch.setattr(durabilis.Store, "_caught", caught_here)
         monkeypatch.setattr(redis.connection, "record_connection_count", record_then_signal)
-        previous = signal.signal(signal.SIGUSR1, handler)
-        try:
-            with pytest.raises(Interrupted):
-                layer.execute("a", "op", {"n": 1}, lambda ctx: "never")
-        finally:
-            signal.signal(signal.SIGUSR1, previous)
+        with raising_handler(), pytest.raises(Interrupted):
+            layer.execute("a", "op", {"n": 1}, lambda ctx: "never")
         assert not armed[0], "the signal was never raised in a node's pool"
         assert _in_use(store) == 0, "a node pool's connection stayed in use"
         assert layer.execute("a", "op", {"n": 1}, lambda ctx: "ran") == "ran"
@@ -149,16 +132,9 @@ def test_a_handler_runs_while_a_wave_connects_to_a_node(
                 went_on.append("the connect went on")
             connect(conn)
 
-        def handler(signum: int, frame: Any) -> None:
-            raise Interrupted
-
         monkeypatch.setattr(redis.connection.AbstractConnection, "connect", connect_with_signal)
-        previous = signal.signal(signal.SIGUSR1, handler)
-        try:
-            with pytest.raises(Interrupted):
-                layer.execute("a", "op", {"n": 1}, lambda ctx: "never")
-        finally:
-            signal.signal(signal.SIGUSR1, previous)
+        with raising_handler(), pytest.raises(Interrupted):
+            layer.execute("a", "op", {"n": 1}, lambda ctx: "never")
         assert not armed[0], "no connection was made"
         assert went_on == [], "the handler waited for the connect to end"
         assert _in_use(store) == 0

@@ -18,8 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -32,24 +30,9 @@ from durabilis._store import _sync
 from durabilis._store._held import HeldPool
 from durabilis.layer import DurabilityLayer, OperationContext
 from tests.integration._layer_support import fast_config
+from tests.support.interrupts import Interrupted, raising_handler
 
 pytestmark = pytest.mark.topologies("sentinel")
-
-
-class Interrupted(BaseException):
-    """What the test's handler raises (as KeyboardInterrupt would)."""
-
-
-@contextmanager
-def _raising_handler() -> Iterator[None]:
-    def handler(signum: int, frame: Any) -> None:
-        raise Interrupted
-
-    previous = signal.signal(signal.SIGUSR1, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGUSR1, previous)
 
 
 def _pool(store: durabilis.Store) -> Any:
@@ -90,7 +73,7 @@ def test_a_handler_raising_as_the_queue_takes_its_lock_leaves_the_queue_usable(
 
         monkeypatch.setattr(threading.Condition, "__enter__", enter_then_signal)
         try:
-            with _raising_handler(), pytest.raises(Interrupted):
+            with raising_handler(), pytest.raises(Interrupted):
                 layer.execute("a", "op", {"n": 1}, fn)
             assert not armed[0], "the signal was never raised inside the queue"
             assert not queue.mutex.locked(), "the queue's lock was left held"
@@ -127,7 +110,7 @@ def test_a_handler_raising_just_after_a_connection_is_taken_loses_no_connection(
             return ready
 
         monkeypatch.setattr(_sync, "_in_step", in_step_then_signal)
-        with _raising_handler(), pytest.raises(Interrupted):
+        with raising_handler(), pytest.raises(Interrupted):
             layer.execute("a", "op", {"n": 1}, lambda ctx: "never")
         assert not armed[0], "the signal was never raised in the pool"
         idle = {id(c) for c in pool._ready} | {id(c) for c in pool.pool.queue if c}
@@ -155,7 +138,7 @@ def test_a_ctrl_c_while_waiting_for_a_free_connection_cuts_the_wait(
         timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR1))
         started = time.monotonic()
         try:
-            with _raising_handler(), pytest.raises(Interrupted):
+            with raising_handler(), pytest.raises(Interrupted):
                 timer.start()
                 layer.execute("a", "op", {"n": 1}, lambda ctx: "never")
             waited = time.monotonic() - started
@@ -187,7 +170,7 @@ def test_a_handler_raising_as_a_plan_starts_leaves_the_gate_open(
         return got
 
     monkeypatch.setattr(_signal_gate, "_get_ident", ident_then_signal)
-    with _raising_handler():
+    with raising_handler():
         with pytest.raises(Interrupted):
             layer.execute("a", "op", {"n": 1}, lambda ctx: "never")
         assert not armed[0], "the signal was never raised in enter"
@@ -226,7 +209,7 @@ def test_the_main_thread_waiting_for_a_connection_keeps_its_place_in_line(
         workers = [threading.Thread(target=work, args=(w,)) for w in ("w0", "w1")]
         for th in workers:
             th.start()
-        with _raising_handler():  # (a handler, so that the main thread's steps hold it)
+        with raising_handler():  # (a handler, so that the main thread's steps hold it)
             work("main")
         for th in workers:
             th.join()
@@ -276,17 +259,10 @@ def test_a_handler_s_exception_swallowed_below_the_store_still_interrupts_the_st
                 signal.raise_signal(signal.SIGUSR1)  # its handler raises here
         check(self)
 
-    def handler(signum: int, frame: Any) -> None:
-        raise CallTimeout
-
     runs: list[str] = []
     monkeypatch.setattr(durabilis.Store, "_check_acks", check_swallowing)
-    previous = signal.signal(signal.SIGUSR1, handler)
-    try:
-        with pytest.raises(CallTimeout):
-            layer.execute("a", "op", {"n": 1}, lambda ctx: runs.append("ran") or "done")
-    finally:
-        signal.signal(signal.SIGUSR1, previous)
+    with raising_handler(CallTimeout), pytest.raises(CallTimeout):
+        layer.execute("a", "op", {"n": 1}, lambda ctx: runs.append("ran") or "done")
     assert not armed[0], "the signal was never raised in the claim step"
     assert runs == []
     assert layer.execute("a", "op", {"n": 1}, lambda ctx: runs.append("ran") or "done") == "done"

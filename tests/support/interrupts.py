@@ -56,6 +56,23 @@ def interrupted_after(seconds: float, again: float | None = None) -> Iterator[No
         signal.signal(signal.SIGUSR2, previous[1])
 
 
+@contextmanager
+def raising_handler(
+    raised: type[BaseException] = Interrupted, signum: int = signal.SIGUSR1
+) -> Iterator[None]:
+    """While the block runs, ``signum``'s handler (a plain one, as a user's)
+    raises ``raised``; the previous handler is put back after."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise raised
+
+    previous = signal.signal(signum, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signum, previous)
+
+
 def claim(store: durabilis.Store | AsyncStore, name: str) -> ScriptCall:
     """An idempotency claim of ``name`` (the call: sent by the test)."""
     ops = IdempotencyGuard(store)._ops  # type: ignore[arg-type]
