@@ -111,6 +111,29 @@ def _read_reply(conn: Any) -> Any:
     return reply
 
 
+def _taken(pool: Any) -> tuple[Any, bool]:
+    """A connection of ``pool`` and whether the signal handlers are held back
+    (:meth:`~durabilis._signal_gate.SignalGate.hold`): they stay held as it
+    returns, until the caller's ``try`` lets them run (``GATE.unhold``)."""
+    held = GATE.hold()
+    try:
+        conn = pool.take() if isinstance(pool, HeldPool) else pool.get_connection()
+    except BaseException:
+        GATE.unhold(held)  # (no connection taken)
+        raise
+    return conn, held
+
+
+def _given(pool: Any, conn: Any, held: bool) -> None:
+    """``conn`` back to ``pool`` (the caller held the handlers back first,
+    with no call before: see :meth:`Store._send`); then what was held runs."""
+    try:
+        pool.give(conn) if isinstance(pool, HeldPool) else pool.release(conn)
+    finally:
+        if held:
+            GATE.unhold(held)
+
+
 class _ReadyPool(HeldPool, redis.BlockingConnectionPool):
     """redis-py's blocking pool, with the connections given back kept ready in
     a list (a LIFO, lock-free under the GIL) in front of its queue: taking one
@@ -252,12 +275,7 @@ class Store(ClusterWaves):
         ``(command's reply or its error reply, WAIT's reply)``."""
         since = GATE.ran  # (a signal handler's exception: one raised during this send)
         pool = target.connection_pool
-        held = GATE.hold()  # (until the connection is in this try: see _send)
-        try:
-            conn = pool.take() if isinstance(pool, HeldPool) else pool.get_connection()
-        except BaseException:
-            GATE.unhold(held)
-            raise
+        conn, held = _taken(pool)  # (held until it is in this try: see _send)
         left = 0  # replies written and not read yet
         try:
             if held:
@@ -276,9 +294,7 @@ class Store(ClusterWaves):
         finally:
             if held:  # (no call before the pool holds it again)
                 GATE.closed = GATE.holding = True
-            pool.give(conn) if isinstance(pool, HeldPool) else pool.release(conn)
-            if held:
-                GATE.unhold(held)
+            _given(pool, conn, held)
 
     def _send(self, *args: Any) -> Any:
         """One command on a pooled connection: what redis-py's ``execute_command``
@@ -297,12 +313,7 @@ class Store(ClusterWaves):
         leaves the connection out of the pool."""
         since = GATE.ran  # (a signal handler's exception: one raised during this send)
         pool = self.client.connection_pool
-        held = GATE.hold()
-        try:
-            conn = pool.take() if isinstance(pool, HeldPool) else pool.get_connection()
-        except BaseException:
-            GATE.unhold(held)  # (no connection taken)
-            raise
+        conn, held = _taken(pool)
         sent = False
         try:
             if held:  # a handler held back meanwhile runs now: nothing is sent
@@ -337,9 +348,7 @@ class Store(ClusterWaves):
         finally:
             if held:  # (no call before the pool holds it again: none can raise here)
                 GATE.closed = GATE.holding = True
-            pool.give(conn) if isinstance(pool, HeldPool) else pool.release(conn)
-            if held:  # what was held back meanwhile runs now
-                GATE.unhold(held)
+            _given(pool, conn, held)  # (what was held back meanwhile runs after)
 
     def run_many(self, calls: Sequence[ScriptCall]) -> list[Any]:
         """Run several scripts in ONE round trip (a non-transactional pipeline).
