@@ -231,7 +231,10 @@ class Store(ClusterWaves):
                         "EVALSHA", script.sha, len(call.keys), *call.keys, *call.args
                     )
                 except redis.exceptions.NoScriptError:
-                    pass
+                    # Nothing ran: EVAL carries the source (and caches it), on
+                    # this held send too (redis-py's Script call takes and gives
+                    # back its connection where a signal handler raising loses it).
+                    return self._send("EVAL", *self._eval(call))
             try:
                 return script(keys=call.keys, args=call.args)
             except redis.exceptions.NoScriptError:

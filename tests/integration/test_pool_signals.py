@@ -26,6 +26,7 @@ import redis
 import durabilis
 from durabilis import _signal_gate
 from durabilis._signal_gate import GATE
+from durabilis._steps import Command, drive
 from durabilis._store import _sync
 from durabilis._store._held import HeldPool
 from durabilis.layer import DurabilityLayer, OperationContext
@@ -272,28 +273,28 @@ def test_a_handler_s_exception_swallowed_below_the_store_still_interrupts_the_st
 
 @pytest.mark.topologies()  # (connections are kept ready on a standalone server only)
 def test_a_handler_held_while_redis_py_takes_a_connection_runs_before_the_command_is_sent(
-    store: durabilis.Store, raw: Any, monkeypatch: pytest.MonkeyPatch
+    store: durabilis.Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """On redis-py's own path (here the ``Script`` fallback after NOSCRIPT),
-    a signal that lands while the pool takes a connection runs as the pool
-    hands it over, and the connection goes back: nothing is sent. (Held until
-    the connection's release, it waited for the whole reply: up to the socket
+    """On redis-py's own path (here a plain command step of a plan: redis-py's
+    ``execute_command`` takes and gives back the connection), a signal that
+    lands while the pool takes a connection runs as the pool hands it over,
+    and the connection goes back: nothing is sent. (Held until the
+    connection's release, it waited for the whole reply: up to the socket
     timeout on a paused server.)"""
     pool = _pool(store)
-    layer = _layer(store)
-    assert layer.execute("a", "op", {"n": 0}, lambda ctx: "warm") == "warm"
-    raw.script_flush()
+    assert store.command("PING")  # (a connection kept ready)
     inside = [False]
     armed = [True]
     sent: list[str] = []
-    script_call = redis.commands.core.Script.__call__
+    handled: list[str] = []
+    execute = redis.Redis.execute_command
     in_step = _sync._in_step
     send = redis.connection.AbstractConnection.send_packed_command
 
-    def script_here(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def execute_here(self: Any, *args: Any, **kwargs: Any) -> Any:
         inside[0] = True
         try:
-            return script_call(self, *args, **kwargs)
+            return execute(self, *args, **kwargs)
         finally:
             inside[0] = False
 
@@ -309,23 +310,26 @@ def test_a_handler_held_while_redis_py_takes_a_connection_runs_before_the_comman
             sent.append("sent between the signal and its handler")
         send(conn, *args, **kwargs)
 
-    handled: list[str] = []
-
     def handler(signum: int, frame: Any) -> None:
         handled.append("ran")
         raise Interrupted
 
-    monkeypatch.setattr(redis.commands.core.Script, "__call__", script_here)
+    def plan() -> Any:
+        reply = yield Command(("ECHO", "x"))
+        return reply
+
+    monkeypatch.setattr(redis.Redis, "execute_command", execute_here)
     monkeypatch.setattr(_sync, "_in_step", in_step_then_signal)
     monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", sending)
     previous = signal.signal(signal.SIGUSR1, handler)
     try:
         with pytest.raises(Interrupted):
-            layer.execute("a", "op", {"n": 1}, lambda ctx: "never")
+            drive(plan(), store)
     finally:
         signal.signal(signal.SIGUSR1, previous)
-    assert not armed[0], "the signal was never raised in the Script path"
+    assert not armed[0], "the signal was never raised on redis-py's path"
+    assert handled == ["ran"]
     assert sent == []
     idle = {id(c) for c in pool._ready} | {id(c) for c in pool.pool.queue if c}
     assert {id(c) for c in pool._connections} <= idle, "a connection is out of the pool"
-    layer.close()
+    assert drive(plan(), store) == b"x"
