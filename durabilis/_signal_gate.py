@@ -54,7 +54,9 @@ class SignalGate:
     kills the process at once, like ``SIGKILL``.
     """
 
-    __slots__ = ("closed", "depth", "holding", "installed", "main", "pending", "raised", "ran")
+    __slots__ = (
+        "closed", "depth", "holding", "installed", "lent", "main", "pending", "raised", "ran",
+    )
 
     def __init__(self) -> None:
         self.ran = 0  # handlers run through the gate (each may install another)
@@ -64,6 +66,9 @@ class SignalGate:
         self.raised: list[tuple[int, BaseException]] = []
         self.closed = False
         self.holding = False  # closed by hold(): a pool's bookkeeping in an open step
+        # Connections a pool lent to redis-py's own paths with the gate held until
+        # they are given back (durabilis._store._held.HeldPool.get_connection).
+        self.lent: list[Any] = []
         self.depth = 0  # plans running on the main thread (one inside another's fn)
         self.main = _main_thread().ident  # (the main thread's: set again by enter())
         self.pending: list[tuple[Any, int, Any]] = []
@@ -108,6 +113,13 @@ class SignalGate:
             self.holding = self.closed = False
             if deliver and self.pending:
                 self.deliver()
+
+    def end_step(self) -> None:
+        """An open step ended (the gate closed again): whatever a pool lent in
+        it and never got back (a connection redis-py keeps, as a pub/sub's)
+        holds the gate no more."""
+        self.holding = False
+        self.lent.clear()
 
     def held_here(self) -> bool:
         """Whether :meth:`hold` holds the gate closed, and this is its thread."""
@@ -252,6 +264,7 @@ class SignalGate:
         self.closed = self.holding = False
         self.depth = 0
         self.pending.clear()
+        self.lent.clear()
         self.raised = []
         if threading.current_thread() is threading.main_thread():
             self.uninstall()

@@ -11,7 +11,10 @@ one fewer, for good). So the sync pools hold the handlers back
 a connection, and run them just after. Where the bookkeeping waits, they run
 as before: between the polls of a wait for a free connection
 (:class:`HeldLifo`), and while a connection (re)connects (the pool holds it
-in a local variable then, and gives it back if that raises).
+in a local variable then, and gives it back if that raises). On redis-py's
+own paths, which take a connection before their ``try`` and give it back in
+their ``finally``, the handlers stay held from the take to the give, and run
+during the connection's sends and reads (:class:`HeldIO`).
 """
 
 from __future__ import annotations
@@ -31,10 +34,11 @@ _FIRST_POLL = 0.001
 _LAST_POLL = 0.05
 
 
-def through(fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` with the handlers that :meth:`~durabilis._signal_gate.SignalGate.hold`
-    holds back let through (those held back already run first); held again
-    after. Nothing changes where the gate is not held (by this thread).
+def through(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)`` with the handlers that
+    :meth:`~durabilis._signal_gate.SignalGate.hold` holds back let through
+    (those held back already run first); held again after. Nothing changes
+    where the gate is not held (by this thread).
 
     A plain function, not a context manager: the gate is opened inside its
     ``try`` and closed first thing in its ``finally``, with no call in
@@ -42,11 +46,11 @@ def through(fn: Callable[..., T], *args: Any) -> T:
     generator's ``finally``, left suspended by a handler raising in
     ``contextlib``, closed the gate later, at its collection: for good)."""
     if not GATE.held_here():
-        return fn(*args)
+        return fn(*args, **kwargs)
     GATE.holding = GATE.closed = False
     try:
         GATE.deliver()
-        return fn(*args)
+        return fn(*args, **kwargs)
     finally:
         GATE.closed = GATE.holding = True
 
@@ -78,32 +82,87 @@ class HeldLifo(queue.LifoQueue):  # type: ignore[type-arg]
             pause = min(pause * 2, _LAST_POLL)
 
 
+class HeldIO:
+    """A mixin for the connections of a :class:`HeldPool` (made on the pool's
+    own connection class, TCP, TLS or a unix socket: :func:`held_io`): what
+    redis-py's own paths send and read lets the handlers through
+    (:func:`through`) while a connection lent to them holds them back
+    (:meth:`HeldPool.get_connection`). Elsewhere it changes nothing."""
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if GATE.holding:
+            through(super().send_packed_command, command, check_health)  # type: ignore[misc]
+            return
+        super().send_packed_command(command, check_health)  # type: ignore[misc]
+
+    def connect(self) -> None:
+        if GATE.holding:  # (redis-py reconnects in its finally, a maintenance's move)
+            through(super().connect)  # type: ignore[misc]
+            return
+        super().connect()  # type: ignore[misc]
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        if GATE.holding:
+            return through(super().read_response, *args, **kwargs)  # type: ignore[misc]
+        return super().read_response(*args, **kwargs)  # type: ignore[misc]
+
+
+_HELD_IO: dict[type, type] = {}
+
+
+def held_io(cls: type) -> type:
+    """``cls`` with :class:`HeldIO` in front (made once per class)."""
+    if issubclass(cls, HeldIO):
+        return cls
+    made = _HELD_IO.get(cls)
+    if made is None:
+        made = _HELD_IO[cls] = type(f"Held{cls.__name__}", (HeldIO, cls), {
+            "__module__": __name__, "__doc__": cls.__doc__,
+        })
+    return made
+
+
 class HeldPool:
     """A mixin for a redis-py pool (blocking, or a Cluster node's): its
-    ``get_connection`` and ``release`` run with the handlers held back. One
-    held back during ``get_connection`` runs as it returns (the connection is
-    given back first if it raises), or at the caller's own
-    :meth:`~durabilis._signal_gate.SignalGate.unhold` when the caller held the
-    gate across the call (:meth:`durabilis._store._sync.Store._send`: the
-    connection is then in its hands, never lost between the two); one held back
-    during ``release`` runs as it returns."""
+    bookkeeping runs with the handlers held back.
+
+    ``take`` and ``give`` are for durabilis's own sends, which hold the handlers
+    themselves from before the take until the connection is in their ``try``,
+    and again while it is given back (:meth:`durabilis._store._sync.Store._send`).
+
+    ``get_connection`` and ``release`` are redis-py's paths (a plain command, a
+    pipeline, Cluster routing), where the connection is taken before redis-py's
+    ``try`` and given back in its ``finally``: a handler raising in between
+    (before the ``try``, or at the entry of ``release``) lost the connection
+    for good. So a connection is lent to them with the handlers held back
+    (:attr:`~durabilis._signal_gate.SignalGate.lent`), until it is given back;
+    they run during its sends and reads (:class:`HeldIO`), where redis-py's
+    ``try`` holds it; what is still held back when it is given back runs at
+    the end of the step."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         if isinstance(self, redis.BlockingConnectionPool):  # (a plain pool has no queue)
             kwargs.setdefault("queue_class", HeldLifo)
         super().__init__(*args, **kwargs)
+        self.connection_class = held_io(self.connection_class)  # type: ignore[has-type]
 
     def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        lent = GATE.lent
         held = GATE.hold()
         try:
             conn = self.take(*args, **kwargs)
         except BaseException:
             GATE.unhold(held)  # (no connection taken)
             raise
+        if isinstance(conn, HeldIO) and (held or (lent and GATE.held_here())):
+            lent.append(conn)  # held back until its release (another's too: a Cluster pipeline)
+            return conn
+        # (A connection of another class, e.g. redis-py's client-side cache's: what
+        # was held back runs now, the connection given back first if it raises.)
         if not (held and GATE.pending):
             GATE.unhold(held, deliver=False)
             return conn
-        try:  # what was held back meanwhile runs now (not after the caller's read)
+        try:
             GATE.unhold(held)
         except BaseException:  # the connection goes back first (no call before the hold)
             GATE.closed = GATE.holding = True
@@ -115,11 +174,25 @@ class HeldPool:
         return conn
 
     def release(self, connection: Any) -> None:
+        # What was held back does not run here but at the step's end
+        # (durabilis._steps.perform_open): raised as release returns, it skipped
+        # the caller's own bookkeeping after it (a pipeline's reset forgets its
+        # connection after giving it back: that reset ran again at the
+        # pipeline's collection and gave the connection back twice, to two users).
+        lent = GATE.lent
+        if lent and connection in lent:  # (held back since it was lent: see above)
+            lent.remove(connection)
+            try:
+                self.give(connection)
+            finally:
+                if not lent:
+                    GATE.unhold(GATE.held_here(), deliver=False)
+            return
         held = GATE.hold()
         try:
             self.give(connection)
         finally:
-            GATE.unhold(held)
+            GATE.unhold(held, deliver=False)
 
     def ensure_connection(self, connection: Any) -> None:
         through(super().ensure_connection, connection)  # type: ignore[misc]  # (network)

@@ -12,12 +12,16 @@ during its writes and reads, where the connection is in hand."""
 from __future__ import annotations
 
 import signal
+import sys
 from typing import Any
 
 import pytest
 import redis
 
 import durabilis
+from durabilis._signal_gate import GATE
+from durabilis._steps import Command, drive
+from durabilis._store._held import HeldPool
 from durabilis._store._wave import ClusterWaves
 from durabilis.layer import DurabilityLayer, OperationContext
 from tests.integration._layer_support import fast_config
@@ -140,3 +144,38 @@ def test_a_handler_runs_while_a_wave_connects_to_a_node(
         assert _in_use(store) == 0
         assert layer.execute("a", "op", {"n": 1}, lambda ctx: "ran") == "ran"
         layer.close()
+
+
+def test_a_handler_raising_as_a_node_pool_gets_a_connection_back_loses_none(
+    store: durabilis.Store,
+) -> None:
+    """A plain command step goes through redis-py's own routing, which gives
+    the node's connection back in its ``finally``. The signal lands at the
+    very entry of the pool's ``release``, before any of its code runs: the
+    connection is lent with the handlers held, so it goes back, and the
+    handler runs just after (the fourth review of 2026-12-06, F1)."""
+
+    def plan() -> Any:
+        reply = yield Command(("GET", "{lent}:x"))
+        return reply
+
+    assert drive(plan(), store) is None
+    release = HeldPool.release.__code__
+    armed = [True]
+
+    def tracer(frame: Any, event: str, arg: Any) -> None:
+        if armed[0] and event == "call" and frame.f_code is release:
+            armed[0] = False
+            sys.settrace(None)
+            signal.raise_signal(signal.SIGUSR1)  # handled as release's frame starts
+
+    with raising_handler(), pytest.raises(Interrupted):
+        sys.settrace(tracer)
+        try:
+            drive(plan(), store)
+        finally:
+            sys.settrace(None)
+    assert not armed[0], "the signal was never raised at release"
+    assert _in_use(store) == 0, "a connection is out of its node's pool"
+    assert not GATE.closed and not GATE.holding and not GATE.lent
+    assert drive(plan(), store) is None

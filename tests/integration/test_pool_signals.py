@@ -12,6 +12,7 @@ call on the main thread, against a real server."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import subprocess
@@ -26,12 +27,12 @@ import redis
 import durabilis
 from durabilis import _signal_gate
 from durabilis._signal_gate import GATE
-from durabilis._steps import Command, drive
+from durabilis._steps import Batch, Command, drive
 from durabilis._store import _sync
 from durabilis._store._held import HeldPool
 from durabilis.layer import DurabilityLayer, OperationContext
 from tests.integration._layer_support import fast_config
-from tests.support.interrupts import Interrupted, raising_handler
+from tests.support.interrupts import Interrupted, claim, raising_handler
 
 pytestmark = pytest.mark.topologies("sentinel")
 
@@ -333,3 +334,147 @@ def test_a_handler_held_while_redis_py_takes_a_connection_runs_before_the_comman
     idle = {id(c) for c in pool._ready} | {id(c) for c in pool.pool.queue if c}
     assert {id(c) for c in pool._connections} <= idle, "a connection is out of the pool"
     assert drive(plan(), store) == b"x"
+
+
+# --- redis-py's own paths: a connection lent with the handlers held -------------------
+
+
+def _all_idle(pool: Any) -> bool:
+    """Whether every connection the pool made is back in it."""
+    idle = {id(c) for c in getattr(pool, "_ready", ())} | {id(c) for c in pool.pool.queue if c}
+    return {id(c) for c in pool._connections} <= idle
+
+
+class _SignalAfterTake:
+    """``redis.client``'s ``time`` module, whose ``monotonic`` raises SIGUSR1 once
+    (armed): redis-py calls it just after it took its connection, before its
+    ``try`` (a plain command's ``_execute_command``, a pipeline's ``execute``)."""
+
+    def __init__(self) -> None:
+        self.armed = True
+
+    def monotonic(self) -> float:
+        if self.armed:
+            self.armed = False
+            signal.raise_signal(signal.SIGUSR1)  # its handler runs here
+        return time.monotonic()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+def _command_plan() -> Any:
+    reply = yield Command(("ECHO", "x"))
+    return reply
+
+
+def test_a_handler_raising_as_redis_py_took_a_command_s_connection_loses_none(
+    store: durabilis.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain command step (DLQ and breaker reads): redis-py takes the
+    connection before its ``try``, and a handler raising right there lost it
+    for good (the fourth review of 2026-12-06, F1: two of them exhausted a pool
+    of two). Lent with the handlers held, the connection is in redis-py's
+    ``try`` when the handler runs (before anything is sent), and goes back."""
+    pool = _pool(store)
+    assert drive(_command_plan(), store) == b"x"
+    shim = _SignalAfterTake()
+    monkeypatch.setattr(redis.client, "time", shim)
+    with raising_handler(), pytest.raises(Interrupted):
+        drive(_command_plan(), store)
+    assert not shim.armed, "the signal was never raised on redis-py's path"
+    assert _all_idle(pool), "a connection is out of the pool"
+    assert not GATE.closed and not GATE.holding and not GATE.lent
+    assert drive(_command_plan(), store) == b"x"
+
+
+def test_a_handler_raising_as_a_pipeline_took_its_connection_loses_none_and_sends_nothing(
+    store: durabilis.Store, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same for a Batch step (a pipeline of scripts): the handler runs
+    before the pipeline is written, so no claim is made, and the connection
+    goes back."""
+    pool = _pool(store)
+    call = claim(store, "batch-take")
+    shim = _SignalAfterTake()
+
+    def plan() -> Any:
+        replies = yield Batch([call])
+        return replies
+
+    monkeypatch.setattr(redis.client, "time", shim)
+    with raising_handler(), pytest.raises(Interrupted):
+        drive(plan(), store)
+    assert not shim.armed, "the signal was never raised on redis-py's path"
+    assert _all_idle(pool), "a connection is out of the pool"
+    assert store.command("EXISTS", call.keys[0]) == 0, "the claim was sent"
+    monkeypatch.undo()
+    assert drive(plan(), store)[0][0] == b"new"
+
+
+def test_a_handler_raising_as_redis_py_gives_a_connection_back_loses_none(
+    store: durabilis.Store,
+) -> None:
+    """The signal lands at the very entry of the pool's ``release`` (redis-py's
+    ``finally``), before any of its code runs: the connection is given back,
+    and the handler runs just after (the command's reply was read)."""
+    pool = _pool(store)
+    assert drive(_command_plan(), store) == b"x"
+    release = HeldPool.release.__code__
+    armed = [True]
+
+    def tracer(frame: Any, event: str, arg: Any) -> None:
+        if armed[0] and event == "call" and frame.f_code is release:
+            armed[0] = False
+            sys.settrace(None)
+            signal.raise_signal(signal.SIGUSR1)  # handled as release's frame starts
+
+    with raising_handler(), pytest.raises(Interrupted):
+        sys.settrace(tracer)
+        try:
+            drive(_command_plan(), store)
+        finally:
+            sys.settrace(None)
+    assert not armed[0], "the signal was never raised at release"
+    assert _all_idle(pool), "a connection is out of the pool"
+    assert not GATE.closed and not GATE.holding and not GATE.lent
+    assert drive(_command_plan(), store) == b"x"
+
+
+def test_a_handler_held_as_a_pipeline_gives_its_connection_back_never_gives_it_twice(
+    store: durabilis.Store,
+) -> None:
+    """A Batch step's pipeline gives its connection back in its ``reset``, and
+    forgets it just after. The handler held back meanwhile runs at the end of
+    the step, not as the connection is given back: raised there, it skipped
+    the forgetting, the pipeline's collection gave the connection back a
+    second time, and two callers then shared one connection."""
+    pool = _pool(store)
+    call = claim(store, "batch-give")
+
+    def plan() -> Any:
+        replies = yield Batch([call])
+        return replies
+
+    assert store.run_many([claim(store, "batch-warm")])[0][0] == b"new"  # (acks checked)
+    release = HeldPool.release.__code__
+    armed = [True]
+
+    def tracer(frame: Any, event: str, arg: Any) -> None:
+        if armed[0] and event == "call" and frame.f_code is release:
+            armed[0] = False
+            sys.settrace(None)
+            signal.raise_signal(signal.SIGUSR1)  # handled as release's frame starts
+
+    with raising_handler(), pytest.raises(Interrupted):
+        sys.settrace(tracer)
+        try:
+            drive(plan(), store)
+        finally:
+            sys.settrace(None)
+    assert not armed[0], "the signal was never raised at release"
+    gc.collect()  # (a pipeline left holding its connection gives it back here)
+    idle = [id(c) for c in getattr(pool, "_ready", ())] + [id(c) for c in pool.pool.queue if c]
+    assert len(idle) == len(set(idle)), "a connection is in the pool twice"
+    assert _all_idle(pool), "a connection is out of the pool"
+    assert store.command("HGET", call.keys[0], "s") == b"p"  # (the claim ran: interrupted after)
