@@ -190,8 +190,10 @@ def test_the_main_thread_waiting_for_a_connection_keeps_its_place_in_line(
     lets the handlers run between short spans) get a connection as often as
     the workers', and none times out. (Polling beside the queue's waiters, it
     got 20 calls to a worker's ~3,000 in 8 s, and 5 of them failed.)"""
+    # (A wait for the connection gives up after socket_timeout: 5 s, far past a
+    # fair turn, so that a loaded machine starving every thread fails no call.)
     with durabilis.connect(redis_url, namespace=namespace, max_connections=1,
-                           socket_timeout=1) as store:
+                           socket_timeout=5) as store:
         _pool(store)
         layer = _layer(store)
         stop = time.monotonic() + 2.0
