@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis
+from redis._parsers.hiredis import _AsyncHiredisParser
 
 from durabilis._acks import Acks
 from durabilis._autopipe import AutoPipeline
@@ -30,6 +31,75 @@ def _cluster_max_connections(client: Any) -> int:
     """Connections per node of redis-py's async cluster client (its ``max_connections``)."""
     n = (getattr(client, "connection_kwargs", None) or {}).get("max_connections")
     return n if isinstance(n, int) and n > 0 else 100
+
+
+def _ready_now(conn: Any) -> bool:
+    """Whether a connection is connected with nothing unread: the check the
+    pool's ``ensure_connection`` makes (redis-py's ``can_read`` for hiredis),
+    without its awaits. ``False`` sends it the pool's own way, which
+    reconnects or raises."""
+    parser = conn._parser
+    if type(parser) is not _AsyncHiredisParser or not conn.is_connected:
+        return False
+    stream, reader = getattr(parser, "_stream", None), getattr(parser, "_reader", None)
+    return (
+        parser._connected and reader is not None and stream is not None
+        and not reader.has_data() and not stream.at_eof() and stream.exception() is None
+        and not stream._buffer
+    )
+
+
+class _ReadyAsyncPool(redis.asyncio.BlockingConnectionPool):
+    """redis-py's asyncio blocking pool, with the connections given back kept
+    ready in a list in front of it (the asyncio twin of the sync store's ready
+    pool): taking one and giving it back costs no lock, condition, timeout or
+    observability hook (~12 us a round with redis-py 8).
+
+    What the pool promises stays. A ready connection stays counted in use, so
+    ``max_connections`` bounds them all, and closing the pool closes it; it is
+    checked as the pool checks any it hands out (anything unread, or the
+    server's close, sends it the pool's own way, which reconnects it). While a
+    caller is inside the pool's own ``get_connection`` (it may be waiting for
+    a connection), every connection goes back the pool's own way, which wakes
+    it: none waits while one sits ready."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._ready: list[Any] = []
+        self._inside = 0  # callers inside the pool's own get_connection
+        super().__init__(*args, **kwargs)
+
+    def reset(self) -> None:
+        self._ready = []
+        super().reset()  # type: ignore[no-untyped-call]
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        ready = self._ready
+        if ready:
+            conn = ready.pop()
+            if _ready_now(conn):
+                return conn
+            try:
+                await self.ensure_connection(conn)  # reconnects it, or raises
+            except BaseException:
+                await super().release(conn)
+                raise
+            return conn
+        self._inside += 1
+        try:
+            return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
+        finally:
+            self._inside -= 1
+
+    async def release(self, connection: Any) -> None:
+        if connection in self._ready:  # (given back twice: kept once, never two users)
+            return
+        if (
+            not self._inside and connection in self._in_use_connections
+            and not connection.should_reconnect() and _ready_now(connection)
+        ):
+            self._ready.append(connection)
+            return
+        await super().release(connection)
 
 
 class _Home:

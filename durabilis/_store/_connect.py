@@ -17,7 +17,7 @@ from redis.backoff import NoBackoff
 
 from durabilis._acks import DEFAULT_ACKS_TIMEOUT, Acks
 from durabilis._keys import KeySpace
-from durabilis._store._async import AsyncStore
+from durabilis._store._async import AsyncStore, _ReadyAsyncPool
 from durabilis._store._embedded import _client_name, _embedded_socket, _memory_server
 from durabilis._store._errors import map_error
 from durabilis._store._held import HeldPool
@@ -109,7 +109,7 @@ def _blocking(lib: Any, client: Any, options: dict[str, Any]) -> Any:
     """
     pool = client.connection_pool
     timeout = options.get("socket_timeout", DEFAULT_SOCKET_OPTIONS["socket_timeout"])
-    kind = lib.BlockingConnectionPool if lib is not redis else _HeldBlockingPool
+    kind: type = _ReadyAsyncPool if lib is not redis else _HeldBlockingPool
     if lib is redis and pool.connection_kwargs.get("encoding", "utf-8") in ("utf-8", "utf8") \
             and pool.connection_kwargs.get("encoding_errors", "strict") == "strict":
         kind = _ReadyPool  # (hiredis packs text as UTF-8, strict)

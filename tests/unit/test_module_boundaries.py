@@ -32,6 +32,9 @@ FOREIGN = {
     # talks to them on its hot path), and the standard library's.
     "_sock", "_command_packer", "_initialize", "_getframe", "_replace",
     "_current_tasks",  # (asyncio's, read on 3.11 only: its current_task is Python there)
+    # (redis-py's asyncio connection and hiredis parser, and asyncio's StreamReader
+    # buffer: the ready check of the asyncio pool, as redis-py's own can_read)
+    "_parser", "_connected", "_buffer",
 }
 
 
