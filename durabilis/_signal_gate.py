@@ -55,7 +55,8 @@ class SignalGate:
     """
 
     __slots__ = (
-        "closed", "depth", "holding", "installed", "lent", "main", "pending", "raised", "ran",
+        "closed", "depth", "holding", "installed", "lending", "lent", "main", "pending",
+        "raised", "ran",
     )
 
     def __init__(self) -> None:
@@ -69,6 +70,7 @@ class SignalGate:
         # Connections a pool lent to redis-py's own paths with the gate held until
         # they are given back (durabilis._store._held.HeldPool.get_connection).
         self.lent: list[Any] = []
+        self.lending = False  # in a plan's own open step (not fn's): pools lend (see lent)
         self.depth = 0  # plans running on the main thread (one inside another's fn)
         self.main = _main_thread().ident  # (the main thread's: set again by enter())
         self.pending: list[tuple[Any, int, Any]] = []
@@ -113,6 +115,15 @@ class SignalGate:
             self.holding = self.closed = False
             if deliver and self.pending:
                 self.deliver()
+
+    def ran_here(self) -> int | None:
+        """How many handlers ran so far, on the main thread (``None`` on another:
+        its handlers are none of that thread's business)."""
+        return self.ran if _get_ident() == self.main else None
+
+    def raised_since(self, since: int) -> bool:
+        """Whether a handler run after the ``since``-th raised."""
+        return self.ran != since and any(ran > since for ran, _ in self.raised)
 
     def end_step(self) -> None:
         """An open step ended (the gate closed again): whatever a pool lent in
@@ -261,7 +272,7 @@ class SignalGate:
     def after_fork_in_child(self) -> None:
         """A fork from another thread while the main thread ran a plan: the
         child's only thread runs no plan."""
-        self.closed = self.holding = False
+        self.closed = self.holding = self.lending = False
         self.depth = 0
         self.pending.clear()
         self.lent.clear()

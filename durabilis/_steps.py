@@ -342,7 +342,9 @@ def perform_open(store: Store, step: Any, leases: LeaseBook | None, held: list[A
     One held back runs first: it interrupts the step before it is sent, and at
     the start of ``fn`` what it raises is ``fn``'s (as one a moment later)."""
     ran = _GATE.ran
+    lending = _GATE.lending
     try:
+        _GATE.lending = type(step) is not Run  # (pools lend in the plan's own steps only)
         _GATE.closed = False
         if type(step) is Run:
             try:
@@ -365,6 +367,7 @@ def perform_open(store: Store, step: Any, leases: LeaseBook | None, held: list[A
         raise HandlerRaised(raised) from None
     finally:
         _GATE.closed = True
+        _GATE.lending = lending
         if _GATE.holding:
             _GATE.end_step()
         # A handler fn (or a handler that ran meanwhile) installed is held back

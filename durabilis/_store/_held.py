@@ -20,6 +20,7 @@ during the connection's sends and reads (:class:`HeldIO`).
 from __future__ import annotations
 
 import queue
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -29,6 +30,10 @@ import redis
 from durabilis._signal_gate import GATE
 
 T = TypeVar("T")
+
+_SINCE = "_durabilis_since"
+"""A connection's note of the gate's count of handlers run when redis-py took it
+(main thread only: see :meth:`HeldPool._back`)."""
 
 _FIRST_POLL = 0.001
 _LAST_POLL = 0.05
@@ -147,6 +152,7 @@ class HeldPool:
         self.connection_class = held_io(self.connection_class)  # type: ignore[has-type]
 
     def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        since = GATE.ran_here()
         lent = GATE.lent
         held = GATE.hold()
         try:
@@ -154,11 +160,15 @@ class HeldPool:
         except BaseException:
             GATE.unhold(held)  # (no connection taken)
             raise
-        if isinstance(conn, HeldIO) and (held or (lent and GATE.held_here())):
+        conn.__dict__[_SINCE] = since
+        if GATE.lending and isinstance(conn, HeldIO) and (
+            held or (lent and GATE.held_here())
+        ):
             lent.append(conn)  # held back until its release (another's too: a Cluster pipeline)
             return conn
-        # (A connection of another class, e.g. redis-py's client-side cache's: what
-        # was held back runs now, the connection given back first if it raises.)
+        # (Inside fn, or a connection of another class, e.g. redis-py's client-side
+        # cache's: what was held back runs now, the connection given back first if
+        # it raises.)
         if not (held and GATE.pending):
             GATE.unhold(held, deliver=False)
             return conn
@@ -174,25 +184,36 @@ class HeldPool:
         return conn
 
     def release(self, connection: Any) -> None:
-        # What was held back does not run here but at the step's end
-        # (durabilis._steps.perform_open): raised as release returns, it skipped
-        # the caller's own bookkeeping after it (a pipeline's reset forgets its
-        # connection after giving it back: that reset ran again at the
-        # pipeline's collection and gave the connection back twice, to two users).
         lent = GATE.lent
         if lent and connection in lent:  # (held back since it was lent: see above)
             lent.remove(connection)
             try:
-                self.give(connection)
+                self._back(connection)
             finally:
+                # What is still held back runs at the step's end (perform_open),
+                # not here: raised as release returns, it skipped the caller's own
+                # bookkeeping after it (a pipeline's reset forgets its connection
+                # after giving it back: that reset ran again at the pipeline's
+                # collection and gave the connection back twice, to two users).
                 if not lent:
                     GATE.unhold(GATE.held_here(), deliver=False)
             return
         held = GATE.hold()
         try:
-            self.give(connection)
+            self._back(connection)
         finally:
-            GATE.unhold(held, deliver=False)
+            # Inside fn (no step's end soon), it runs here, as it returns; but not
+            # to a caller that forgets the connection after giving it back (see above).
+            GATE.unhold(held, deliver=sys._getframe(1).f_code.co_name != "reset")
+
+    def _back(self, connection: Any) -> None:
+        """``connection`` given back; dropped first if a handler raised while
+        redis-py had it: its command was cut at an unknown point, a reply may
+        still be on its way (the next user would read it as its own)."""
+        since = connection.__dict__.pop(_SINCE, None)
+        if since is not None and GATE.raised_since(since):
+            connection.disconnect()
+        self.give(connection)
 
     def ensure_connection(self, connection: Any) -> None:
         through(super().ensure_connection, connection)  # type: ignore[misc]  # (network)

@@ -1,0 +1,150 @@
+"""A signal handler that raises in the middle of a call redis-py makes itself
+(a plan's command step, or ``fn``'s own calls through ``store.client``) never
+leaves a reply for the next user of the connection, and runs when it lands,
+not after ``fn`` (the review of 2026-12-06, ``/tmp/adv1_s11``: F1, F2, F3).
+
+A reply still on its way when the connection went back was read by its next
+user as its own: a plain command returned another key's value, a durable
+call's claim read it and failed. The connection is now dropped when a handler
+raised while redis-py had it. Each test puts a real ``SIGUSR1`` at the exact
+point, against a real server; the late reply is made late by a ``BLPOP``
+that waits one second."""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+import pytest
+import redis
+
+import durabilis
+from durabilis._steps import Command, drive
+from durabilis._store import _sync
+from durabilis.layer import DurabilityLayer, OperationContext
+from tests.integration._layer_support import fast_config
+from tests.support.interrupts import Interrupted, raising_handler
+
+pytestmark = pytest.mark.topologies("sentinel")
+
+
+@pytest.fixture
+def signal_after_send(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """SIGUSR1 raised once (armed) right after redis-py sent a command, before
+    it reads the reply (at ``parse_response``'s entry)."""
+    armed = [False]
+    parse = redis.Redis.parse_response
+
+    def parse_after_signal(self: Any, connection: Any, command_name: Any, **options: Any) -> Any:
+        if armed[0]:
+            armed[0] = False
+            signal.raise_signal(signal.SIGUSR1)
+        return parse(self, connection, command_name, **options)
+
+    monkeypatch.setattr(redis.Redis, "parse_response", parse_after_signal)
+    return armed
+
+
+def test_a_command_step_cut_between_its_send_and_its_read_leaves_no_reply_behind(
+    store: durabilis.Store, namespace: str, signal_after_send: list[bool]
+) -> None:
+    key = f"{namespace}:test:nothing"
+
+    def plan() -> Any:
+        reply = yield Command(("BLPOP", key, "1"))
+        return reply
+
+    assert store.command("ECHO", "warm") == b"warm"
+    signal_after_send[0] = True
+    with raising_handler(), pytest.raises(Interrupted):
+        drive(plan(), store)
+    assert not signal_after_send[0], "the signal was never raised"
+    assert store.command("ECHO", "mine") == b"mine"  # (not the BLPOP's late nil)
+
+
+def test_fn_s_own_call_cut_between_its_send_and_its_read_leaves_no_reply_behind(
+    store: durabilis.Store, namespace: str, signal_after_send: list[bool]
+) -> None:
+    key = f"{namespace}:test:nothing"
+    layer = DurabilityLayer(store, fast_config(dependencies={}))
+
+    def fn(ctx: OperationContext) -> Any:
+        signal_after_send[0] = True
+        return store.client.execute_command("BLPOP", key, 1)
+
+    with raising_handler(), pytest.raises(Interrupted):
+        layer.execute("a", "op", {"n": 1}, fn)
+    assert not signal_after_send[0], "the signal was never raised"
+    # The claim was given back (touched) on a connection of its own: its reply
+    # was its own, not the BLPOP's, so the next delivery runs fn (recovered)
+    # instead of finding the claim still in progress for its whole lease.
+    again = layer.execute("a", "op", {"n": 1}, lambda ctx: ("ran", ctx.recovered))
+    assert again == ("ran", True)
+    assert store.command("ECHO", "mine") == b"mine"
+    layer.close()
+
+
+@pytest.mark.topologies()  # (connections are kept ready on a standalone server only)
+def test_a_handler_held_as_fn_s_call_gives_its_connection_back_runs_before_fn_goes_on(
+    store: durabilis.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The signal lands while the pool takes the connection back (handlers
+    held for its bookkeeping): the handler runs as ``release`` returns, inside
+    ``fn``, which it interrupts; not after ``fn``, which a deadline is meant to
+    cut."""
+    if not isinstance(store.client.connection_pool, _sync._ReadyPool):
+        pytest.skip("connections are kept ready on a standalone server only")
+    layer = DurabilityLayer(store, fast_config(dependencies={}))
+    armed = [False]
+    give = _sync._ReadyPool.give
+
+    def give_after_signal(pool: Any, connection: Any) -> None:
+        if armed[0]:
+            armed[0] = False
+            signal.raise_signal(signal.SIGUSR1)  # held: the pool is taking it back
+        give(pool, connection)
+
+    went_on: list[str] = []
+
+    def fn(ctx: OperationContext) -> str:
+        armed[0] = True
+        store.client.execute_command("ECHO", "x")
+        went_on.append("fn went on")
+        return "done"
+
+    monkeypatch.setattr(_sync._ReadyPool, "give", give_after_signal)
+    with raising_handler(), pytest.raises(Interrupted):
+        layer.execute("a", "op", {"n": 1}, fn)
+    assert not armed[0], "the signal was never raised"
+    assert went_on == []
+    layer.close()
+
+
+@pytest.mark.parametrize("keeps", ["watch", "pubsub"])
+def test_a_connection_fn_keeps_out_holds_no_handler_back(
+    store: durabilis.Store, keeps: str
+) -> None:
+    """``fn`` keeps a connection out of the pool (a WATCH, a pub/sub); a signal
+    that lands meanwhile runs at once, not when that connection is next used
+    or given back."""
+    layer = DurabilityLayer(store, fast_config(dependencies={}))
+    went_on: list[str] = []
+
+    def fn(ctx: OperationContext) -> str:
+        if keeps == "watch":
+            kept: Any = store.client.pipeline()
+            kept.watch("{w}:k")
+        else:
+            kept = store.client.pubsub()
+            kept.subscribe("nobody-publishes")
+        try:
+            signal.raise_signal(signal.SIGUSR1)
+            went_on.append("fn went on")
+        finally:
+            kept.reset()
+        return "done"
+
+    with raising_handler(), pytest.raises(Interrupted):
+        layer.execute("a", "op", {"keeps": keeps}, fn)
+    assert went_on == []
+    layer.close()
