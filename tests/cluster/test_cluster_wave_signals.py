@@ -12,7 +12,6 @@ during its writes and reads, where the connection is in hand."""
 from __future__ import annotations
 
 import signal
-import sys
 from typing import Any
 
 import pytest
@@ -25,7 +24,7 @@ from durabilis._store._held import HeldPool
 from durabilis._store._wave import ClusterWaves
 from durabilis.layer import DurabilityLayer, OperationContext
 from tests.integration._layer_support import fast_config
-from tests.support.interrupts import Interrupted, raising_handler
+from tests.support.interrupts import Interrupted, raising_handler, signal_as_it_starts
 
 
 def _in_use(store: durabilis.Store) -> int:
@@ -160,21 +159,9 @@ def test_a_handler_raising_as_a_node_pool_gets_a_connection_back_loses_none(
         return reply
 
     assert drive(plan(), store) is None
-    release = HeldPool.release.__code__
-    armed = [True]
-
-    def tracer(frame: Any, event: str, arg: Any) -> None:
-        if armed[0] and event == "call" and frame.f_code is release:
-            armed[0] = False
-            sys.settrace(None)
-            signal.raise_signal(signal.SIGUSR1)  # handled as release's frame starts
-
-    with raising_handler(), pytest.raises(Interrupted):
-        sys.settrace(tracer)
-        try:
-            drive(plan(), store)
-        finally:
-            sys.settrace(None)
+    with raising_handler(), pytest.raises(Interrupted), \
+            signal_as_it_starts(HeldPool.release.__code__) as armed:
+        drive(plan(), store)
     assert not armed[0], "the signal was never raised at release"
     assert _in_use(store) == 0, "a connection is out of its node's pool"
     assert not GATE.closed and not GATE.holding and not GATE.lent

@@ -32,7 +32,7 @@ from durabilis._store import _sync
 from durabilis._store._held import HeldPool
 from durabilis.layer import DurabilityLayer, OperationContext
 from tests.integration._layer_support import fast_config
-from tests.support.interrupts import Interrupted, claim, raising_handler
+from tests.support.interrupts import Interrupted, claim, raising_handler, signal_as_it_starts
 
 pytestmark = pytest.mark.topologies("sentinel")
 
@@ -422,21 +422,9 @@ def test_a_handler_raising_as_redis_py_gives_a_connection_back_loses_none(
     and the handler runs just after (the command's reply was read)."""
     pool = _pool(store)
     assert drive(_command_plan(), store) == b"x"
-    release = HeldPool.release.__code__
-    armed = [True]
-
-    def tracer(frame: Any, event: str, arg: Any) -> None:
-        if armed[0] and event == "call" and frame.f_code is release:
-            armed[0] = False
-            sys.settrace(None)
-            signal.raise_signal(signal.SIGUSR1)  # handled as release's frame starts
-
-    with raising_handler(), pytest.raises(Interrupted):
-        sys.settrace(tracer)
-        try:
-            drive(_command_plan(), store)
-        finally:
-            sys.settrace(None)
+    with raising_handler(), pytest.raises(Interrupted), \
+            signal_as_it_starts(HeldPool.release.__code__) as armed:
+        drive(_command_plan(), store)
     assert not armed[0], "the signal was never raised at release"
     assert _all_idle(pool), "a connection is out of the pool"
     assert not GATE.closed and not GATE.holding and not GATE.lent
@@ -459,21 +447,9 @@ def test_a_handler_held_as_a_pipeline_gives_its_connection_back_never_gives_it_t
         return replies
 
     assert store.run_many([claim(store, "batch-warm")])[0][0] == b"new"  # (acks checked)
-    release = HeldPool.release.__code__
-    armed = [True]
-
-    def tracer(frame: Any, event: str, arg: Any) -> None:
-        if armed[0] and event == "call" and frame.f_code is release:
-            armed[0] = False
-            sys.settrace(None)
-            signal.raise_signal(signal.SIGUSR1)  # handled as release's frame starts
-
-    with raising_handler(), pytest.raises(Interrupted):
-        sys.settrace(tracer)
-        try:
-            drive(plan(), store)
-        finally:
-            sys.settrace(None)
+    with raising_handler(), pytest.raises(Interrupted), \
+            signal_as_it_starts(HeldPool.release.__code__) as armed:
+        drive(plan(), store)
     assert not armed[0], "the signal was never raised at release"
     gc.collect()  # (a pipeline left holding its connection gives it back here)
     idle = [id(c) for c in getattr(pool, "_ready", ())] + [id(c) for c in pool.pool.queue if c]

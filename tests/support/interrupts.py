@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -82,3 +83,24 @@ def claim(store: durabilis.Store | AsyncStore, name: str) -> ScriptCall:
 def state(raw: Any, store: durabilis.Store | AsyncStore, name: str) -> bytes | None:
     value = raw.hget(store.keys.idem(name), "s")
     return value if isinstance(value, bytes) else None
+
+
+@contextmanager
+def signal_as_it_starts(code: Any, signum: int = signal.SIGUSR1) -> Iterator[list[bool]]:
+    """While the block runs, ``signum`` is raised once as a frame of ``code``
+    (a function's ``__code__``) starts, before any of its code runs: its
+    handler runs there, as a real signal landing at that point. Yields
+    ``[armed]``: ``[False]`` once it was raised."""
+    armed = [True]
+
+    def tracer(frame: Any, event: str, arg: Any) -> None:
+        if armed[0] and event == "call" and frame.f_code is code:
+            armed[0] = False
+            sys.settrace(None)
+            signal.raise_signal(signum)
+
+    sys.settrace(tracer)
+    try:
+        yield armed
+    finally:
+        sys.settrace(None)
