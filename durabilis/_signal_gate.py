@@ -56,7 +56,7 @@ class SignalGate:
 
     __slots__ = (
         "closed", "depth", "holding", "installed", "lending", "lent", "main", "pending",
-        "raised", "ran",
+        "raised", "raised_at", "ran",
     )
 
     def __init__(self) -> None:
@@ -65,6 +65,9 @@ class SignalGate:
         # (a few: a second one swallowed where it landed must not hide the first)
         # (forgotten when the outermost plan ends: a traceback is not kept)
         self.raised: list[tuple[int, BaseException]] = []
+        # The count of the last handler that raised: kept past the plan, unlike
+        # ``raised`` (no traceback held), for a connection given back later.
+        self.raised_at = 0
         self.closed = False
         self.holding = False  # closed by hold(): a pool's bookkeeping in an open step
         # Connections a pool lent to redis-py's own paths with the gate held until
@@ -122,8 +125,9 @@ class SignalGate:
         return self.ran if _get_ident() == self.main else None
 
     def raised_since(self, since: int) -> bool:
-        """Whether a handler run after the ``since``-th raised."""
-        return self.ran != since and any(ran > since for ran, _ in self.raised)
+        """Whether a handler run after the ``since``-th raised (the plan may have
+        ended since: a redis-py object fn kept gives its connection back later)."""
+        return self.raised_at > since
 
     def end_step(self) -> None:
         """An open step ended (the gate closed again): whatever a pool lent in
@@ -194,6 +198,7 @@ class SignalGate:
             return handler(signum, frame)
         except BaseException as exc:
             self.raised = [*self.raised[-(_REMEMBERED - 1):], (self.ran, exc)]
+            self.raised_at = self.ran
             raise
 
     def made_of(self, exc: BaseException, since: int) -> BaseException | None:

@@ -127,6 +127,21 @@ def held_io(cls: type) -> type:
     return made
 
 
+def _forgotten_by_caller(connection: Any) -> None:
+    """``connection`` is back, and the gate is about to open, in ``release``:
+    a handler may raise out of it from here. A redis-py pipeline's or
+    pub/sub's ``reset`` forgets its connection just after giving it back
+    (``self.connection = None``); raised before that, the reset ran again at
+    the object's collection and gave the same connection back twice, maybe
+    while another thread used it (two users of one connection). So that
+    forgetting is done first, here, with the gate still closed."""
+    caller = sys._getframe(2)
+    if caller.f_code.co_name == "reset":
+        owner: Any = caller.f_locals.get("self")
+        if getattr(owner, "connection", None) is connection:
+            owner.connection = None
+
+
 class HeldPool:
     """A mixin for a redis-py pool (blocking, or a Cluster node's): its
     bookkeeping runs with the handlers held back.
@@ -185,26 +200,27 @@ class HeldPool:
 
     def release(self, connection: Any) -> None:
         lent = GATE.lent
+        back = False
         if lent and connection in lent:  # (held back since it was lent: see above)
             lent.remove(connection)
             try:
                 self._back(connection)
+                back = True
             finally:
-                # What is still held back runs at the step's end (perform_open),
-                # not here: raised as release returns, it skipped the caller's own
-                # bookkeeping after it (a pipeline's reset forgets its connection
-                # after giving it back: that reset ran again at the pipeline's
-                # collection and gave the connection back twice, to two users).
-                if not lent:
-                    GATE.unhold(GATE.held_here(), deliver=False)
+                # What is still held back runs at the step's end (perform_open).
+                if not lent and GATE.held_here():
+                    if back:
+                        _forgotten_by_caller(connection)
+                    GATE.unhold(True, deliver=False)
             return
         held = GATE.hold()
         try:
             self._back(connection)
+            back = True
         finally:
-            # Inside fn (no step's end soon), it runs here, as it returns; but not
-            # to a caller that forgets the connection after giving it back (see above).
-            GATE.unhold(held, deliver=sys._getframe(1).f_code.co_name != "reset")
+            if held and back:
+                _forgotten_by_caller(connection)
+            GATE.unhold(held)  # (inside fn, no step's end soon: what was held runs now)
 
     def _back(self, connection: Any) -> None:
         """``connection`` given back; dropped first if a handler raised while

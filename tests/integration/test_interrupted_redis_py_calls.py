@@ -13,6 +13,8 @@ that waits one second."""
 from __future__ import annotations
 
 import signal
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -85,14 +87,17 @@ def test_fn_s_own_call_cut_between_its_send_and_its_read_leaves_no_reply_behind(
 
 
 @pytest.mark.topologies()  # (connections are kept ready on a standalone server only)
+@pytest.mark.parametrize("call", ["command", "pipeline"])
 def test_a_handler_held_as_fn_s_call_gives_its_connection_back_runs_before_fn_goes_on(
-    store: durabilis.Store, monkeypatch: pytest.MonkeyPatch
+    store: durabilis.Store, monkeypatch: pytest.MonkeyPatch, call: str
 ) -> None:
     """The signal lands while the pool takes the connection back (handlers
     held for its bookkeeping): the handler runs as ``release`` returns, inside
     ``fn``, which it interrupts; not after ``fn``, which a deadline is meant to
-    cut."""
-    if not isinstance(store.client.connection_pool, _sync._ReadyPool):
+    cut (a pipeline gives its connection back from its ``reset``, which
+    forgets it just after: it is forgotten first, never given back twice)."""
+    pool = store.client.connection_pool
+    if not isinstance(pool, _sync._ReadyPool):
         pytest.skip("connections are kept ready on a standalone server only")
     layer = DurabilityLayer(store, fast_config(dependencies={}))
     armed = [False]
@@ -105,10 +110,17 @@ def test_a_handler_held_as_fn_s_call_gives_its_connection_back_runs_before_fn_go
         give(pool, connection)
 
     went_on: list[str] = []
+    kept: list[Any] = []
 
     def fn(ctx: OperationContext) -> str:
         armed[0] = True
-        store.client.execute_command("ECHO", "x")
+        if call == "command":
+            store.client.execute_command("ECHO", "x")
+        else:
+            pipe = store.client.pipeline(transaction=False)
+            kept.append(pipe)
+            pipe.execute_command("ECHO", "x")
+            pipe.execute()
         went_on.append("fn went on")
         return "done"
 
@@ -117,6 +129,66 @@ def test_a_handler_held_as_fn_s_call_gives_its_connection_back_runs_before_fn_go
         layer.execute("a", "op", {"n": 1}, fn)
     assert not armed[0], "the signal was never raised"
     assert went_on == []
+    for pipe in kept:
+        pipe.reset()  # (as its collection would)
+    idle = [id(c) for c in pool._ready] + [id(c) for c in pool.pool.queue if c]
+    assert len(idle) == len(set(idle)), "a connection is in the pool twice"
+    layer.close()
+
+
+_BUSY = """
+local t = redis.call('TIME')
+local began = t[1] * 1000000 + t[2]
+repeat
+  t = redis.call('TIME')
+until t[1] * 1000000 + t[2] - began > 400000
+return 1
+"""
+
+
+def test_a_connection_fn_s_pipeline_gives_back_after_the_plan_still_goes_if_a_handler_cut_it(
+    store: durabilis.Store, redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``fn``'s WATCH pipeline is cut between a command's send and its read,
+    and outlives the plan (as in the traceback of the exception). When it is
+    reset later, it reads the late reply as its UNWATCH's and gives the
+    connection back with UNWATCH's own reply still on its way (the server is
+    busy a moment). That connection is dropped, not handed to the next user:
+    the plan that knew a handler had raised is over, but the note is kept."""
+    layer = DurabilityLayer(store, fast_config(dependencies={}))
+    key = f"{namespace}:test:watched"
+    armed = [False]
+    parse = redis.client.Pipeline.parse_response
+
+    def parse_after_signal(self: Any, connection: Any, command_name: Any, **options: Any) -> Any:
+        if armed[0] and command_name == "GET":
+            armed[0] = False
+            signal.raise_signal(signal.SIGUSR1)  # the GET sent, its reply not read
+        return parse(self, connection, command_name, **options)
+
+    kept: list[Any] = []
+
+    def fn(ctx: OperationContext) -> str:
+        pipe = store.client.pipeline()
+        kept.append(pipe)
+        pipe.watch(key)
+        armed[0] = True
+        pipe.get(key)
+        return "never"
+
+    monkeypatch.setattr(redis.client.Pipeline, "parse_response", parse_after_signal)
+    with raising_handler(), pytest.raises(Interrupted):
+        layer.execute("a", "op", {"n": 1}, fn)
+    assert not armed[0], "the signal was never raised"
+    monkeypatch.undo()
+    busy = threading.Thread(target=lambda: redis.Redis.from_url(redis_url).eval(_BUSY, 0))
+    busy.start()
+    try:
+        time.sleep(0.1)  # (the server is in the busy script now)
+        kept.pop().reset()  # UNWATCH: reads the GET's reply, its own still to come
+        assert store.command("ECHO", "mine") == b"mine"
+    finally:
+        busy.join()
     layer.close()
 
 
