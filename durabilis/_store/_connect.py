@@ -14,6 +14,7 @@ import redis.asyncio
 import redis.asyncio.sentinel
 import redis.sentinel
 from redis.backoff import NoBackoff
+from redis.credentials import StreamingCredentialProvider
 
 from durabilis._acks import DEFAULT_ACKS_TIMEOUT, Acks
 from durabilis._keys import KeySpace
@@ -109,8 +110,15 @@ def _blocking(lib: Any, client: Any, options: dict[str, Any]) -> Any:
     """
     pool = client.connection_pool
     timeout = options.get("socket_timeout", DEFAULT_SOCKET_OPTIONS["socket_timeout"])
-    kind: type = _ReadyAsyncPool if lib is not redis else _HeldBlockingPool
-    if lib is redis and pool.connection_kwargs.get("encoding", "utf-8") in ("utf-8", "utf8") \
+    # A connection kept ready skips the pool's "released" event, where redis-py
+    # re-authenticates a connection whose streaming credentials (a token) were
+    # renewed meanwhile: with such a provider, every connection goes the pool's way.
+    ready = not isinstance(
+        pool.connection_kwargs.get("credential_provider"), StreamingCredentialProvider)
+    kind: type = lib.BlockingConnectionPool if lib is not redis else _HeldBlockingPool
+    if ready and lib is not redis:
+        kind = _ReadyAsyncPool
+    elif ready and pool.connection_kwargs.get("encoding", "utf-8") in ("utf-8", "utf8") \
             and pool.connection_kwargs.get("encoding_errors", "strict") == "strict":
         kind = _ReadyPool  # (hiredis packs text as UTF-8, strict)
     blocking = kind(

@@ -14,9 +14,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from redis.credentials import StreamingCredentialProvider
 
 import durabilis
 from durabilis._store._async import _ReadyAsyncPool
+from durabilis._store._connect import make_client
+from durabilis._store._sync import _ReadyPool
 from durabilis.layer import AsyncDurabilityLayer
 
 
@@ -146,3 +149,33 @@ def test_close_closes_the_ready_connections(redis_url: str, namespace: str, raw:
         assert not any(int(c["id"]) == mine for c in raw.client_list())
 
     _run(redis_url, namespace, body)
+
+
+class _Token(StreamingCredentialProvider):
+    """A streaming credentials provider (as Entra ID's): never asked here."""
+
+    def get_credentials(self) -> tuple[str, str]:
+        return ("user", "token")
+
+    def on_next(self, callback: Callable[[Any], None]) -> None:
+        pass
+
+    def on_error(self, callback: Callable[[Exception], None]) -> None:
+        pass
+
+    def is_streaming(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("asyncio_", [False, True])
+def test_streaming_credentials_keep_every_connection_on_the_pool_s_way(
+    redis_url: str, asyncio_: bool
+) -> None:
+    """A connection kept ready skips the pool's "released" event, where redis-py
+    re-authenticates one whose token was renewed: with a streaming provider
+    the store keeps none ready (sync and asyncio)."""
+    plain, _ = make_client(redis_url, {}, asyncio=asyncio_)
+    streaming, _ = make_client(redis_url, {"credential_provider": _Token()}, asyncio=asyncio_)
+    ready = (_ReadyAsyncPool, _ReadyPool)
+    assert isinstance(plain.connection_pool, ready)
+    assert not isinstance(streaming.connection_pool, ready)
