@@ -147,7 +147,7 @@ return 1
 
 
 def test_a_connection_fn_s_pipeline_gives_back_after_the_plan_still_goes_if_a_handler_cut_it(
-    store: durabilis.Store, redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch
+    store: durabilis.Store, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``fn``'s WATCH pipeline is cut between a command's send and its read,
     and outlives the plan (as in the traceback of the exception). When it is
@@ -181,7 +181,8 @@ def test_a_connection_fn_s_pipeline_gives_back_after_the_plan_still_goes_if_a_ha
         layer.execute("a", "op", {"n": 1}, fn)
     assert not armed[0], "the signal was never raised"
     monkeypatch.undo()
-    busy = threading.Thread(target=lambda: redis.Redis.from_url(redis_url).eval(_BUSY, 0))
+    ran: list[Any] = []
+    busy = threading.Thread(target=lambda: ran.append(store.client.eval(_BUSY, 0)))
     busy.start()
     try:
         time.sleep(0.1)  # (the server is in the busy script now)
@@ -189,6 +190,7 @@ def test_a_connection_fn_s_pipeline_gives_back_after_the_plan_still_goes_if_a_ha
         assert store.command("ECHO", "mine") == b"mine"
     finally:
         busy.join()
+    assert ran == [1], "the server was never kept busy"
     layer.close()
 
 
