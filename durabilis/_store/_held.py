@@ -127,6 +127,13 @@ def held_io(cls: type) -> type:
     return made
 
 
+_GIVES_BACK = frozenset({"_execute_command", "execute"})
+"""The redis-py callers of ``get_connection`` that give the connection back
+before they return (a plain command; a pipeline's execute, from its reset):
+inside fn, only theirs are lent (a WATCH or a pub/sub keeps its connection
+for as long as fn likes, and would hold every handler that long)."""
+
+
 def _forgotten_by_caller(connection: Any) -> None:
     """``connection`` is back, and the gate is about to open, in ``release``:
     a handler may raise out of it from here. A redis-py pipeline's or
@@ -158,7 +165,12 @@ class HeldPool:
     (:attr:`~durabilis._signal_gate.SignalGate.lent`), until it is given back;
     they run during its sends and reads (:class:`HeldIO`), where redis-py's
     ``try`` holds it; what is still held back when it is given back runs at
-    the end of the step."""
+    the end of the step. Inside ``fn`` (no ``SignalGate.lending``), whose
+    redis-py calls may keep a connection out for long (a WATCH, a pub/sub),
+    only the calls that give it back before they return are lent
+    (:data:`_GIVES_BACK`), and what is held runs as it comes back; the others
+    run as before. Either way the connection is dropped when a handler raised
+    while redis-py had it."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         if isinstance(self, redis.BlockingConnectionPool):  # (a plain pool has no queue)
@@ -176,8 +188,8 @@ class HeldPool:
             GATE.unhold(held)  # (no connection taken)
             raise
         conn.__dict__[_SINCE] = since
-        if GATE.lending and isinstance(conn, HeldIO) and (
-            held or (lent and GATE.held_here())
+        if isinstance(conn, HeldIO) and (held or (lent and GATE.held_here())) and (
+            GATE.lending or sys._getframe(1).f_code.co_name in _GIVES_BACK
         ):
             lent.append(conn)  # held back until its release (another's too: a Cluster pipeline)
             return conn
@@ -207,11 +219,12 @@ class HeldPool:
                 self._back(connection)
                 back = True
             finally:
-                # What is still held back runs at the step's end (perform_open).
+                # What is still held back runs at the step's end (perform_open);
+                # inside fn (no step's end soon), here, as release returns.
                 if not lent and GATE.held_here():
                     if back:
                         _forgotten_by_caller(connection)
-                    GATE.unhold(True, deliver=False)
+                    GATE.unhold(True, deliver=not GATE.lending)
             return
         held = GATE.hold()
         try:

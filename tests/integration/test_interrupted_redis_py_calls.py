@@ -222,3 +222,56 @@ def test_a_connection_fn_keeps_out_holds_no_handler_back(
         layer.execute("a", "op", {"keeps": keeps}, fn)
     assert went_on == []
     layer.close()
+
+
+@pytest.mark.parametrize("call", ["command", "pipeline"])
+def test_fn_s_own_call_interrupted_as_redis_py_took_its_connection_loses_none(
+    store: durabilis.Store, monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    """Inside ``fn``, redis-py takes the connection before its ``try``; a
+    handler raising right there lost it for good (three retried deadlines
+    emptied a pool of three: every later call waited, then failed; the review
+    ``/tmp/adv3_s11`` F1, also on 5d34f23). A call that gives its connection
+    back before it returns is lent with the handlers held: the handler runs
+    in its ``try`` (before anything is sent), the connection goes back, and
+    ``fn`` does not go on."""
+    layer = DurabilityLayer(store, fast_config(dependencies={}))
+    pool = store.client.connection_pool
+    armed = [False]
+    monotonic = time.monotonic
+
+    class _Time:  # redis-py reads the clock just after it took the connection
+        def __getattr__(self, name: str) -> Any:
+            return getattr(time, name)
+
+        def monotonic(self) -> float:
+            if armed[0]:
+                armed[0] = False
+                signal.raise_signal(signal.SIGUSR1)
+            return monotonic()
+
+    went_on: list[str] = []
+
+    def fn(ctx: OperationContext) -> str:
+        armed[0] = True
+        if call == "command":
+            store.client.execute_command("ECHO", "x")
+        else:
+            pipe = store.client.pipeline(transaction=False)
+            pipe.execute_command("ECHO", "x")
+            pipe.execute()
+        went_on.append("fn went on")
+        return "done"
+
+    monkeypatch.setattr(redis.client, "time", _Time())
+    with raising_handler(), pytest.raises(Interrupted):
+        layer.execute("a", "op", {"n": 1}, fn)
+    monkeypatch.undo()
+    assert not armed[0], "the signal was never raised"
+    assert went_on == []
+    if isinstance(pool, _sync._ReadyPool) or hasattr(pool, "pool"):
+        idle = {id(c) for c in getattr(pool, "_ready", ())} | {
+            id(c) for c in pool.pool.queue if c}
+        assert {id(c) for c in pool._connections} <= idle, "a connection is out of the pool"
+    assert layer.execute("a", "op", {"n": 1}, lambda ctx: "again") == "again"
+    layer.close()
