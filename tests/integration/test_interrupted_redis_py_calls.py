@@ -47,6 +47,18 @@ def signal_after_send(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return armed
 
 
+def _echo(store: durabilis.Store, call: str, kept: list[Any]) -> None:
+    """``fn``'s own ECHO through redis-py: a plain command, or a pipeline's
+    (kept in ``kept``, as a traceback would keep it)."""
+    if call == "command":
+        store.client.execute_command("ECHO", "x")
+        return
+    pipe = store.client.pipeline(transaction=False)
+    kept.append(pipe)
+    pipe.execute_command("ECHO", "x")
+    pipe.execute()
+
+
 def test_a_command_step_cut_between_its_send_and_its_read_leaves_no_reply_behind(
     store: durabilis.Store, namespace: str, signal_after_send: list[bool]
 ) -> None:
@@ -114,13 +126,7 @@ def test_a_handler_held_as_fn_s_call_gives_its_connection_back_runs_before_fn_go
 
     def fn(ctx: OperationContext) -> str:
         armed[0] = True
-        if call == "command":
-            store.client.execute_command("ECHO", "x")
-        else:
-            pipe = store.client.pipeline(transaction=False)
-            kept.append(pipe)
-            pipe.execute_command("ECHO", "x")
-            pipe.execute()
+        _echo(store, call, kept)
         went_on.append("fn went on")
         return "done"
 
@@ -254,12 +260,7 @@ def test_fn_s_own_call_interrupted_as_redis_py_took_its_connection_loses_none(
 
     def fn(ctx: OperationContext) -> str:
         armed[0] = True
-        if call == "command":
-            store.client.execute_command("ECHO", "x")
-        else:
-            pipe = store.client.pipeline(transaction=False)
-            pipe.execute_command("ECHO", "x")
-            pipe.execute()
+        _echo(store, call, [])
         went_on.append("fn went on")
         return "done"
 
