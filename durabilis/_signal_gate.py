@@ -129,12 +129,24 @@ class SignalGate:
         ended since: a redis-py object fn kept gives its connection back later)."""
         return self.raised_at > since
 
-    def end_step(self) -> None:
-        """An open step ended (the gate closed again): whatever a pool lent in
-        it and never got back (a connection redis-py keeps, as a pub/sub's)
-        holds the gate no more."""
-        self.holding = False
-        self.lent.clear()
+    def after_step(self, ran: int) -> None:
+        """A plan's own open step returned (``ran``: the count when it began):
+        the handlers held back as a pool took a connection back run now, and a
+        handler's exception that code below caught interrupts the step all the
+        same (:meth:`raise_swallowed`)."""
+        if self.pending:
+            self.deliver()
+        if self.ran != ran:
+            self.raise_swallowed(ran)
+
+    def end_step(self, lending: bool) -> None:
+        """An open step ended (the gate closed again): pools lend as before it
+        (``lending``), and whatever one lent in it and never got back (a
+        connection redis-py keeps, as a pub/sub's) holds the gate no more."""
+        self.lending = lending
+        if self.holding:
+            self.holding = False
+            self.lent.clear()
 
     def held_here(self) -> bool:
         """Whether :meth:`hold` holds the gate closed, and this is its thread."""

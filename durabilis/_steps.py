@@ -355,10 +355,7 @@ def perform_open(store: Store, step: Any, leases: LeaseBook | None, held: list[A
             _GATE.deliver()
         reply = perform(store, step, leases, held)
         if type(step) is not Run:
-            if _GATE.pending:  # (held back as a pool took the connection back: see HeldPool)
-                _GATE.deliver()
-            if _GATE.ran != ran:  # (one caught below interrupts too)
-                _GATE.raise_swallowed(ran)
+            _GATE.after_step(ran)
         return reply
     except Exception as exc:
         raised = _GATE.handler_error(exc, ran, type(step) is Run)
@@ -367,9 +364,7 @@ def perform_open(store: Store, step: Any, leases: LeaseBook | None, held: list[A
         raise HandlerRaised(raised) from None
     finally:
         _GATE.closed = True
-        _GATE.lending = lending
-        if _GATE.holding:
-            _GATE.end_step()
+        _GATE.end_step(lending)
         # A handler fn (or a handler that ran meanwhile) installed is held back
         # for the rest of the plan. Nothing else runs user code on the main
         # thread, and no other thread can install one: else nothing to wrap.
