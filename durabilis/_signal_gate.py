@@ -169,11 +169,30 @@ class SignalGate:
 
     def leave(self, was: bool | None) -> None:
         """The plan ended: back to how it was (the handlers too, after the
-        outermost); open, the signals held back are handled now."""
+        outermost); open, the signals held back are handled now.
+
+        The gate is still closed as it begins (the plan's own code): what was
+        held back runs first, and one landing meanwhile joins the line; the
+        plans are counted out (still closed: opened first, a handler raising
+        there left the count one too high), the gate opened, and only then the
+        handlers put back. Put back first, a handler raising at any bytecode of
+        the delivery left the others waiting for a later, unrelated plan (a
+        Ctrl-C held back interrupting it)."""
         if was is None:
             return
-        self._exit(was)
-        self.deliver()
+        if was:  # (an outer plan holds the gate: what waits is its to deliver)
+            self._exit(was)
+            return
+        first = self._run_line(None)
+        self.depth = max(0, self.depth - 1)  # (closed: nothing lands here)
+        try:
+            first = self._open(first)
+            if self.depth == 0:
+                self.raised = []
+                self.uninstall()  # (open: a signal landing now runs at once)
+        finally:
+            if first is not None:
+                raise first
 
     def _exit(self, was: bool) -> None:
         # (Never below 0: a child forked inside fn starts at 0, see
@@ -190,8 +209,23 @@ class SignalGate:
     def deliver(self) -> None:
         """Run the handlers held back (while open). Raises what one raised: an
         interruption (``KeyboardInterrupt``, ``SystemExit``) before an error."""
-        first: BaseException | None = None
-        while not self.closed and self.pending:
+        if not self.closed and self.pending:
+            self.closed = True
+            self.reopen()
+
+    def reopen(self) -> None:
+        """Open the gate the caller closed, the handlers held back run first
+        (raises as :meth:`deliver`)."""
+        first = self._open(self._run_line(None))
+        if first is not None:
+            raise first
+
+    def _run_line(self, first: BaseException | None) -> BaseException | None:
+        """Run the handlers held back, the gate closed: a signal landing
+        meanwhile joins the line and runs in turn (open, its handler ran at
+        once, and what it raised could land between taking a handler from the
+        line and running it: that one never ran). Returns what to raise."""
+        while self.pending:
             handler, signum, frame = self.pending.pop(0)
             try:
                 self.run(handler, signum, frame)
@@ -199,8 +233,16 @@ class SignalGate:
                 if first is None or (isinstance(first, Exception)
                                      and not isinstance(exc, Exception)):
                     first = exc
-        if first is not None:
-            raise first
+        return first
+
+    def _open(self, first: BaseException | None) -> BaseException | None:
+        """Open the gate; one that joined the line as it opened runs then."""
+        while True:
+            self.closed = False
+            if not self.pending:
+                return first
+            self.closed = True
+            first = self._run_line(first)
 
     def run(self, handler: Callable[[int, Any], Any], signum: int, frame: Any) -> Any:
         """Run a handler through the gate (counted; what it raises remembered:

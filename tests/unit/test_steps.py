@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 from collections.abc import Generator
 from typing import Any
 
@@ -323,3 +324,74 @@ def test_the_gate_tells_each_of_the_last_handlers_exceptions_from_the_step_s_own
     stale = StorageUnavailable("made in the except block of an earlier deadline")
     stale.__context__ = before
     assert gate.made_of(stale, since) is None
+
+
+class _SecondSignal(BaseException):
+    """What the test's second signal handler raises (as a Ctrl-C would)."""
+
+
+def _leave_with_a_signal_at_line(nth: int) -> tuple[list[str], bool, bool]:
+    """A plan's end on the main thread with SIGUSR1 held back (its handler
+    notes "usr1"), and SIGUSR2 (its handler raising) landing at the ``nth``
+    line the gate runs as the plan ends. Returns what the handlers did,
+    whether the second signal was raised (``nth`` within the end), and
+    whether it came out of ``leave``."""
+    ran: list[str] = []
+    gate_file = _GATE.leave.__code__.co_filename
+    lines = [0]
+
+    def usr1(signum: int, frame: Any) -> None:
+        ran.append("usr1")
+
+    def usr2(signum: int, frame: Any) -> None:
+        ran.append("usr2")
+        raise _SecondSignal
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code.co_filename != gate_file:
+            return None
+        if event == "line":
+            lines[0] += 1
+            if lines[0] == nth:
+                sys.settrace(None)
+                frame.f_trace = None
+                signal.raise_signal(signal.SIGUSR2)
+        return tracer
+
+    previous = [signal.signal(signal.SIGUSR1, usr1), signal.signal(signal.SIGUSR2, usr2)]
+    came_out = False
+    try:
+        entered = _GATE.enter()
+        assert entered is False
+        signal.raise_signal(signal.SIGUSR1)  # (the plan's own code: held back)
+        assert ran == [] and len(_GATE.pending) == 1
+        sys.settrace(tracer)
+        try:
+            _GATE.leave(entered)
+        except _SecondSignal:
+            came_out = True
+        finally:
+            sys.settrace(None)
+        return ran, lines[0] >= nth, came_out
+    finally:
+        _GATE.leave(_GATE.enter())  # (one interrupted while putting handlers back: the rest)
+        signal.signal(signal.SIGUSR1, previous[0])
+        signal.signal(signal.SIGUSR2, previous[1])
+
+
+def test_a_signal_landing_anywhere_in_a_plan_s_end_leaves_none_held_back() -> None:
+    """The handlers held back in a plan run at its end even when another
+    signal's handler raises there, wherever it lands: one left in line ran at
+    the start of a later, unrelated plan (a Ctrl-C held back interrupting
+    it), or never. Each line the gate runs at the end is tried in turn."""
+    nth = 0
+    while True:
+        nth += 1
+        assert nth < 500, "the plan's end never ended"
+        ran, landed, came_out = _leave_with_a_signal_at_line(nth)
+        if not landed:
+            break  # past the end: every line was tried
+        assert ran.count("usr1") == 1, (nth, ran)  # the held-back handler ran, once
+        assert ran.count("usr2") == 1 and came_out, (nth, ran)
+        assert _GATE.pending == [] and not _GATE.closed and _GATE.depth == 0, nth
+    assert nth > 10  # (the end has that many lines: the loop tried them)
