@@ -25,6 +25,9 @@ _GUARDED = tuple(
 )
 
 
+_BLOCKS = hasattr(_C_SIGNAL, "pthread_sigmask") and hasattr(_C_SIGNAL, "raise_signal")
+"""Whether the gate can hand held signals to the OS at a plan's end (POSIX)."""
+
 _REMEMBERED = 4
 """How many handlers' exceptions the gate remembers (see ``SignalGate.made_of``)."""
 
@@ -171,28 +174,61 @@ class SignalGate:
         """The plan ended: back to how it was (the handlers too, after the
         outermost); open, the signals held back are handled now.
 
-        The gate is still closed as it begins (the plan's own code): what was
-        held back runs first, and one landing meanwhile joins the line; the
-        plans are counted out (still closed: opened first, a handler raising
-        there left the count one too high), the gate opened, and only then the
-        handlers put back. Put back first, a handler raising at any bytecode of
-        the delivery left the others waiting for a later, unrelated plan (a
-        Ctrl-C held back interrupting it)."""
+        After the outermost plan, what is still held back is handed to Python's
+        own signal machinery (:meth:`_leave_blocked`), not run here: one
+        handler raising as the others waited here left them held until the
+        next durable call of the process, which they then interrupted."""
         if was is None:
             return
-        if was:  # (an outer plan holds the gate: what waits is its to deliver)
-            self._exit(was)
+        if not was and self.depth == 1 and self.pending and _BLOCKS:
+            self._leave_blocked()
             return
-        first = self._run_line(None)
-        self.depth = max(0, self.depth - 1)  # (closed: nothing lands here)
+        self._exit(was)
+        self.deliver()
+
+    def _leave_blocked(self) -> None:
+        """The outermost plan's end with signals held back: the guarded signals
+        are blocked on this thread, each one held back is raised again (the OS
+        keeps it: a signal held twice comes once, as the OS delivers it), the
+        gate is left and the handlers put back, what a wrapper held back
+        meanwhile is raised again too (a signal sent to the process is handled
+        by another thread's C handler, and its Python handler still runs here),
+        then the signals are unblocked: Python runs their handlers, the user's
+        own, as it runs any signal's (each interruptible; one raising leaves
+        the others for its next check, none lost)."""
+        mask = None
+        raised: BaseException | None = None
         try:
-            first = self._open(first)
-            if self.depth == 0:
-                self.raised = []
-                self.uninstall()  # (open: a signal landing now runs at once)
+            mask = _C_SIGNAL.pthread_sigmask(signal.SIG_BLOCK, _GUARDED)
+            raised = self._hand_over()
         finally:
-            if first is not None:
-                raise first
+            try:
+                self._exit(False)
+            finally:
+                try:
+                    if mask is not None:
+                        raised = self._hand_over() or raised
+                finally:
+                    if mask is not None:
+                        _C_SIGNAL.pthread_sigmask(signal.SIG_SETMASK, mask)
+            self.deliver()  # (what was not handed over: blocking raised, or a race)
+        if raised is not None:
+            raise raised
+
+    def _hand_over(self) -> BaseException | None:
+        """Raise again, for the OS to keep (blocked here), each signal held back;
+        returns what a handler Python ran meanwhile raised (one for a signal
+        sent to the process, handled by another thread, runs here all the
+        same). Each one leaves the line only once raised: interrupted in
+        between, it is raised twice, which the OS keeps once."""
+        raised = None
+        while self.pending:
+            try:
+                _C_SIGNAL.raise_signal(self.pending[0][1])
+                del self.pending[0]
+            except BaseException as exc:  # (another signal's handler: raised after)
+                raised = raised or exc
+        return raised
 
     def _exit(self, was: bool) -> None:
         # (Never below 0: a child forked inside fn starts at 0, see
@@ -209,23 +245,8 @@ class SignalGate:
     def deliver(self) -> None:
         """Run the handlers held back (while open). Raises what one raised: an
         interruption (``KeyboardInterrupt``, ``SystemExit``) before an error."""
-        if not self.closed and self.pending:
-            self.closed = True
-            self.reopen()
-
-    def reopen(self) -> None:
-        """Open the gate the caller closed, the handlers held back run first
-        (raises as :meth:`deliver`)."""
-        first = self._open(self._run_line(None))
-        if first is not None:
-            raise first
-
-    def _run_line(self, first: BaseException | None) -> BaseException | None:
-        """Run the handlers held back, the gate closed: a signal landing
-        meanwhile joins the line and runs in turn (open, its handler ran at
-        once, and what it raised could land between taking a handler from the
-        line and running it: that one never ran). Returns what to raise."""
-        while self.pending:
+        first: BaseException | None = None
+        while not self.closed and self.pending:
             handler, signum, frame = self.pending.pop(0)
             try:
                 self.run(handler, signum, frame)
@@ -233,16 +254,8 @@ class SignalGate:
                 if first is None or (isinstance(first, Exception)
                                      and not isinstance(exc, Exception)):
                     first = exc
-        return first
-
-    def _open(self, first: BaseException | None) -> BaseException | None:
-        """Open the gate; one that joined the line as it opened runs then."""
-        while True:
-            self.closed = False
-            if not self.pending:
-                return first
-            self.closed = True
-            first = self._run_line(first)
+        if first is not None:
+            raise first
 
     def run(self, handler: Callable[[int, Any], Any], signum: int, frame: Any) -> Any:
         """Run a handler through the gate (counted; what it raises remembered:

@@ -330,22 +330,26 @@ class _SecondSignal(BaseException):
     """What the test's second signal handler raises (as a Ctrl-C would)."""
 
 
-def _leave_with_a_signal_at_line(nth: int) -> tuple[list[str], bool, bool]:
-    """A plan's end on the main thread with SIGUSR1 held back (its handler
-    notes "usr1"), and SIGUSR2 (its handler raising) landing at the ``nth``
-    line the gate runs as the plan ends. Returns what the handlers did,
-    whether the second signal was raised (``nth`` within the end), and
-    whether it came out of ``leave``."""
-    ran: list[str] = []
+def _gate_after(ran: list[str]) -> dict[str, Any]:
+    """The gate's state once a plan ended (and whose handlers are installed)."""
+    return {
+        "pending": list(_GATE.pending), "closed": _GATE.closed, "depth": _GATE.depth,
+        "installed": dict(_GATE.installed),
+        "usr1": signal.getsignal(signal.SIGUSR1), "usr2": signal.getsignal(signal.SIGUSR2),
+        "ran": list(ran),
+    }
+
+
+def _end_with_a_signal_at_line(
+    nth: int, usr1: Any, usr2: Any, ran: list[str]
+) -> tuple[dict[str, Any], bool, BaseException | None]:
+    """A plan's end on the main thread with SIGUSR1 held back, and SIGUSR2
+    landing at the ``nth`` line the gate runs as the plan ends. Returns the
+    gate's state after, whether SIGUSR2 was raised (``nth`` within the end),
+    and what came out of the end (or of the next line: a signal Python runs
+    at its next check)."""
     gate_file = _GATE.leave.__code__.co_filename
     lines = [0]
-
-    def usr1(signum: int, frame: Any) -> None:
-        ran.append("usr1")
-
-    def usr2(signum: int, frame: Any) -> None:
-        ran.append("usr2")
-        raise _SecondSignal
 
     def tracer(frame: Any, event: str, arg: Any) -> Any:
         if frame.f_code.co_filename != gate_file:
@@ -359,7 +363,7 @@ def _leave_with_a_signal_at_line(nth: int) -> tuple[list[str], bool, bool]:
         return tracer
 
     previous = [signal.signal(signal.SIGUSR1, usr1), signal.signal(signal.SIGUSR2, usr2)]
-    came_out = False
+    came_out: BaseException | None = None
     try:
         entered = _GATE.enter()
         assert entered is False
@@ -367,31 +371,83 @@ def _leave_with_a_signal_at_line(nth: int) -> tuple[list[str], bool, bool]:
         assert ran == [] and len(_GATE.pending) == 1
         sys.settrace(tracer)
         try:
-            _GATE.leave(entered)
-        except _SecondSignal:
-            came_out = True
-        finally:
-            sys.settrace(None)
-        return ran, lines[0] >= nth, came_out
+            try:
+                _GATE.leave(entered)
+            finally:
+                sys.settrace(None)
+            _ = [0]  # (a signal handed to Python runs by this line at the latest)
+        except BaseException as exc:
+            came_out = exc
+        return _gate_after(ran), lines[0] >= nth, came_out
     finally:
-        _GATE.leave(_GATE.enter())  # (one interrupted while putting handlers back: the rest)
+        _GATE.leave(_GATE.enter())  # (a failed test: what the end left behind)
         signal.signal(signal.SIGUSR1, previous[0])
         signal.signal(signal.SIGUSR2, previous[1])
 
 
-def test_a_signal_landing_anywhere_in_a_plan_s_end_leaves_none_held_back() -> None:
+def _noting(ran: list[str], reinstalls: bool) -> tuple[Any, Any, Any]:
+    """SIGUSR1's handler (noted; ``reinstalls``: it installs a fresh raising
+    handler for SIGUSR2, as "Ctrl-C again to force quit" does), SIGUSR2's
+    (noted, raising), and SIGUSR2's handler once SIGUSR1's ran."""
+
+    def usr2(signum: int, frame: Any) -> None:
+        ran.append("usr2")
+        raise _SecondSignal
+
+    def fresh(signum: int, frame: Any) -> None:
+        ran.append("usr2")
+        raise _SecondSignal
+
+    def usr1(signum: int, frame: Any) -> None:
+        ran.append("usr1")
+        if reinstalls:
+            signal.signal(signal.SIGUSR2, fresh)
+
+    return usr1, usr2, fresh if reinstalls else usr2
+
+
+@pytest.mark.parametrize("reinstalls", [False, True])
+def test_a_signal_landing_anywhere_in_a_plan_s_end_leaves_none_held_back(reinstalls: bool) -> None:
     """The handlers held back in a plan run at its end even when another
     signal's handler raises there, wherever it lands: one left in line ran at
     the start of a later, unrelated plan (a Ctrl-C held back interrupting
-    it), or never. Each line the gate runs at the end is tried in turn."""
+    it), or never. The gate ends open, counted out, the user's handlers put
+    back (a gate left closed held every later signal until a durable call).
+    Each line the gate runs at the end is tried in turn."""
     nth = 0
     while True:
         nth += 1
         assert nth < 500, "the plan's end never ended"
-        ran, landed, came_out = _leave_with_a_signal_at_line(nth)
+        ran: list[str] = []
+        usr1, usr2, then = _noting(ran, reinstalls)
+        after, landed, came_out = _end_with_a_signal_at_line(nth, usr1, usr2, ran)
         if not landed:
             break  # past the end: every line was tried
-        assert ran.count("usr1") == 1, (nth, ran)  # the held-back handler ran, once
-        assert ran.count("usr2") == 1 and came_out, (nth, ran)
-        assert _GATE.pending == [] and not _GATE.closed and _GATE.depth == 0, nth
+        assert after["ran"].count("usr1") == 1, (nth, after)  # the held-back handler ran, once
+        assert after["ran"].count("usr2") == 1 and isinstance(came_out, _SecondSignal), (nth, after)
+        assert (after["pending"], after["closed"], after["depth"], after["installed"]) == (
+            [], False, 0, {}), (nth, after)
+        assert after["usr1"] is usr1 and after["usr2"] is then, (nth, after)  # put back
     assert nth > 10  # (the end has that many lines: the loop tried them)
+
+
+def test_a_held_back_handler_runs_at_a_plan_s_end_as_any_handler_does() -> None:
+    """Run at the plan's end, a handler held back is interrupted by another
+    signal as any handler is (its own alarm cutting a slow cleanup, a second
+    Ctrl-C): not held back in turn while it runs."""
+    ran: list[str] = []
+
+    def usr2(signum: int, frame: Any) -> None:
+        ran.append("usr2")
+        raise _SecondSignal
+
+    def usr1(signum: int, frame: Any) -> None:
+        ran.append("usr1")
+        signal.raise_signal(signal.SIGUSR2)  # interrupts this handler here
+        ran.append("usr1 went on")
+
+    after, landed, came_out = _end_with_a_signal_at_line(10_000, usr1, usr2, ran)
+    assert not landed
+    assert after["ran"] == ["usr1", "usr2"] and isinstance(came_out, _SecondSignal), after
+    assert (after["pending"], after["closed"], after["depth"], after["installed"]) == (
+        [], False, 0, {}), after
