@@ -261,12 +261,18 @@ class SignalGate:
         """Run a handler through the gate (counted; what it raises remembered:
         the driver tells it from what a step made of it, see ``perform_open``)."""
         self.ran += 1
+        mine = self.ran
         try:
-            return handler(signum, frame)
+            result = handler(signum, frame)
         except BaseException as exc:
-            self.raised = [*self.raised[-(_REMEMBERED - 1):], (self.ran, exc)]
+            self.raised = [*self.raised[-(_REMEMBERED - 1):], (mine, exc)]
             self.raised_at = self.ran
             raise
+        if self.raised and self.raised[-1][0] > mine:
+            # What a handler run inside this one raised, this one caught (a
+            # cleanup cut by its own alarm): no step's business.
+            self.raised = [kept for kept in self.raised if kept[0] <= mine]
+        return result
 
     def made_of(self, exc: BaseException, since: int) -> BaseException | None:
         """What a handler that raised (after the ``since``-th handler run: the

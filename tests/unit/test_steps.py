@@ -451,3 +451,32 @@ def test_a_held_back_handler_runs_at_a_plan_s_end_as_any_handler_does() -> None:
     assert after["ran"] == ["usr1", "usr2"] and isinstance(came_out, _SecondSignal), after
     assert (after["pending"], after["closed"], after["depth"], after["installed"]) == (
         [], False, 0, {}), after
+
+
+def test_an_exception_a_handler_caught_from_another_does_not_interrupt_the_step() -> None:
+    """A handler held back (a SIGTERM cleanup) catching what another raised in
+    it (its own alarm's TimeoutError) leaves the step it ran at alone: that
+    exception was nobody's but the handler's."""
+    ran: list[str] = []
+
+    def alarm(signum: int, frame: Any) -> None:
+        raise TimeoutError("the cleanup's own deadline")
+
+    def cleanup(signum: int, frame: Any) -> None:
+        try:
+            signal.raise_signal(signal.SIGUSR2)
+        except TimeoutError:
+            ran.append("cut by its alarm")
+
+    previous = [signal.signal(signal.SIGUSR1, cleanup), signal.signal(signal.SIGUSR2, alarm)]
+    try:
+        entered = _GATE.enter()
+        try:
+            signal.raise_signal(signal.SIGUSR1)  # (the plan's own code: held back)
+            reply = perform_open(None, Sleep(0), None, [])  # type: ignore[arg-type]
+        finally:
+            _GATE.leave(entered)
+    finally:
+        signal.signal(signal.SIGUSR1, previous[0])
+        signal.signal(signal.SIGUSR2, previous[1])
+    assert reply is None and ran == ["cut by its alarm"]
