@@ -199,7 +199,10 @@ class SignalGate:
         mask = None
         raised: BaseException | None = None
         try:
-            mask = _C_SIGNAL.pthread_sigmask(signal.SIG_BLOCK, _GUARDED)
+            # The mask as it is first (blocking nothing): a handler raising as
+            # the blocking call returns must not leave the signals blocked.
+            mask = _C_SIGNAL.pthread_sigmask(signal.SIG_BLOCK, ())
+            _C_SIGNAL.pthread_sigmask(signal.SIG_BLOCK, _GUARDED)
             raised = self._hand_over()
         finally:
             try:

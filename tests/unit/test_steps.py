@@ -337,6 +337,7 @@ def _gate_after(ran: list[str]) -> dict[str, Any]:
         "installed": dict(_GATE.installed),
         "usr1": signal.getsignal(signal.SIGUSR1), "usr2": signal.getsignal(signal.SIGUSR2),
         "ran": list(ran),
+        "blocked": signal.pthread_sigmask(signal.SIG_BLOCK, ()) & {signal.SIGUSR1, signal.SIGUSR2},
     }
 
 
@@ -428,6 +429,7 @@ def test_a_signal_landing_anywhere_in_a_plan_s_end_leaves_none_held_back(reinsta
         assert (after["pending"], after["closed"], after["depth"], after["installed"]) == (
             [], False, 0, {}), (nth, after)
         assert after["usr1"] is usr1 and after["usr2"] is then, (nth, after)  # put back
+        assert not after["blocked"], (nth, after)  # (the main thread's mask as it was)
     assert nth > 10  # (the end has that many lines: the loop tried them)
 
 
