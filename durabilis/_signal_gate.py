@@ -167,62 +167,67 @@ class SignalGate:
                 handler, HeldBack
             ):
                 wrapper = HeldBack(handler, self)
-                _C_SIGNAL.signal(signum, wrapper)
+                # (noted first: one installed but not noted was never put back)
                 self.installed[signum] = wrapper
+                _C_SIGNAL.signal(signum, wrapper)
 
     def leave(self, was: bool | None) -> None:
         """The plan ended: back to how it was (the handlers too, after the
         outermost); open, the signals held back are handled now.
 
-        After the outermost plan, what is still held back is handed to Python's
-        own signal machinery (:meth:`_leave_blocked`), not run here: one
-        handler raising as the others waited here left them held until the
-        next durable call of the process, which they then interrupted."""
+        Should that be cut short by a handler raising (one held back, or a
+        signal landing there) with others still held after the outermost plan,
+        those go to Python's own signal machinery (:meth:`_hand_over_rest`):
+        left in line, they waited for the next durable call of the process,
+        which they then interrupted."""
         if was is None:
             return
-        if not was and self.depth == 1 and self.pending and _BLOCKS:
-            self._leave_blocked()
-            return
-        self._exit(was)
-        self.deliver()
+        try:
+            self._exit(was)
+            self.deliver()
+        finally:
+            if not self.closed and self.depth == 0:  # (cut short after the last plan)
+                try:
+                    if self.installed:
+                        self.uninstall()
+                finally:
+                    if self.pending and _BLOCKS:
+                        self._hand_over_rest()
 
-    def _leave_blocked(self) -> None:
-        """The outermost plan's end with signals held back: the guarded signals
-        are blocked on this thread, each one held back is raised again (the OS
-        keeps it: a signal held twice comes once, as the OS delivers it), the
-        gate is left and the handlers put back, what a wrapper held back
-        meanwhile is raised again too (a signal sent to the process is handled
-        by another thread's C handler, and its Python handler still runs here),
-        then the signals are unblocked: Python runs their handlers, the user's
-        own, as it runs any signal's (each interruptible; one raising leaves
-        the others for its next check, none lost)."""
+    def _hand_over_rest(self) -> None:
+        """The signals still held back after the outermost plan, raised again for
+        Python to handle as it handles any: blocked on this thread meanwhile (the
+        OS keeps them: one held twice comes once), then unblocked, when Python
+        runs their handlers (your own, put back), each interruptible, one
+        raising leaving the others for its next check."""
         mask = None
         raised: BaseException | None = None
         try:
             # The mask as it is first (blocking nothing): a handler raising as
             # the blocking call returns must not leave the signals blocked.
-            mask = _C_SIGNAL.pthread_sigmask(signal.SIG_BLOCK, ())
-            _C_SIGNAL.pthread_sigmask(signal.SIG_BLOCK, _GUARDED)
-            raised = self._hand_over()
-        finally:
-            try:
-                self._exit(False)
-            finally:
+            # (A handler Python runs in either call, as it checks for signals
+            # there: what it raises is raised after, the hand-over goes on.)
+            while mask is None:
                 try:
-                    if mask is not None:
-                        raised = self._hand_over() or raised
-                finally:
-                    if mask is not None:
-                        _C_SIGNAL.pthread_sigmask(signal.SIG_SETMASK, mask)
-            self.deliver()  # (what was not handed over: blocking raised, or a race)
+                    mask = _C_SIGNAL.pthread_sigmask(signal.SIG_BLOCK, ())
+                except BaseException as exc:
+                    raised = raised or exc
+            try:
+                _C_SIGNAL.pthread_sigmask(signal.SIG_BLOCK, _GUARDED)
+            except BaseException as exc:
+                raised = raised or exc
+            raised = self._hand_over() or raised
+        finally:
+            if mask is not None:
+                _C_SIGNAL.pthread_sigmask(signal.SIG_SETMASK, mask)
         if raised is not None:
             raise raised
 
     def _hand_over(self) -> BaseException | None:
         """Raise again, for the OS to keep (blocked here), each signal held back;
         returns what a handler Python ran meanwhile raised (one for a signal
-        sent to the process, handled by another thread, runs here all the
-        same). Each one leaves the line only once raised: interrupted in
+        sent to the process, taken by another thread's C handler, still runs
+        here). Each one leaves the line only once raised: interrupted in
         between, it is raised twice, which the OS keeps once."""
         raised = None
         while self.pending:
@@ -238,12 +243,13 @@ class SignalGate:
         # after_fork_in_child, and leaves the plans it was forked in: its
         # outermost leave puts its handlers back.)
         self.depth = max(0, self.depth - 1)
-        try:
-            if self.depth == 0:
-                self.raised = []
-                self.uninstall()
-        finally:
-            self.closed = was
+        # Open (or as it was) before the handlers are put back: put back, a
+        # handler of yours runs at once wherever it lands, and one raising
+        # before the gate opened left it closed for good.
+        self.closed = was
+        if self.depth == 0:
+            self.raised = []
+            self.uninstall()
 
     def deliver(self) -> None:
         """Run the handlers held back (while open). Raises what one raised: an
@@ -343,12 +349,19 @@ class SignalGate:
 
     def uninstall(self) -> None:
         """Put the handlers back (not one replaced meanwhile: that one stays).
-        Interrupted midway, the rest go after the next outermost plan."""
+        One raising as they are put back (yours, or one wrapped, the gate open)
+        does not stop the others going back: what it raised is raised after."""
+        raised: BaseException | None = None
         while self.installed:
             signum, wrapper = next(iter(self.installed.items()))
-            if _C_SIGNAL.getsignal(signum) is wrapper:
-                _C_SIGNAL.signal(signum, wrapper.__wrapped__)
-            del self.installed[signum]
+            try:
+                if _C_SIGNAL.getsignal(signum) is wrapper:
+                    _C_SIGNAL.signal(signum, wrapper.__wrapped__)
+                del self.installed[signum]
+            except BaseException as exc:  # a handler put back raising: the rest go back too
+                raised = raised or exc
+        if raised is not None:
+            raise raised
 
     def after_fork_in_child(self) -> None:
         """A fork from another thread while the main thread ran a plan: the

@@ -134,6 +134,19 @@ def _given(pool: Any, conn: Any, held: bool) -> None:
             GATE.unhold(held)
 
 
+def _given_in_step(pool: Any, conn: Any, held: bool, done: bool) -> None:
+    """``conn`` back to ``pool``, dropped first unless its command ended with its
+    reply read (``done``). Dropped here, not where the failure was caught: a
+    second interruption there (a second Ctrl-C as the first one's reply was
+    waited for) gave it back with the reply still on its way, and the next
+    command (the claim's own release) read it as its own."""
+    try:
+        if not done:
+            conn.disconnect()
+    finally:
+        _given(pool, conn, held)
+
+
 class _ReadyPool(HeldPool, redis.BlockingConnectionPool):
     """redis-py's blocking pool, with the connections given back kept ready in
     a list (a LIFO, lock-free under the GIL) in front of its queue: taking one
@@ -280,6 +293,7 @@ class Store(ClusterWaves):
         pool = target.connection_pool
         conn, held = _taken(pool)  # (held until it is in this try: see _send)
         left = 0  # replies written and not read yet
+        done = False  # both replies read (or nothing was written): in step
         try:
             if held:
                 GATE.unhold(held)
@@ -289,15 +303,15 @@ class Store(ClusterWaves):
             left = 1
             acked = _kept_reply(conn)
             left = 0
+            done = True
             return reply, acked
         except BaseException as exc:
             _wait_out(target, conn, left, exc, since)
-            conn.disconnect()
             raise
         finally:
             if held:  # (no call before the pool holds it again)
                 GATE.closed = GATE.holding = True
-            _given(pool, conn, held)
+            _given_in_step(pool, conn, held, done)
 
     def _send(self, *args: Any) -> Any:
         """One command on a pooled connection: what redis-py's ``execute_command``
@@ -318,6 +332,7 @@ class Store(ClusterWaves):
         pool = self.client.connection_pool
         conn, held = _taken(pool)
         sent = False
+        done = False  # the reply read (an error reply too): the connection in step
         try:
             if held:  # a handler held back meanwhile runs now: nothing is sent
                 GATE.unhold(held)
@@ -338,20 +353,23 @@ class Store(ClusterWaves):
                 conn.send_packed_command(
                     [packed], check_health=bool(conn.health_check_interval))
                 sent = True
-                return _read_reply(conn)  # (EVALSHA: no response callback)
-            conn.send_command(*args)
-            sent = True
-            return conn.read_response(disconnect_on_error=False)  # (EVALSHA: as is)
+                reply = _read_reply(conn)  # (EVALSHA: no response callback)
+            else:
+                conn.send_command(*args)
+                sent = True
+                reply = conn.read_response(disconnect_on_error=False)  # (EVALSHA: as is)
+            done = True
+            return reply
         except redis.exceptions.ResponseError:
+            done = True  # (an error reply, read whole)
             raise
         except BaseException as exc:
             _wait_out(self.client, conn, 1 if sent else 0, exc, since)
-            conn.disconnect()
             raise
         finally:
             if held:  # (no call before the pool holds it again: none can raise here)
                 GATE.closed = GATE.holding = True
-            _given(pool, conn, held)  # (what was held back meanwhile runs after)
+            _given_in_step(pool, conn, held, done)  # (what was held back runs after)
 
     def run_many(self, calls: Sequence[ScriptCall]) -> list[Any]:
         """Run several scripts in ONE round trip (a non-transactional pipeline).

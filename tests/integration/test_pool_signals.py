@@ -28,11 +28,17 @@ import durabilis
 from durabilis import _signal_gate
 from durabilis._signal_gate import GATE
 from durabilis._steps import Batch, Command, drive
-from durabilis._store import _sync
+from durabilis._store import _sync, _wave
 from durabilis._store._held import HeldPool
 from durabilis.layer import DurabilityLayer, OperationContext
 from tests.integration._layer_support import fast_config
-from tests.support.interrupts import Interrupted, claim, raising_handler, signal_as_it_starts
+from tests.support.interrupts import (
+    Interrupted,
+    InterruptedAgain,
+    claim,
+    raising_handler,
+    signal_as_it_starts,
+)
 
 pytestmark = pytest.mark.topologies("sentinel")
 
@@ -456,3 +462,33 @@ def test_a_handler_held_as_a_pipeline_gives_its_connection_back_never_gives_it_t
     assert len(idle) == len(set(idle)), "a connection is in the pool twice"
     assert _all_idle(pool), "a connection is out of the pool"
     assert store.command("HGET", call.keys[0], "s") == b"p"  # (the claim ran: interrupted after)
+
+
+def test_a_second_interruption_as_a_reply_is_waited_for_leaves_it_to_no_other_command(
+    redis_url: str, namespace: str, raw: Any
+) -> None:
+    """A first interruption cuts a command's read (Redis busy); the store waits
+    for that reply (so that a compensation never overtakes it), and a second
+    one lands there (a second Ctrl-C): the connection is dropped, not given
+    back with the reply on its way, which the next command read as its own
+    (the claim's release read the claim's reply: the second review of
+    2026-12-06, F3)."""
+    with durabilis.connect(redis_url, namespace=namespace) as store:
+        _pool(store)
+        assert store._send("ECHO", "warm") == b"warm"
+        timer = threading.Timer(0.15, os.kill, (os.getpid(), signal.SIGUSR1))
+        with (
+            raising_handler(Interrupted, signal.SIGUSR1),
+            raising_handler(InterruptedAgain, signal.SIGUSR2),
+            signal_as_it_starts(_wave._wait_out.__code__, signal.SIGUSR2) as armed,
+        ):
+            raw.client_pause(1000, all=True)  # (every command waits: "first"'s reply too)
+            timer.start()
+            try:
+                with pytest.raises(InterruptedAgain):
+                    store._send("ECHO", "first")
+            finally:
+                timer.join()
+            assert not armed[0]  # (the second one landed as the first one's reply was waited for)
+        # Redis still paused: the next command's reply is the one it reads.
+        assert store._send("ECHO", "second") == b"second"
