@@ -176,30 +176,40 @@ class SignalGate:
         outermost); open, the signals held back are handled now.
 
         Should that be cut short by a handler raising (one held back, or a
-        signal landing there) with others still held after the outermost plan,
-        those go to Python's own signal machinery (:meth:`_hand_over_rest`):
-        left in line, they waited for the next durable call of the process,
-        which they then interrupted."""
+        signal landing there) with others still held, those go to Python's own
+        signal machinery (:meth:`_hand_over_rest`): left in line, they waited
+        for the next durable call of the process, which they then interrupted
+        (or, after a plan run inside another's ``fn``, for that plan's next
+        step)."""
         if was is None:
             return
+        count = max(0, self.depth - 1)  # (the plans left running after this one)
         try:
             self._exit(was)
             self.deliver()
         finally:
-            if not self.closed and self.depth == 0:  # (cut short after the last plan)
+            if self.depth != count or self.closed is not was:
+                # _exit cut short before it counted this plan out or reopened
+                # (a handler the gate does not hold raising at its first line):
+                # left so, the gate stayed closed for good.
+                self.depth, self.closed = count, was
+            if not self.closed:  # (cut short with the gate open)
                 try:
-                    if self.installed:
+                    if self.installed and self.depth == 0:
                         self.uninstall()
                 finally:
+                    # Inside an outer plan's fn too: left in line, they waited
+                    # for that plan's next step, fn running on meanwhile.
                     if self.pending and _BLOCKS:
                         self._hand_over_rest()
 
     def _hand_over_rest(self) -> None:
-        """The signals still held back after the outermost plan, raised again for
-        Python to handle as it handles any: blocked on this thread meanwhile (the
-        OS keeps them: one held twice comes once), then unblocked, when Python
-        runs their handlers (your own, put back), each interruptible, one
-        raising leaving the others for its next check."""
+        """The signals still held back after a plan's end was cut short, raised
+        again for Python to handle as it handles any: blocked on this thread
+        meanwhile (the OS keeps them: one held twice comes once, and a wakeup
+        fd gets a second byte for it), then unblocked, when Python runs their
+        handlers (yours, put back after the outermost plan), each
+        interruptible, one raising leaving the others for its next check."""
         mask = None
         raised: BaseException | None = None
         try:
@@ -212,8 +222,10 @@ class SignalGate:
                     mask = _C_SIGNAL.pthread_sigmask(signal.SIG_BLOCK, ())
                 except BaseException as exc:
                     raised = raised or exc
-            try:
-                _C_SIGNAL.pthread_sigmask(signal.SIG_BLOCK, _GUARDED)
+            try:  # (only theirs: a handler Python runs meanwhile, for a signal another
+                # thread took, runs with these blocked, and so would a child it starts)
+                _C_SIGNAL.pthread_sigmask(
+                    signal.SIG_BLOCK, {signum for _, signum, _ in self.pending})
             except BaseException as exc:
                 raised = raised or exc
             raised = self._hand_over() or raised

@@ -22,6 +22,7 @@ from durabilis._steps import (
     perform_open,
 )
 from durabilis.errors import StorageUnavailable
+from tests.support.interrupts import signal_as_it_starts
 
 
 class _Run:
@@ -359,7 +360,7 @@ def _gate_after(ran: list[str]) -> dict[str, Any]:
 
 
 def _end_with_a_signal_at_line(
-    nth: int, usr1: Any, usr2: Any, ran: list[str]
+    nth: int, usr1: Any, usr2: Any, ran: list[str], landing: int = signal.SIGUSR2,
 ) -> tuple[dict[str, Any], bool, BaseException | None]:
     """A plan's end on the main thread with SIGUSR1 held back, and SIGUSR2
     landing at the ``nth`` line the gate runs as the plan ends. Returns the
@@ -377,10 +378,11 @@ def _end_with_a_signal_at_line(
             if lines[0] == nth:
                 sys.settrace(None)
                 frame.f_trace = None
-                signal.raise_signal(signal.SIGUSR2)
+                signal.raise_signal(landing)
         return tracer
 
     previous = [signal.signal(signal.SIGUSR1, usr1), signal.signal(signal.SIGUSR2, usr2)]
+    winch = signal.signal(signal.SIGWINCH, usr2 if landing == signal.SIGWINCH else signal.SIG_DFL)
     came_out: BaseException | None = None
     try:
         entered = _GATE.enter()
@@ -398,9 +400,13 @@ def _end_with_a_signal_at_line(
             came_out = exc
         return _gate_after(ran), lines[0] >= nth, came_out
     finally:
-        _GATE.leave(_GATE.enter())  # (a failed test: what the end left behind)
+        # (what a failed end left behind, gone for the next landing)
+        _GATE.closed, _GATE.depth = False, 0
+        _GATE.pending.clear()
+        _GATE.uninstall()
         signal.signal(signal.SIGUSR1, previous[0])
         signal.signal(signal.SIGUSR2, previous[1])
+        signal.signal(signal.SIGWINCH, winch)
 
 
 def _noting(ran: list[str], reinstalls: bool) -> tuple[Any, Any, Any]:
@@ -425,7 +431,9 @@ def _noting(ran: list[str], reinstalls: bool) -> tuple[Any, Any, Any]:
 
 
 @pytest.mark.parametrize("reinstalls", [False, True])
-def test_a_signal_landing_anywhere_in_a_plan_s_end_leaves_none_held_back(reinstalls: bool) -> None:
+def test_a_signal_landing_anywhere_in_a_plan_s_end_leaves_none_held_back(
+    reinstalls: bool,
+) -> None:
     """The handlers held back in a plan are done with at its end even when
     another signal's handler raises there, wherever it lands: one left in line
     ran at the start of a later, unrelated plan (a Ctrl-C held back
@@ -504,3 +512,66 @@ def test_an_exception_a_handler_caught_from_another_does_not_interrupt_the_step(
         signal.signal(signal.SIGUSR1, previous[0])
         signal.signal(signal.SIGUSR2, previous[1])
     assert reply is None and ran == ["cut by its alarm"]
+
+
+def test_a_handler_the_gate_does_not_hold_raising_as_a_plan_is_counted_out() -> None:
+    """A handler the gate never holds (SIGWINCH's, a CPU limit's) raising as
+    the plan's end begins to count it out (``_exit``'s first line) leaves the
+    gate open and counted out, the handlers put back, and what it held run
+    (cut short there, the gate stayed closed for good: every later signal
+    held until a durable call; the third review of 2026-12-06, F2)."""
+    ran: list[str] = []
+    usr1, _, _ = _noting(ran, reinstalls=False)
+
+    def winch(signum: int, frame: Any) -> None:
+        ran.append("winch")
+        raise _SecondSignal
+
+    previous = [signal.signal(signal.SIGUSR1, usr1), signal.signal(signal.SIGWINCH, winch)]
+    try:
+        entered = _GATE.enter()
+        signal.raise_signal(signal.SIGUSR1)  # (held back)
+        with pytest.raises(_SecondSignal), signal_as_it_starts(
+            type(_GATE)._exit.__code__, signal.SIGWINCH
+        ) as armed:
+            _GATE.leave(entered)
+        _ = [0]  # (a signal handed to Python runs by this line at the latest)
+        assert not armed[0]
+        after = _gate_after(ran)
+    finally:
+        _GATE.closed, _GATE.depth = False, 0
+        _GATE.pending.clear()
+        _GATE.uninstall()
+        signal.signal(signal.SIGUSR1, previous[0])
+        signal.signal(signal.SIGWINCH, previous[1])
+    assert (after["pending"], after["closed"], after["depth"], after["installed"]) == (
+        [], False, 0, {}), after
+    assert after["ran"] == ["winch", "usr1"] and after["usr1"] is usr1, after
+
+
+def test_a_plan_inside_fn_whose_end_is_cut_short_leaves_nothing_held_for_fn() -> None:
+    """A plan run inside another's ``fn``, its end cut short by a raising
+    signal with others held: those run then, not when the outer plan takes its
+    next step (``fn`` running on meanwhile, a SIGTERM's exit waiting on it: the
+    third review of 2026-12-06, F5)."""
+    ran: list[str] = []
+    usr1, usr2, _ = _noting(ran, reinstalls=False)
+    previous = [signal.signal(signal.SIGUSR1, usr1), signal.signal(signal.SIGUSR2, usr2)]
+    outer = _GATE.enter()
+    try:
+        _GATE.closed = False  # (the outer plan's fn runs: the gate open, as perform_open leaves it)
+        inner = _GATE.enter()
+        signal.raise_signal(signal.SIGUSR1)  # (held back by the inner plan)
+        with pytest.raises(_SecondSignal), signal_as_it_starts(
+            type(_GATE).deliver.__code__, signal.SIGUSR2
+        ) as armed:
+            _GATE.leave(inner)
+        _ = [0]  # (a signal handed to Python runs by this line at the latest)
+        assert not armed[0]
+        in_fn = (list(ran), list(_GATE.pending), _GATE.closed, _GATE.depth)
+        _GATE.closed = True  # (fn returned: the outer plan's own code)
+    finally:
+        _GATE.leave(outer)
+        signal.signal(signal.SIGUSR1, previous[0])
+        signal.signal(signal.SIGUSR2, previous[1])
+    assert in_fn == (["usr2", "usr1"], [], False, 1), in_fn
