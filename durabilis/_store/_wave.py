@@ -5,6 +5,7 @@ then read within one deadline; and what a call left unread or lost becomes."""
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -32,17 +33,18 @@ def _kept_reply(conn: Any) -> Any:
 
 
 def _drain(
-    redis_node: Any, conn: Any, replies: int = 1, deadline: float | None = None,
-    release: bool = True,
+    redis_node: Any, conn: Any, replies: int = 1, deadline: float | None = None, *,
+    release: bool = True, until: bytes | None = None,
 ) -> bool:
     """Read and drop the ``replies`` written to ``conn`` (a script, its WAIT), then give
     ``conn`` back (disconnected if a reply did not come by ``deadline``: False).
-    ``release=False``: the caller gives it back. Interrupted again (a second
-    Ctrl-C, a SIGTERM's ``SystemExit``), it stops waiting and that goes on."""
+    ``release=False``: the caller gives it back. ``until``: at most ``replies``,
+    up to this one. Interrupted again (a second Ctrl-C, a SIGTERM's
+    ``SystemExit``), it stops waiting and that goes on."""
     since = GATE.ran
     try:
         with _read_by(conn, deadline):
-            through(_read_and_drop, redis_node, conn, replies)
+            through(_read_and_drop, redis_node, conn, replies, until)
     except Exception as exc:
         conn.disconnect()
         if GATE.made_of(exc, since) is not None:
@@ -57,10 +59,18 @@ def _drain(
     return True
 
 
-def _read_and_drop(redis_node: Any, conn: Any, replies: int) -> None:
+def _read_and_drop(
+    redis_node: Any, conn: Any, replies: int, until: bytes | None = None
+) -> None:
     for _ in range(replies):
         with contextlib.suppress(redis.exceptions.ResponseError):
-            redis_node.parse_response(conn, "EVALSHA")
+            reply = redis_node.parse_response(conn, "EVALSHA")
+            if until is not None and reply in (until, until.decode()):
+                return
+
+
+def _send_marker(conn: Any, marker: str) -> None:
+    conn.send_command("ECHO", marker, check_health=False)
 
 
 def _read_into(conn: Any, got: list[Any], replies: int) -> None:
@@ -82,7 +92,20 @@ def _wait_out(target: Any, conn: Any, left: int, exc: BaseException, since: int)
     ``except`` block a nested call runs, is no interruption of this send). The
     caller drops the connection."""
     if left and (not isinstance(exc, Exception) or GATE.made_of(exc, since) is not None):
-        _drain(target, conn, left, None, release=False)
+        # Up to an ECHO of a nonce sent after them, not a count of replies: the
+        # interruption may have landed just after a reply was read whole, and
+        # waiting for one more then took a socket timeout (for ever without
+        # one). The ECHO comes back once whatever is before it did.
+        marker = os.urandom(12).hex()
+        since_drain = GATE.ran
+        try:
+            through(_send_marker, conn, marker)
+        except BaseException as sent_exc:
+            conn.disconnect()
+            if isinstance(sent_exc, Exception) and GATE.made_of(sent_exc, since_drain) is None:
+                return  # (the connection is gone: nothing more comes on it)
+            raise
+        _drain(target, conn, left + 1, None, release=False, until=marker.encode())
 
 
 class _Lost:

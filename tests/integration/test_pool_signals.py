@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import inspect
 import os
 import signal
 import subprocess
@@ -492,3 +493,43 @@ def test_a_second_interruption_as_a_reply_is_waited_for_leaves_it_to_no_other_co
             assert not armed[0]  # (the second one landed as the first one's reply was waited for)
         # Redis still paused: the next command's reply is the one it reads.
         assert store._send("ECHO", "second") == b"second"
+
+
+@pytest.mark.standalone_only  # (the ready pool's own reply read: the tracer's point)
+def test_an_interruption_just_after_a_reply_was_read_does_not_wait_for_another(
+    redis_url: str, namespace: str
+) -> None:
+    """An interruption landing just after the reply was read whole (in the
+    store's own reply check): the store waits for what is still due before it
+    goes on, and nothing is: it goes on at once, not after a socket timeout
+    (or never, without one) waiting for a reply that was already read (the
+    third review of 2026-12-06, F1)."""
+    lines, first = inspect.getsourcelines(_sync._read_reply)
+    at = first + next(i for i, line in enumerate(lines) if "if isinstance(reply," in line)
+    armed = [True]
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code is not _sync._read_reply.__code__:
+            return None
+        if event == "line" and frame.f_lineno == at and armed[0]:
+            armed[0] = False
+            sys.settrace(None)
+            frame.f_trace = None
+            signal.raise_signal(signal.SIGUSR1)
+        return tracer
+
+    with durabilis.connect(redis_url, namespace=namespace, socket_timeout=30) as store:
+        _pool(store)
+        assert store._send("ECHO", "warm") == b"warm"
+        with raising_handler(Interrupted, signal.SIGUSR1):
+            sys.settrace(tracer)
+            began = time.monotonic()
+            try:
+                with pytest.raises(Interrupted):
+                    store._send("ECHO", "read")
+            finally:
+                sys.settrace(None)
+            took = time.monotonic() - began
+        assert not armed[0]  # (it landed there)
+        assert took < 10, took  # (not the 30 s socket timeout)
+        assert store._send("ECHO", "next") == b"next"
