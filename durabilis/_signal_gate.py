@@ -8,7 +8,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from durabilis.errors import DurabilisError
 
@@ -358,6 +358,15 @@ class SignalGate:
         if self.ran != ran and not isinstance(exc, DurabilisError):
             return exc
         return None
+
+    def raise_as(self, exc: Exception, ran: int, in_fn_step: bool) -> NoReturn:
+        """``exc`` out of an open step (begun at the ``ran``-th handler run) as
+        what it stands for (:meth:`handler_error`): a handler's
+        (:class:`HandlerRaised`), or its own failure or a bug below the plan."""
+        raised = self.handler_error(exc, ran, in_fn_step)
+        if raised is None:
+            raise exc
+        raise HandlerRaised(raised) from None
 
     def uninstall(self) -> None:
         """Put the handlers back (not one replaced meanwhile: that one stays).

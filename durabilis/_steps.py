@@ -344,32 +344,31 @@ def perform_open(store: Store, step: Any, leases: LeaseBook | None, held: list[A
     ran = _GATE.ran
     lending = _GATE.lending
     try:
-        _GATE.lending = type(step) is not Run  # (pools lend in the plan's own steps only)
-        _GATE.closed = False
-        if type(step) is Run:
-            try:
+        try:
+            _GATE.lending = type(step) is not Run  # (pools lend in the plan's own steps only)
+            _GATE.closed = False
+            if type(step) is Run:
+                try:
+                    _GATE.deliver()
+                except Exception as exc:  # a SIGALRM timeout's TimeoutError...
+                    return False, exc
+            else:
                 _GATE.deliver()
-            except Exception as exc:  # a SIGALRM timeout's TimeoutError...
-                return False, exc
-        else:
-            _GATE.deliver()
-        reply = perform(store, step, leases, held)
-        if type(step) is not Run:
-            _GATE.after_step(ran)
-        return reply
-    except Exception as exc:
-        raised = _GATE.handler_error(exc, ran, type(step) is Run)
-        if raised is None:
-            raise  # the step's own failure, or a bug below the plan (drive raises it)
-        raise HandlerRaised(raised) from None
-    finally:
-        _GATE.closed = True
-        _GATE.end_step(lending)
-        # A handler fn (or a handler that ran meanwhile) installed is held back
-        # for the rest of the plan. Nothing else runs user code on the main
-        # thread, and no other thread can install one: else nothing to wrap.
-        if type(step) is Run or _GATE.ran != ran:
-            _GATE.wrap()
+            reply = perform(store, step, leases, held)
+            if type(step) is not Run:
+                _GATE.after_step(ran)
+            return reply
+        except Exception as exc:
+            _GATE.raise_as(exc, ran, type(step) is Run)
+        finally:
+            _GATE.closed = True
+            _GATE.end_step(lending)
+            # A handler fn (or one run meanwhile) installed: held back from now on
+            # (nothing else runs user code on the main thread).
+            if type(step) is Run or _GATE.ran != ran:
+                _GATE.wrap()
+    except Exception as exc:  # raised as the one above was told apart (a second deadline)
+        _GATE.raise_as(exc, ran, type(step) is Run)  # (else a bug below the plan: nothing undone)
 
 
 def drive(

@@ -70,7 +70,7 @@ def _read_and_drop(
 
 
 def _send_marker(conn: Any, marker: str) -> None:
-    conn.send_command("ECHO", marker, check_health=False)
+    conn.send_command("PING", marker, check_health=False)
 
 
 def _read_into(conn: Any, got: list[Any], replies: int) -> None:
@@ -92,10 +92,10 @@ def _wait_out(target: Any, conn: Any, left: int, exc: BaseException, since: int)
     ``except`` block a nested call runs, is no interruption of this send). The
     caller drops the connection."""
     if left and (not isinstance(exc, Exception) or GATE.made_of(exc, since) is not None):
-        # Up to an ECHO of a nonce sent after them, not a count of replies: the
+        # Up to a PING of a nonce sent after them, not a count of replies: the
         # interruption may have landed just after a reply was read whole, and
         # waiting for one more then took a socket timeout (for ever without
-        # one). The ECHO comes back once whatever is before it did.
+        # one). Its nonce comes back once whatever is before it did.
         marker = os.urandom(12).hex()
         since_drain = GATE.ran
         try:

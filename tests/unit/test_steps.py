@@ -575,3 +575,36 @@ def test_a_plan_inside_fn_whose_end_is_cut_short_leaves_nothing_held_for_fn() ->
         signal.signal(signal.SIGUSR1, previous[0])
         signal.signal(signal.SIGUSR2, previous[1])
     assert in_fn == (["usr2", "usr1"], [], False, 1), in_fn
+
+
+def test_a_second_deadline_as_the_first_is_told_apart_is_still_a_handler_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two deadlines (a SIGALRM handler raising TimeoutError) in one open step:
+    the first cuts the step, the second lands as the first is told apart from
+    a bug below the plan (the gate still open). Both are the handler's: the
+    plan compensates (a claim given back). Left as it came out, the second
+    went out as such a bug, nothing undone: the claim stayed in progress for
+    its lease (the third review of 2026-12-06, F0)."""
+    from durabilis import _steps
+    from durabilis._signal_gate import HandlerRaised
+
+    def alarm(signum: int, frame: Any) -> None:
+        raise TimeoutError("deadline")
+
+    def cut(store: Any, step: Any, leases: Any, held: Any) -> None:
+        signal.raise_signal(signal.SIGALRM)  # the first deadline, as the step's reply is read
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    monkeypatch.setattr(_steps, "perform", cut)
+    entered = _GATE.enter()
+    try:
+        with pytest.raises(HandlerRaised) as raised, signal_as_it_starts(
+            HandlerRaised.__init__.__code__, signal.SIGALRM
+        ) as armed:
+            perform_open(None, IO([]), None, [])  # type: ignore[arg-type]
+        assert not armed[0]  # (the second one landed there)
+        assert isinstance(raised.value.error, TimeoutError)
+    finally:
+        _GATE.leave(entered)
+        signal.signal(signal.SIGALRM, previous)
