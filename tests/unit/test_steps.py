@@ -348,6 +348,22 @@ class _SecondSignal(BaseException):
     """What the test's second signal handler raises (as a Ctrl-C would)."""
 
 
+def _leave_with_a_signal_at(was: Any, code: Any, signum: int) -> None:
+    """A plan's end (``leave(was)``) with ``signum`` raised as ``code`` starts:
+    what its handler raises (the test's) comes out."""
+    with pytest.raises(_SecondSignal), signal_as_it_starts(code, signum) as armed:
+        _GATE.leave(was)
+    _ = [0]  # (a signal handed to Python runs by this line at the latest)
+    assert not armed[0]  # (it landed there)
+
+
+def _reset_gate() -> None:
+    """The gate as no plan left it (after a test whose plan's end failed)."""
+    _GATE.closed, _GATE.depth = False, 0
+    _GATE.pending.clear()
+    _GATE.uninstall()
+
+
 def _gate_after(ran: list[str]) -> dict[str, Any]:
     """The gate's state once a plan ended (and whose handlers are installed)."""
     return {
@@ -400,10 +416,7 @@ def _end_with_a_signal_at_line(
             came_out = exc
         return _gate_after(ran), lines[0] >= nth, came_out
     finally:
-        # (what a failed end left behind, gone for the next landing)
-        _GATE.closed, _GATE.depth = False, 0
-        _GATE.pending.clear()
-        _GATE.uninstall()
+        _reset_gate()  # (what a failed end left behind, gone for the next landing)
         signal.signal(signal.SIGUSR1, previous[0])
         signal.signal(signal.SIGUSR2, previous[1])
         signal.signal(signal.SIGWINCH, winch)
@@ -531,17 +544,10 @@ def test_a_handler_the_gate_does_not_hold_raising_as_a_plan_is_counted_out() -> 
     try:
         entered = _GATE.enter()
         signal.raise_signal(signal.SIGUSR1)  # (held back)
-        with pytest.raises(_SecondSignal), signal_as_it_starts(
-            type(_GATE)._exit.__code__, signal.SIGWINCH
-        ) as armed:
-            _GATE.leave(entered)
-        _ = [0]  # (a signal handed to Python runs by this line at the latest)
-        assert not armed[0]
+        _leave_with_a_signal_at(entered, type(_GATE)._exit.__code__, signal.SIGWINCH)
         after = _gate_after(ran)
     finally:
-        _GATE.closed, _GATE.depth = False, 0
-        _GATE.pending.clear()
-        _GATE.uninstall()
+        _reset_gate()
         signal.signal(signal.SIGUSR1, previous[0])
         signal.signal(signal.SIGWINCH, previous[1])
     assert (after["pending"], after["closed"], after["depth"], after["installed"]) == (
@@ -562,12 +568,7 @@ def test_a_plan_inside_fn_whose_end_is_cut_short_leaves_nothing_held_for_fn() ->
         _GATE.closed = False  # (the outer plan's fn runs: the gate open, as perform_open leaves it)
         inner = _GATE.enter()
         signal.raise_signal(signal.SIGUSR1)  # (held back by the inner plan)
-        with pytest.raises(_SecondSignal), signal_as_it_starts(
-            type(_GATE).deliver.__code__, signal.SIGUSR2
-        ) as armed:
-            _GATE.leave(inner)
-        _ = [0]  # (a signal handed to Python runs by this line at the latest)
-        assert not armed[0]
+        _leave_with_a_signal_at(inner, type(_GATE).deliver.__code__, signal.SIGUSR2)
         in_fn = (list(ran), list(_GATE.pending), _GATE.closed, _GATE.depth)
         _GATE.closed = True  # (fn returned: the outer plan's own code)
     finally:
