@@ -28,6 +28,10 @@ _GUARDED = tuple(
 _BLOCKS = hasattr(_C_SIGNAL, "pthread_sigmask") and hasattr(_C_SIGNAL, "raise_signal")
 """Whether the gate can hand held signals to the OS at a plan's end (POSIX)."""
 
+def _signums(pending: list[tuple[Any, int, Any]]) -> set[int]:
+    return {signum for _, signum, _ in pending}
+
+
 _REMEMBERED = 4
 """How many handlers' exceptions the gate remembers (see ``SignalGate.made_of``)."""
 
@@ -187,21 +191,32 @@ class SignalGate:
         try:
             self._exit(was)
             self.deliver()
+        except BaseException as exc:
+            try:
+                self._cut_short(was, count)
+            except Exception:
+                if isinstance(exc, Exception):
+                    raise
+                # (an interruption cut the end short: it outranks a handler's error)
+            raise
+
+    def _cut_short(self, was: bool, count: int) -> None:
+        """A plan's end cut short: the count and the gate put right, the handlers
+        put back after the outermost plan, what is still held handed over."""
+        if self.depth != count or self.closed is not was:
+            # (_exit cut short before it counted this plan out or reopened, by a
+            # handler the gate does not hold: left so, closed for good)
+            self.depth, self.closed = count, was
+        if self.closed:
+            return  # (an outer plan holds the gate: what waits is its to deliver)
+        try:
+            if self.installed and self.depth == 0:
+                self.uninstall()
         finally:
-            if self.depth != count or self.closed is not was:
-                # _exit cut short before it counted this plan out or reopened
-                # (a handler the gate does not hold raising at its first line):
-                # left so, the gate stayed closed for good.
-                self.depth, self.closed = count, was
-            if not self.closed:  # (cut short with the gate open)
-                try:
-                    if self.installed and self.depth == 0:
-                        self.uninstall()
-                finally:
-                    # Inside an outer plan's fn too: left in line, they waited
-                    # for that plan's next step, fn running on meanwhile.
-                    if self.pending and _BLOCKS:
-                        self._hand_over_rest()
+            # Inside an outer plan's fn too: left in line, they waited for that
+            # plan's next step, fn running on meanwhile.
+            if self.pending and _BLOCKS:
+                self._hand_over_rest()
 
     def _hand_over_rest(self) -> None:
         """The signals still held back after a plan's end was cut short, raised
@@ -217,17 +232,21 @@ class SignalGate:
             # the blocking call returns must not leave the signals blocked.
             # (A handler Python runs in either call, as it checks for signals
             # there: what it raises is raised after, the hand-over goes on.)
-            while mask is None:
+            for _ in range(4):
                 try:
                     mask = _C_SIGNAL.pthread_sigmask(signal.SIG_BLOCK, ())
+                    break
                 except BaseException as exc:
                     raised = raised or exc
-            try:  # (only theirs: a handler Python runs meanwhile, for a signal another
-                # thread took, runs with these blocked, and so would a child it starts)
-                _C_SIGNAL.pthread_sigmask(
-                    signal.SIG_BLOCK, {signum for _, signum, _ in self.pending})
-            except BaseException as exc:
-                raised = raised or exc
+            # Only theirs (a handler Python runs meanwhile, for a signal another
+            # thread took, runs with these blocked, and so would a child it
+            # starts); tried again if a handler raised as it was asked for.
+            for _ in range(4 if mask is not None else 0):
+                try:
+                    _C_SIGNAL.pthread_sigmask(signal.SIG_BLOCK, _signums(self.pending))
+                    break
+                except BaseException as exc:
+                    raised = raised or exc
             raised = self._hand_over() or raised
         finally:
             if mask is not None:
@@ -239,15 +258,15 @@ class SignalGate:
         """Raise again, for the OS to keep (blocked here), each signal held back;
         returns what a handler Python ran meanwhile raised (one for a signal
         sent to the process, taken by another thread's C handler, still runs
-        here). Each one leaves the line only once raised: interrupted in
-        between, it is raised twice, which the OS keeps once."""
+        here). Each one leaves the line once it was raised, whatever came of it."""
         raised = None
         while self.pending:
             try:
                 _C_SIGNAL.raise_signal(self.pending[0][1])
-                del self.pending[0]
-            except BaseException as exc:  # (another signal's handler: raised after)
+            except BaseException as exc:  # (a handler Python ran: raised after)
                 raised = raised or exc
+            finally:  # (raised once at most: not blocked, a raising handler ran each time)
+                del self.pending[0]
         return raised
 
     def _exit(self, was: bool) -> None:

@@ -609,3 +609,50 @@ def test_a_second_deadline_as_the_first_is_told_apart_is_still_a_handler_s(
     finally:
         _GATE.leave(entered)
         signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_hand_over_not_blocked_raises_each_held_signal_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Should the hand-over's blocking be skipped (a handler raising as it was
+    asked for), each held signal is still raised once: its handler runs there
+    and then, and one that always raises (Ctrl-C's default handler, a
+    SIGTERM's exit) does not make it raise that one for ever, the process
+    spinning (the fourth review of 2026-12-06, N2)."""
+    from durabilis import _signal_gate
+
+    real = _signal_gate._C_SIGNAL
+
+    class _Counted:
+        """The C signal module, counting ``raise_signal`` (a loop fails, not hangs)."""
+
+        def __init__(self) -> None:
+            self.raised = 0
+
+        def raise_signal(self, signum: int) -> None:
+            self.raised += 1
+            if self.raised > 50:
+                raise RuntimeError("raised again and again")
+            signal.raise_signal(signum)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+    def blocking_refused(pending: Any) -> set[int]:
+        raise KeyboardInterrupt  # (a handler raising as the set was made)
+
+    counted = _Counted()
+    ran: list[str] = []
+    _, usr2, _ = _noting(ran, reinstalls=False)
+    previous = signal.signal(signal.SIGUSR2, usr2)
+    monkeypatch.setattr(_signal_gate, "_C_SIGNAL", counted)
+    monkeypatch.setattr(_signal_gate, "_signums", blocking_refused)
+    try:
+        _GATE.pending.append((usr2, signal.SIGUSR2, None))
+        with pytest.raises((_SecondSignal, KeyboardInterrupt)):
+            _GATE._hand_over_rest()
+    finally:
+        _reset_gate()
+        signal.signal(signal.SIGUSR2, previous)
+    assert (counted.raised, ran, _GATE.pending) == (1, ["usr2"], [])
+    assert not signal.pthread_sigmask(signal.SIG_BLOCK, ()) & {signal.SIGUSR2}
