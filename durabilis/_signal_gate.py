@@ -192,6 +192,11 @@ class SignalGate:
             self._exit(was)
             self.deliver()
         except BaseException as exc:
+            if self.depth != count or self.closed is not was:
+                # (_exit cut short before it counted this plan out or reopened, by a
+                # handler the gate does not hold: left so, closed for good; here,
+                # not in _cut_short, whose entry a second such raise may skip)
+                self.depth, self.closed = count, was
             try:
                 self._cut_short(was, count)
             except Exception:
@@ -203,10 +208,7 @@ class SignalGate:
     def _cut_short(self, was: bool, count: int) -> None:
         """A plan's end cut short: the count and the gate put right, the handlers
         put back after the outermost plan, what is still held handed over."""
-        if self.depth != count or self.closed is not was:
-            # (_exit cut short before it counted this plan out or reopened, by a
-            # handler the gate does not hold: left so, closed for good)
-            self.depth, self.closed = count, was
+        self.depth, self.closed = count, was
         if self.closed:
             return  # (an outer plan holds the gate: what waits is its to deliver)
         try:

@@ -656,3 +656,36 @@ def test_a_hand_over_not_blocked_raises_each_held_signal_once(
         signal.signal(signal.SIGUSR2, previous)
     assert (counted.raised, ran, _GATE.pending) == (1, ["usr2"], [])
     assert not signal.pthread_sigmask(signal.SIG_BLOCK, ()) & {signal.SIGUSR2}
+
+
+def test_two_handlers_the_gate_does_not_hold_raising_as_a_plan_s_end_is_put_right(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two raises by a handler the gate never holds: one at ``_exit``'s first
+    line, one as the cut-short end is being put right (at ``_cut_short``'s
+    entry, before any of its code: stood for by a ``_cut_short`` that raises
+    at once): the gate still ends open and counted out (the fifth review of
+    2026-12-06, R1: closed for good)."""
+    ran: list[str] = []
+
+    def winch(signum: int, frame: Any) -> None:
+        ran.append("winch")
+        raise _SecondSignal
+
+    def cut_short_at_entry(self: Any, was: bool, count: int) -> None:
+        winch(signal.SIGWINCH, None)
+
+    monkeypatch.setattr(type(_GATE), "_cut_short", cut_short_at_entry)
+    previous = signal.signal(signal.SIGWINCH, winch)
+    try:
+        entered = _GATE.enter()
+        with pytest.raises(_SecondSignal), signal_as_it_starts(
+            type(_GATE)._exit.__code__, signal.SIGWINCH
+        ) as armed:
+            _GATE.leave(entered)
+        state = (_GATE.closed, _GATE.depth, ran, armed[0])
+    finally:
+        monkeypatch.undo()
+        _reset_gate()
+        signal.signal(signal.SIGWINCH, previous)
+    assert state == (False, 0, ["winch", "winch"], False), state
