@@ -92,20 +92,31 @@ def _wait_out(target: Any, conn: Any, left: int, exc: BaseException, since: int)
     ``except`` block a nested call runs, is no interruption of this send). The
     caller drops the connection."""
     if left and (not isinstance(exc, Exception) or GATE.made_of(exc, since) is not None):
-        # Up to a PING of a nonce sent after them, not a count of replies: the
-        # interruption may have landed just after a reply was read whole, and
-        # waiting for one more then took a socket timeout (for ever without
-        # one). Its nonce comes back once whatever is before it did.
-        marker = os.urandom(12).hex()
-        since_drain = GATE.ran
-        try:
-            through(_send_marker, conn, marker)
-        except BaseException as sent_exc:
-            conn.disconnect()
-            if isinstance(sent_exc, Exception) and GATE.made_of(sent_exc, since_drain) is None:
-                return  # (the connection is gone: nothing more comes on it)
-            raise
-        _drain(target, conn, left + 1, None, release=False, until=marker.encode())
+        _drain_past(target, conn, left, None, release=False)
+
+
+def _drain_past(
+    redis_node: Any, conn: Any, left: int, deadline: float | None, *, release: bool
+) -> bool:
+    """:func:`_drain` of the at most ``left`` replies due on ``conn`` after an
+    interruption of their read: up to a ``PING`` of a nonce sent after them,
+    not a count of replies. The interruption may have landed just after a reply
+    was read whole and before it was counted, and waiting for one more then
+    took a socket timeout (for ever without one). The nonce comes back once
+    whatever is before it did (``PING``: the ACL in docs/operations.md grants
+    it). False if the connection was dropped."""
+    marker = os.urandom(12).hex()
+    since = GATE.ran
+    try:
+        through(_send_marker, conn, marker)
+    except BaseException as exc:
+        conn.disconnect()
+        if release:
+            redis_node.connection_pool.release(conn)
+        if isinstance(exc, Exception) and GATE.made_of(exc, since) is None:
+            return False  # (the connection is gone: nothing more comes on it)
+        raise
+    return _drain(redis_node, conn, left + 1, deadline, release=release, until=marker.encode())
 
 
 class _Lost:
@@ -359,7 +370,7 @@ class ClusterWaves(StoreBase):
                 _drop(redis_node, conn)
                 raise
             try:
-                if not _drain(redis_node, conn, left, deadline):
+                if not _drain_past(redis_node, conn, left, deadline, release=True):
                     failed[node.name] = None  # (its other calls: dropped, not waited for)
             except BaseException:  # interrupted again: the wave's other calls dropped
                 failed[_HURRY] = None

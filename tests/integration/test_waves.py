@@ -9,6 +9,8 @@ of a wave go concurrently, each to its node (the last test shows it).
 
 from __future__ import annotations
 
+import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -19,10 +21,12 @@ import redis
 import durabilis
 from durabilis import StorageUnavailable
 from durabilis._scripts import ScriptCall, unfuse
+from durabilis._store import _wave
 from durabilis.errors import CorruptData
 from durabilis.idempotency import IdempotencyGuard
 from durabilis.layer import DurabilityLayer
 from tests.integration._layer_support import Counter, fast_config
+from tests.support.interrupts import Interrupted, raising_handler
 
 pytestmark = pytest.mark.topologies("cluster")
 
@@ -131,6 +135,45 @@ def test_an_interrupt_after_a_wave_s_reply_never_gives_a_connection_back_twice(
     assert other._sock is not None  # not disconnected under its user
     assert pool.get_connection() is not other
     pool.release(other)
+
+
+@pytest.mark.cluster_only
+def test_an_interruption_just_after_a_wave_s_reply_was_read_does_not_wait_for_another(
+    redis_url: str, namespace: str
+) -> None:
+    """An interruption landing just after a wave's reply was read whole (as its
+    read returns): the wave waits for what is still due on that connection
+    before it goes on, and nothing is: it goes on at once, not after the wave's
+    deadline (a socket timeout; never, without one) waiting for a reply that
+    was already read (the fourth review of 2026-12-06, N3: the Cluster twin
+    of the store's F1)."""
+    code = _wave._kept_reply.__code__
+    armed = [True]
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code is not code:
+            return None
+        if event == "return" and armed[0]:  # (the reply read whole, not yet kept)
+            armed[0] = False
+            sys.settrace(None)
+            frame.f_trace = None
+            signal.raise_signal(signal.SIGUSR1)
+        return tracer
+
+    with durabilis.connect(redis_url, namespace=namespace, socket_timeout=30) as store:
+        store.run_step(claims(store, "warm-1", "warm-2"), waves=[0, 0])  # scripts loaded
+        with raising_handler(Interrupted, signal.SIGUSR1):
+            sys.settrace(tracer)
+            began = time.monotonic()
+            try:
+                with pytest.raises(Interrupted):
+                    store.run_step(claims(store, "read-1"), waves=[0])
+            finally:
+                sys.settrace(None)
+            took = time.monotonic() - began
+        assert not armed[0]  # (it landed there)
+        assert took < 10, took  # (not the wave's 30 s deadline)
+        assert store.run_step(claims(store, "next-1", "next-2"), waves=[0, 0]).status == "cc"
 
 
 def test_a_call_that_ends_after_close_still_removes_its_index_entry_and_counts(
