@@ -52,8 +52,8 @@ def through(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     ``contextlib``, closed the gate later, at its collection: for good)."""
     if not GATE.held_here():
         return fn(*args, **kwargs)
-    GATE.holding = GATE.closed = False
     try:
+        GATE.holding = GATE.closed = False
         GATE.deliver()
         return fn(*args, **kwargs)
     finally:

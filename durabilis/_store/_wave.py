@@ -34,13 +34,16 @@ def _kept_reply(conn: Any) -> Any:
 
 def _drain(
     redis_node: Any, conn: Any, replies: int = 1, deadline: float | None = None, *,
-    release: bool = True, until: bytes | None = None,
+    until: bytes | None = None,
 ) -> bool:
-    """Read and drop the ``replies`` written to ``conn`` (a script, its WAIT), then give
-    ``conn`` back (disconnected if a reply did not come by ``deadline``: False).
-    ``release=False``: the caller gives it back. ``until``: at most ``replies``,
-    up to this one. Interrupted again (a second Ctrl-C, a SIGTERM's
-    ``SystemExit``), it stops waiting and that goes on."""
+    """Read and drop the ``replies`` written to ``conn`` (a script, its WAIT):
+    True, in step; False, disconnected (a reply did not come by ``deadline``).
+    ``until``: at most ``replies``, up to this one. Interrupted again (a second
+    Ctrl-C, a SIGTERM's ``SystemExit``), it stops waiting and that goes on.
+
+    The caller gives ``conn`` back, dropped first unless this returned True
+    (:func:`_given_back`): raised at this function's entry, before its
+    ``try``, it was neither drained nor dropped."""
     since = GATE.ran
     try:
         with _read_by(conn, deadline):
@@ -53,9 +56,6 @@ def _drain(
     except BaseException:
         conn.disconnect()
         raise
-    finally:
-        if release:
-            redis_node.connection_pool.release(conn)
     return True
 
 
@@ -92,31 +92,28 @@ def _wait_out(target: Any, conn: Any, left: int, exc: BaseException, since: int)
     ``except`` block a nested call runs, is no interruption of this send). The
     caller drops the connection."""
     if left and (not isinstance(exc, Exception) or GATE.made_of(exc, since) is not None):
-        _drain_past(target, conn, left, None, release=False)
+        _drain_past(target, conn, left, None)
 
 
-def _drain_past(
-    redis_node: Any, conn: Any, left: int, deadline: float | None, *, release: bool
-) -> bool:
+def _drain_past(redis_node: Any, conn: Any, left: int, deadline: float | None) -> bool:
     """:func:`_drain` of the at most ``left`` replies due on ``conn`` after an
     interruption of their read: up to a ``PING`` of a nonce sent after them,
     not a count of replies. The interruption may have landed just after a reply
     was read whole and before it was counted, and waiting for one more then
     took a socket timeout (for ever without one). The nonce comes back once
     whatever is before it did (``PING``: the ACL in docs/operations.md grants
-    it). False if the connection was dropped."""
+    it). True, in step; False, dropped; given back by the caller, as
+    :func:`_drain`'s."""
     marker = os.urandom(12).hex()
     since = GATE.ran
     try:
         through(_send_marker, conn, marker)
     except BaseException as exc:
         conn.disconnect()
-        if release:
-            redis_node.connection_pool.release(conn)
         if isinstance(exc, Exception) and GATE.made_of(exc, since) is None:
             return False  # (the connection is gone: nothing more comes on it)
         raise
-    return _drain(redis_node, conn, left + 1, deadline, release=release, until=marker.encode())
+    return _drain(redis_node, conn, left + 1, deadline, until=marker.encode())
 
 
 class _Lost:
@@ -134,6 +131,17 @@ def _drop(redis_node: Any, conn: Any) -> None:
         conn.disconnect()
     finally:
         redis_node.connection_pool.release(conn)
+
+
+def _given_back(redis_node: Any, conn: Any, in_step: bool) -> None:
+    """``conn`` back to its pool after a drain: as it is if the drain ended in
+    step, else dropped first (a drain cut short at its entry by a second
+    interruption left replies on their way: the next command would read them
+    as its own)."""
+    if in_step:
+        redis_node.connection_pool.release(conn)
+    else:
+        _drop(redis_node, conn)
 
 
 def _unknown(call: ScriptCall, node: str) -> StorageUnavailable:
@@ -263,12 +271,15 @@ class ClusterWaves(StoreBase):
             if on[2].name in failed or _HURRY in failed:
                 _drop(on[0], on[1])
                 continue
+            drained = False
             try:
                 drained = _drain(on[0], on[1], 2 if self._waits(call) else 1, deadline)
             except BaseException:  # interrupted again: the rest dropped, unread
                 failed[_HURRY] = None
                 self._left_unread(calls, unread, failed, deadline)
                 raise
+            finally:
+                _given_back(on[0], on[1], drained)
             if not drained:
                 failed[on[2].name] = None  # (its other calls: dropped, not waited for)
 
@@ -369,12 +380,16 @@ class ClusterWaves(StoreBase):
             if not left:  # (every reply read: its timeout may not be restored yet)
                 _drop(redis_node, conn)
                 raise
+            drained = False
             try:
-                if not _drain_past(redis_node, conn, left, deadline, release=True):
-                    failed[node.name] = None  # (its other calls: dropped, not waited for)
+                drained = _drain_past(redis_node, conn, left, deadline)
             except BaseException:  # interrupted again: the wave's other calls dropped
                 failed[_HURRY] = None
                 raise
+            finally:
+                _given_back(redis_node, conn, drained)
+            if not drained:
+                failed[node.name] = None  # (its other calls: dropped, not waited for)
             raise
         pool.release(conn)
         if isinstance(reply, _NOT_RUN):  # a redirect, NOSCRIPT, a failover: nothing ran

@@ -9,6 +9,7 @@ of a wave go concurrently, each to its node (the last test shows it).
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -26,7 +27,12 @@ from durabilis.errors import CorruptData
 from durabilis.idempotency import IdempotencyGuard
 from durabilis.layer import DurabilityLayer
 from tests.integration._layer_support import Counter, fast_config
-from tests.support.interrupts import Interrupted, raising_handler
+from tests.support.interrupts import (
+    Interrupted,
+    InterruptedAgain,
+    raising_handler,
+    signal_as_it_starts,
+)
 
 pytestmark = pytest.mark.topologies("cluster")
 
@@ -173,6 +179,39 @@ def test_an_interruption_just_after_a_wave_s_reply_was_read_does_not_wait_for_an
             took = time.monotonic() - began
         assert not armed[0]  # (it landed there)
         assert took < 10, took  # (not the wave's 30 s deadline)
+        assert store.run_step(claims(store, "next-1", "next-2"), waves=[0, 0]).status == "cc"
+
+
+@pytest.mark.cluster_only
+@pytest.mark.parametrize("second_at", ["_drain_past", "_drain"])
+def test_a_second_interruption_as_a_wave_s_read_is_drained_loses_no_connection(
+    redis_url: str, namespace: str, raw: Any, second_at: str
+) -> None:
+    """A first interruption cuts a wave's read (its node paused); a second one
+    lands as the drain that follows begins (before its ``try``): the
+    connection goes back to its node's pool, dropped (its replies on their
+    way), not left in use for good (a review of 2026-12-06, F1: one connection
+    of the node lost per hit)."""
+    with durabilis.connect(redis_url, namespace=namespace, socket_timeout=30) as store:
+        store.run_step(claims(store, "warm-1", "warm-2"), waves=[0, 0])  # scripts loaded
+        [call] = claims(store, "read-1")
+        node = store.client.get_node_from_key(call.keys[0])
+        pool = store.client.get_redis_connection(node).connection_pool
+        timer = threading.Timer(0.15, os.kill, (os.getpid(), signal.SIGUSR1))
+        with (
+            raising_handler(Interrupted, signal.SIGUSR1),
+            raising_handler(InterruptedAgain, signal.SIGUSR2),
+            signal_as_it_starts(getattr(_wave, second_at).__code__, signal.SIGUSR2) as armed,
+        ):
+            raw.execute_command("CLIENT", "PAUSE", 1000, "WRITE", target_nodes=node)
+            timer.start()
+            try:
+                with pytest.raises(InterruptedAgain):
+                    store.run_step([call], waves=[0])
+            finally:
+                timer.join()
+            assert not armed[0]  # (the second one landed as the drain began)
+        assert not pool._in_use_connections, "a connection was left in use"
         assert store.run_step(claims(store, "next-1", "next-2"), waves=[0, 0]).status == "cc"
 
 
