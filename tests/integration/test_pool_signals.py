@@ -39,6 +39,7 @@ from tests.support.interrupts import (
     claim,
     raising_handler,
     signal_as_it_starts,
+    signal_in,
 )
 
 pytestmark = pytest.mark.topologies("sentinel")
@@ -506,29 +507,16 @@ def test_an_interruption_just_after_a_reply_was_read_does_not_wait_for_another(
     third review of 2026-12-06, F1)."""
     lines, first = inspect.getsourcelines(_sync._read_reply)
     at = first + next(i for i, line in enumerate(lines) if "if isinstance(reply," in line)
-    armed = [True]
-
-    def tracer(frame: Any, event: str, arg: Any) -> Any:
-        if frame.f_code is not _sync._read_reply.__code__:
-            return None
-        if event == "line" and frame.f_lineno == at and armed[0]:
-            armed[0] = False
-            sys.settrace(None)
-            frame.f_trace = None
-            signal.raise_signal(signal.SIGUSR1)
-        return tracer
-
     with durabilis.connect(redis_url, namespace=namespace, socket_timeout=30) as store:
         _pool(store)
         assert store._send("ECHO", "warm") == b"warm"
-        with raising_handler(Interrupted, signal.SIGUSR1):
-            sys.settrace(tracer)
+        with (
+            raising_handler(Interrupted, signal.SIGUSR1),
+            signal_in(_sync._read_reply.__code__, line=at) as armed,
+        ):
             began = time.monotonic()
-            try:
-                with pytest.raises(Interrupted):
-                    store._send("ECHO", "read")
-            finally:
-                sys.settrace(None)
+            with pytest.raises(Interrupted):
+                store._send("ECHO", "read")
             took = time.monotonic() - began
         assert not armed[0]  # (it landed there)
         assert took < 10, took  # (not the 30 s socket timeout)

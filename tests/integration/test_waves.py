@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
 import time
 from typing import Any
@@ -32,6 +31,7 @@ from tests.support.interrupts import (
     InterruptedAgain,
     raising_handler,
     signal_as_it_starts,
+    signal_in,
 )
 
 pytestmark = pytest.mark.topologies("cluster")
@@ -153,29 +153,15 @@ def test_an_interruption_just_after_a_wave_s_reply_was_read_does_not_wait_for_an
     deadline (a socket timeout; never, without one) waiting for a reply that
     was already read (the fourth review of 2026-12-06, N3: the Cluster twin
     of the store's F1)."""
-    code = _wave._kept_reply.__code__
-    armed = [True]
-
-    def tracer(frame: Any, event: str, arg: Any) -> Any:
-        if frame.f_code is not code:
-            return None
-        if event == "return" and armed[0]:  # (the reply read whole, not yet kept)
-            armed[0] = False
-            sys.settrace(None)
-            frame.f_trace = None
-            signal.raise_signal(signal.SIGUSR1)
-        return tracer
-
     with durabilis.connect(redis_url, namespace=namespace, socket_timeout=30) as store:
         store.run_step(claims(store, "warm-1", "warm-2"), waves=[0, 0])  # scripts loaded
-        with raising_handler(Interrupted, signal.SIGUSR1):
-            sys.settrace(tracer)
+        with (
+            raising_handler(Interrupted, signal.SIGUSR1),
+            signal_in(_wave._kept_reply.__code__) as armed,  # (its reply read whole)
+        ):
             began = time.monotonic()
-            try:
-                with pytest.raises(Interrupted):
-                    store.run_step(claims(store, "read-1"), waves=[0])
-            finally:
-                sys.settrace(None)
+            with pytest.raises(Interrupted):
+                store.run_step(claims(store, "read-1"), waves=[0])
             took = time.monotonic() - began
         assert not armed[0]  # (it landed there)
         assert took < 10, took  # (not the wave's 30 s deadline)

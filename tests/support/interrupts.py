@@ -104,3 +104,32 @@ def signal_as_it_starts(code: Any, signum: int = signal.SIGUSR1) -> Iterator[lis
         yield armed
     finally:
         sys.settrace(None)
+
+
+@contextmanager
+def signal_in(
+    code: Any, *, line: int | None = None, signum: int = signal.SIGUSR1
+) -> Iterator[list[bool]]:
+    """While the block runs, ``signum`` is raised once in a frame of ``code``:
+    as it reaches ``line`` (an absolute line number), or, without one, as it
+    returns (its work done, its value not handed back yet). Yields ``[armed]``:
+    ``[False]`` once it was raised. (A handler raising inside the trace
+    function also ends the tracing: one signal per block.)"""
+    armed = [True]
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code is not code:
+            return None
+        at = event == "return" if line is None else (event == "line" and frame.f_lineno == line)
+        if at and armed[0]:
+            armed[0] = False
+            sys.settrace(None)
+            frame.f_trace = None
+            signal.raise_signal(signum)
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        yield armed
+    finally:
+        sys.settrace(None)
