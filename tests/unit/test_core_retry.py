@@ -23,8 +23,13 @@ from durabilis.core.retry import (
     TESTING,
     BudgetOps,
     RetryBudget,
+    RetryDecision,
+    RetryHooks,
     RetryOutcome,
     RetryPolicy,
+    Stopped,
+    decide_coded,
+    retry_loop,
     retry_plan,
 )
 from durabilis.core.steps import Plan, Run, Sleep, answered
@@ -210,3 +215,102 @@ def test_an_operation_type_that_cannot_name_the_budget_key_is_refused_before_any
     )
     with pytest.raises(ConfigError):
         next(bad)
+
+
+# --- THE loop with other hooks (the layer's shape) ------------------------------------
+
+
+class _Hooks:
+    """Hooks that note each call and stop where told: the loop's skeleton checked
+    apart from any policy."""
+
+    def __init__(self, *, stop_before: int | None = None, stop_after: int | None = None) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.stop_before, self.stop_after = stop_before, stop_after
+
+    def hooks(self) -> RetryHooks[str]:
+        return RetryHooks(
+            self.attempt, self.decide, self.on_success, self.on_stop,
+            before_attempt=self.before_attempt, after_failure=self.after_failure,
+        )
+
+    def before_attempt(self, n: int) -> Plan[Stopped[str] | None]:
+        self.calls.append(("before", n))
+        yield ScriptCall("before", [], [n])
+        return Stopped(f"stopped before {n}") if n == self.stop_before else None
+
+    def attempt(self, n: int) -> Plan[tuple[bool, Any]]:
+        self.calls.append(("attempt", n))
+        reply: tuple[bool, Any] = yield STEP
+        return reply
+
+    def decide(self, n: int, exc: BaseException) -> RetryDecision:
+        self.calls.append(("decide", n, exc))
+        return decide_coded(policy(), n, exc, error_code(exc), rng=lambda: 0.5)
+
+    def after_failure(
+        self, decision: RetryDecision, _: BaseException
+    ) -> Plan[RetryDecision | Stopped[str]]:
+        self.calls.append(("after", decision.attempt))
+        yield ScriptCall("report", [], [decision.attempt])
+        if decision.attempt == self.stop_after:
+            return Stopped(f"stopped after {decision.attempt}")
+        return decision
+
+    def on_success(self, value: Any, n: int) -> Plan[str]:
+        self.calls.append(("success", n))
+        yield ScriptCall("record", [], [value])
+        return f"ok {value} at {n}"
+
+    def on_stop(self, decision: RetryDecision, exc: BaseException) -> Plan[str]:
+        self.calls.append(("stop", decision.stop_reason))
+        if decision.stop_reason == NON_RETRYABLE:
+            raise exc
+        yield ScriptCall("park", [], [])
+        return f"parked {decision.stop_reason}"
+
+
+def _names(steps: list[Any]) -> list[str]:
+    return [type(s).__name__ if not isinstance(s, ScriptCall) else s.name for s in steps]
+
+
+def test_the_loop_runs_each_hook_in_the_skeleton_s_order_and_sleeps_the_decision() -> None:
+    h = _Hooks()
+    steps, result = answered(
+        retry_loop(h.hooks()),
+        [b"", (False, TIMEOUT), b"", None, b"", (True, 7), b""],
+    )
+    assert result == "ok 7 at 1"
+    assert _names(steps) == [
+        "before", "Run", "report", "Sleep", "before", "Run", "record",
+    ]
+    assert steps[3] == Sleep(0.1)  # the decision's delay (no jitter)
+    assert [c[0] for c in h.calls] == [
+        "before", "attempt", "decide", "after", "before", "attempt", "success",
+    ]
+
+
+def test_a_stopped_from_before_attempt_or_after_failure_is_the_loop_s_result() -> None:
+    early = _Hooks(stop_before=1)
+    steps, result = answered(retry_loop(early.hooks()), [b"", (False, TIMEOUT), b"", None, b""])
+    assert result == "stopped before 1"
+    assert _names(steps) == ["before", "Run", "report", "Sleep", "before"]
+    late = _Hooks(stop_after=0)
+    steps, result = answered(retry_loop(late.hooks()), [b"", (False, TIMEOUT), b""])
+    assert result == "stopped after 0"
+    assert _names(steps) == ["before", "Run", "report"]  # no sleep, no on_stop
+
+
+def test_on_stop_ends_the_loop_with_its_value_or_its_exception() -> None:
+    h = _Hooks()
+    steps, result = answered(
+        retry_loop(h.hooks()),
+        [b"", (False, TIMEOUT), b"", None, b"", (False, TIMEOUT), b"", None,
+         b"", (False, TIMEOUT), b"", b""],
+    )
+    assert result == f"parked {EXHAUSTED}"
+    assert _names(steps)[-2:] == ["report", "park"]
+    raising = _Hooks()
+    with pytest.raises(PermissionError):
+        answered(retry_loop(raising.hooks()), [b"", (False, DENIED), b""])
+    assert raising.calls[-1] == ("stop", NON_RETRYABLE)

@@ -13,10 +13,13 @@ Appendix, "Retry execute"):
 5. otherwise retry after the delay (a budgeted policy then asks the retry
    budget: a refusal stops with ``RETRY_BUDGET_EXHAUSTED``).
 
-:func:`retry_plan` is that loop as steps (``Run``, ``Sleep``, the budget's
-``ScriptCall``); :class:`~durabilis.retry.RetryEngine` and
-:class:`~durabilis.retry.AsyncRetryEngine` drive it. The composed layer still
-runs its own attempt loop over :func:`decide_coded` (``durabilis.layer._plans``).
+:func:`retry_loop` is that loop as a plan whose every step is a hook's
+(:class:`RetryHooks`). :func:`retry_plan` is the engines' hooks on it (``Run``,
+``Sleep``, the budget's ``ScriptCall``), which
+:class:`~durabilis.retry.RetryEngine` and
+:class:`~durabilis.retry.AsyncRetryEngine` drive; the composed layer drives the
+same loop with its own hooks (``durabilis.layer._plans.attempts``: the claim's
+lease, the breaker's admission and report, the DLQ).
 
 - :mod:`durabilis.core.retry.types`: policy, budget, decision, outcome, ``TESTING``.
 - :mod:`durabilis.core.retry.plans`: decisions, the budget's calls, the plan.
@@ -24,7 +27,15 @@ runs its own attempt loop over :func:`decide_coded` (``durabilis.layer._plans``)
 """
 
 from durabilis.core.retry.defaults import default_policies, gateway_policies
-from durabilis.core.retry.plans import BudgetOps, BudgetState, decide_coded, retry_plan
+from durabilis.core.retry.plans import (
+    BudgetOps,
+    BudgetState,
+    RetryHooks,
+    Stopped,
+    decide_coded,
+    retry_loop,
+    retry_plan,
+)
 from durabilis.core.retry.types import *  # noqa: F403
 from durabilis.core.retry.types import __all__ as _TYPES
 
@@ -32,8 +43,11 @@ __all__ = [  # noqa: PLE0604
     *_TYPES,
     "BudgetOps",
     "BudgetState",
+    "RetryHooks",
+    "Stopped",
     "decide_coded",
     "default_policies",
     "gateway_policies",
+    "retry_loop",
     "retry_plan",
 ]

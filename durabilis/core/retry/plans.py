@@ -2,9 +2,12 @@
 
 :func:`decide_coded` says what follows a failed attempt; :class:`BudgetOps`
 builds the ``retry_budget`` script calls and decodes their replies;
-:func:`retry_plan` is the retry loop as a plan of steps (``Run`` the
-operation, ``Sleep`` the backoff, a ``retry_budget`` :class:`ScriptCall`)
-that the sync and async engines of :mod:`durabilis.retry` both drive.
+:func:`retry_loop` is THE retry loop as a plan (attempt, decide, charge,
+sleep, attempt again), each step a hook's (:class:`RetryHooks`);
+:func:`retry_plan` is the engines' hooks on it (``Run`` the operation,
+``Sleep`` the backoff, a ``retry_budget`` :class:`ScriptCall`), which the sync
+and async engines of :mod:`durabilis.retry` both drive; the composed layer
+drives the same loop with its own hooks (claim, lease, breaker, DLQ).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from durabilis import _codec
 from durabilis._scripts import ScriptCall
@@ -36,7 +39,12 @@ from durabilis.errors import ConfigError, CorruptData
 if TYPE_CHECKING:
     from durabilis._keys import KeySpace
 
-__all__ = ["BudgetOps", "BudgetState", "decide_coded", "retry_plan"]
+__all__ = [
+    "BudgetOps", "BudgetState", "RetryHooks", "Stopped", "decide_coded", "retry_loop",
+    "retry_plan",
+]
+
+T = TypeVar("T")
 
 
 # --- decisions ------------------------------------------------------------------------
@@ -183,11 +191,208 @@ class BudgetOps:
             ) from None
 
 
-# --- the retry plan ------------------------------------------------------------------------
+# --- the retry loop and its hooks -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Stopped(Generic[T]):
+    """A hook's answer that ends the loop with ``value`` (the plan's result)."""
+
+    value: T
+
+
+class RetryHooks(Generic[T]):
+    """What one retry loop does around the skeleton that :func:`retry_loop` owns.
+
+    The skeleton: attempt, decide, charge the retry, sleep, attempt again. Each
+    hook is a sub-plan (a generator of steps) unless said otherwise; the
+    optional ones left ``None`` do nothing (``sleep``: one ``Sleep`` of the
+    delay). The engines' hooks are :func:`retry_plan`'s; the composed layer's
+    (claim, lease, breaker, DLQ) are built by ``durabilis.layer._plans``.
+
+    Attributes:
+        attempt: ``attempt(n)``: run attempt ``n`` (from 0): ``(True, value)`` or
+            ``(False, exception)``.
+        decide: ``decide(n, exc)`` (a plain function): what follows failed attempt ``n``.
+        on_success: ``on_success(value, n)``: the plan's result after attempt ``n`` succeeded.
+        on_stop: ``on_stop(decision, exc)``: the plan's result when ``decision``
+            (as charged) stops the loop; it may raise instead.
+        before_first: Before attempt 0 (the engines count the call in its budget).
+        before_attempt: ``before_attempt(n)``: before attempt ``n``; a :class:`Stopped`
+            ends the loop (the layer: lease, breaker admission, deadline).
+        after_failure: ``after_failure(decision, exc)``: the decision as charged
+            (budget, the breaker's report, the deadline re-checked after those
+            round trips), or a :class:`Stopped`.
+        sleep: ``sleep(decision)``: the backoff before the next attempt.
+    """
+
+    __slots__ = (
+        "after_failure", "attempt", "before_attempt", "before_first", "decide", "on_stop",
+        "on_success", "sleep",
+    )
+
+    def __init__(  # (a plain class: built once per call, on the layer's general path)
+        self,
+        attempt: Callable[[int], Plan[tuple[bool, Any]]],
+        decide: Callable[[int, BaseException], RetryDecision],
+        on_success: Callable[[Any, int], Plan[T]],
+        on_stop: Callable[[RetryDecision, BaseException], Plan[T]],
+        *,
+        before_first: Callable[[], Plan[None]] | None = None,
+        before_attempt: Callable[[int], Plan[Stopped[T] | None]] | None = None,
+        after_failure: (
+            Callable[[RetryDecision, BaseException], Plan[RetryDecision | Stopped[T]]] | None
+        ) = None,
+        sleep: Callable[[RetryDecision], Plan[None]] | None = None,
+    ) -> None:
+        self.attempt, self.decide, self.on_success, self.on_stop = (
+            attempt, decide, on_success, on_stop
+        )
+        self.before_first, self.before_attempt = before_first, before_attempt
+        self.after_failure, self.sleep = after_failure, sleep
+
+
+def retry_loop(hooks: RetryHooks[T]) -> Plan[T]:
+    """THE retry loop, as a plan: the skeleton every retrying caller shares
+    (the engines through :func:`retry_plan`, the layer through its hooks);
+    every step it yields is a hook's."""
+    if hooks.before_first is not None:
+        yield from hooks.before_first()
+    before, after, sleep = hooks.before_attempt, hooks.after_failure, hooks.sleep
+    attempt = 0
+    while True:
+        if before is not None:
+            stopped = yield from before(attempt)
+            if stopped is not None:
+                return stopped.value
+        ok, value = yield from hooks.attempt(attempt)
+        if ok:
+            return (yield from hooks.on_success(value, attempt))
+        decision = hooks.decide(attempt, value)
+        if after is not None:
+            charged = yield from after(decision, value)
+            if isinstance(charged, Stopped):
+                return charged.value
+            decision = charged
+        if not decision.retry:
+            return (yield from hooks.on_stop(decision, value))
+        if sleep is None:
+            yield Sleep(decision.delay)
+        else:
+            yield from sleep(decision)
+        attempt += 1
+
+
+# --- the engines' retry plan --------------------------------------------------------
 
 
 def _quiet(*_: Any) -> None:
     return None
+
+
+class _EngineLoop:
+    """The engines' hooks (:func:`retry_plan`): the state of one call's loop."""
+
+    __slots__ = (
+        "budget", "budget_ops", "classify", "clock", "deadline", "failed", "on_retry",
+        "on_stop", "operation_type", "policy", "rng", "skipped", "start", "step",
+    )
+
+    def __init__(
+        self,
+        operation_type: str,
+        policy: RetryPolicy | None,
+        step: Run,
+        *,
+        classify: Callable[[BaseException], str],
+        clock: Callable[[], float],
+        start: float,
+        deadline: float | None,
+        rng: Callable[[], float],
+        budget_ops: BudgetOps | None,
+        on_retry: Callable[[RetryDecision], object],
+        on_stop: Callable[[RetryDecision, Exception], object],
+        failed: Exception | None,
+    ) -> None:
+        self.operation_type, self.policy, self.step = operation_type, policy, step
+        self.classify, self.clock, self.start, self.deadline = classify, clock, start, deadline
+        self.rng, self.budget_ops, self.on_retry, self.on_stop = rng, budget_ops, on_retry, on_stop
+        self.failed = failed
+        self.budget = None if policy is None else policy.budget
+        self.skipped = 0.0  # delays not slept (TESTING.instant) still count as elapsed
+
+    def hooks(self) -> RetryHooks[RetryOutcome[Any]]:
+        charged = self.budget is not None and self.budget_ops is not None
+        return RetryHooks(
+            self.attempt, self.decide, self.succeeded, self.stopped,
+            before_first=(
+                self.count_call if self.failed is None and self.budget is not None else None
+            ),
+            after_failure=self.spend_retry if charged else None,
+            sleep=self.sleep,
+        )
+
+    def count_call(self) -> Plan[None]:
+        budget, ops = self.budget, self.budget_ops
+        assert budget is not None
+        if ops is None:
+            raise ConfigError("budget", "a retry budget is kept in Redis: give the engine a store")
+        ops.check_named(self.operation_type)
+        ops.decode(self.operation_type, (yield ops.record_call(self.operation_type, budget)))
+
+    def attempt(self, _: int) -> Plan[tuple[bool, Any]]:
+        failed = self.failed
+        if failed is not None:  # the first attempt ran before the plan
+            self.failed = None
+            return False, failed
+        reply: tuple[bool, Any] = yield self.step
+        return reply
+
+    def elapsed(self) -> float:
+        return self.clock() - self.start + self.skipped
+
+    def decide(self, attempt: int, exc: BaseException) -> RetryDecision:
+        deadline = self.deadline
+        return decide_coded(
+            self.policy, attempt, exc, self.classify(exc),
+            elapsed=self.elapsed() if deadline is not None else 0.0, deadline=deadline,
+            rng=self.rng,
+        )
+
+    def spend_retry(
+        self, decision: RetryDecision, _: BaseException
+    ) -> Plan[RetryDecision | Stopped[RetryOutcome[Any]]]:
+        if not decision.retry:
+            return decision
+        ops, budget = self.budget_ops, self.budget
+        assert ops is not None and budget is not None
+        state = ops.decode(
+            self.operation_type, (yield ops.spend_retry(self.operation_type, budget))
+        )
+        if not state.allowed:
+            return decision.deny_budget()
+        deadline = self.deadline
+        if deadline is not None and self.elapsed() + decision.delay >= deadline:
+            # The budget's round trip took time too: a retry is never slept
+            # into the deadline (it stays charged to the budget, never made).
+            return decision.deny_deadline()
+        return decision
+
+    def sleep(self, decision: RetryDecision) -> Plan[None]:
+        self.on_retry(decision)
+        if TESTING.instant:
+            self.skipped += decision.delay
+        yield Sleep(decision.delay)
+
+    def succeeded(self, value: Any, attempt: int) -> Plan[RetryOutcome[Any]]:
+        return succeeded(value, attempt + 1)
+        yield  # (a plan without steps)
+
+    def stopped(self, decision: RetryDecision, exc: BaseException) -> Plan[RetryOutcome[Any]]:
+        assert isinstance(exc, Exception)
+        self.on_stop(decision, exc)
+        return RetryOutcome.failed(decision, exc)
+        yield  # (a plan without steps)
 
 
 def retry_plan(
@@ -205,7 +410,8 @@ def retry_plan(
     on_stop: Callable[[RetryDecision, Exception], object] = _quiet,
     failed: Exception | None = None,
 ) -> Plan[RetryOutcome[Any]]:
-    """Run an operation under its retry policy, as a plan of steps.
+    """Run an operation under its retry policy, as a plan of steps: the
+    engines' hooks on :func:`retry_loop`.
 
     Steps and the replies the plan expects:
 
@@ -241,49 +447,9 @@ def retry_plan(
             its key (before anything is sent or run).
         CorruptData: Foreign data at the budget's key.
     """
-    budget = None if policy is None else policy.budget
-    skipped = 0.0  # delays not slept (TESTING.instant) still count as elapsed
-    attempt = 0
-    if failed is not None:
-        value: Any = failed
-    else:
-        if budget is not None:
-            if budget_ops is None:
-                raise ConfigError(
-                    "budget", "a retry budget is kept in Redis: give the engine a store"
-                )
-            budget_ops.check_named(operation_type)
-            budget_ops.decode(
-                operation_type, (yield budget_ops.record_call(operation_type, budget))
-            )
-        ok, value = yield attempt_step
-        if ok:
-            return succeeded(value, 1)
-    while True:
-        elapsed = clock() - start + skipped if deadline is not None else 0.0
-        decision = decide_coded(
-            policy, attempt, value, classify(value), elapsed=elapsed, deadline=deadline, rng=rng
-        )
-        if decision.retry and budget_ops is not None and budget is not None:
-            state = budget_ops.decode(
-                operation_type, (yield budget_ops.spend_retry(operation_type, budget))
-            )
-            if not state.allowed:
-                decision = decision.deny_budget()
-            elif deadline is not None and (
-                clock() - start + skipped + decision.delay >= deadline
-            ):
-                # The budget's round trip took time too: a retry is never slept
-                # into the deadline (it stays charged to the budget, never made).
-                decision = decision.deny_deadline()
-        if not decision.retry:
-            on_stop(decision, value)
-            return RetryOutcome.failed(decision, value)
-        on_retry(decision)
-        if TESTING.instant:
-            skipped += decision.delay
-        yield Sleep(decision.delay)
-        attempt += 1
-        ok, value = yield attempt_step
-        if ok:
-            return succeeded(value, attempt + 1)
+    loop = _EngineLoop(
+        operation_type, policy, attempt_step, classify=classify, clock=clock, start=start,
+        deadline=deadline, rng=rng, budget_ops=budget_ops, on_retry=on_retry, on_stop=on_stop,
+        failed=failed,
+    )
+    return retry_loop(loop.hooks())

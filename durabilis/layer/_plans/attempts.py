@@ -1,4 +1,5 @@
-"""The layer's retry loop (:meth:`_Attempts._attempts`) over ``decide()``."""
+"""The layer's attempts (:meth:`_Attempts._attempts`): its hooks on THE retry loop
+(:func:`durabilis.core.retry.retry_loop`), which the engines drive too."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from durabilis._retry_core import (
 from durabilis._scripts import Replies, ScriptCall
 from durabilis._steps import INTERRUPTS
 from durabilis.core.breaker import Permit
-from durabilis.core.retry import RetryPolicy
+from durabilis.core.retry import RetryHooks, RetryPolicy, Stopped, retry_loop
 from durabilis.core.steps import IO, Plan, Run, Sleep
 from durabilis.errors import CircuitOpen, DurabilisError, LeaseLost
 from durabilis.events import error_text
@@ -29,9 +30,9 @@ from durabilis.retry import emit_retry_attempt, emit_retry_stop
 
 
 class _Attempts(_Parking):
-    """The layer's retry loop: attempts of ``fn`` under one claim."""
+    """The layer's attempts of ``fn`` under one claim: its hooks on THE retry loop."""
 
-    def _attempts(  # noqa: PLR0912, PLR0915  (the retry loop reads best as one piece)
+    def _attempts(  # noqa: PLR0915  (the hooks share the loop's state: read as one piece)
         self,
         req: _Request,
         fn: Callable[[OperationContext], Any],
@@ -41,9 +42,10 @@ class _Attempts(_Parking):
         *,
         first: tuple[BaseException, float, float] | None = None,
     ) -> Plan[Any]:
-        """The attempts, retried as the policy says. ``first``: the lean path's
-        first attempt failed (its error, when the attempts started, how long it
-        took in ms): the loop goes on from there."""
+        """The attempts, retried as the policy says, as :func:`retry_loop` with
+        the layer's hooks (each yields exactly the steps named in it). ``first``:
+        the lean path's first attempt failed (its error, when the attempts
+        started, how long it took in ms): the loop goes on from there."""
         dep = req.dependency
         budget = policy.budget if policy is not None else None
         deadline = req.deadline
@@ -53,9 +55,12 @@ class _Attempts(_Parking):
         confirmed = start  # when this claim was last known to be ours
         failed: tuple[BaseException, RetryDecision] | None = None  # the last attempt's failure
         slept = 0.0
-        attempt = 0
-        while True:
-            probe: str | None = None
+        probe: str | None = None  # this attempt's breaker probe, when it was admitted as one
+        took_ms = 0.0
+
+        def before_attempt(attempt: int) -> Plan[Stopped[Any] | None]:
+            nonlocal confirmed, permit, probe
+            probe = None
             if (first is None and cl.token
                     and self.clock() - confirmed >= self.config.renew_interval):
                 # A long pause (a backoff, or a stalled process): before the next
@@ -67,23 +72,26 @@ class _Attempts(_Parking):
                     yield from self._abandon(req, cl, None, None, touched=attempt > 0, started=1)
                     raise
                 except DurabilisError as broke:
-                    return (yield from self._park_failed(req, cl, failed, broke))
+                    return Stopped((yield from self._park_failed(req, cl, failed, broke)))
                 if not _renewed(held[0]):
                     # Its index entry stays: if recovery reclaimed the claim (same
                     # nonce), the entry is how a crashed recoverer is recovered in
                     # turn; otherwise recover_orphans drops it.
                     raise LeaseLost(req.key.value)
                 confirmed = self.clock()
-            if attempt > 0 and dep is not None:
+            if attempt == 0:
+                return None
+            assert failed is not None
+            if dep is not None:
                 probe = f"{cl.nonce}.{attempt}"
                 try:
                     admit = yield IO([self._breakers.ops.before_call(dep, probe_id=probe)])
                     permit = self._decode_permit(dep, admit[0])
                 except CircuitOpen as refused:
-                    return (yield from self._park(
+                    return Stopped((yield from self._park(
                         req, cl, attempts=attempt, error=CIRCUIT_OPEN, reason=CIRCUIT_OPEN,
                         cause=refused, started=1,
-                    ))
+                    )))
                 except INTERRUPTS:
                     yield from self._abandon(req, cl, None, probe, touched=True, started=1)
                     raise
@@ -92,8 +100,8 @@ class _Attempts(_Parking):
                         [self._breakers.ops.release_probe(dep, probe)],
                         "durability_release_failed", req.key.value,
                     )
-                    return (yield from self._park_failed(req, cl, failed, broke))
-            if attempt > 0 and self._past(deadline, start, slept):
+                    return Stopped((yield from self._park_failed(req, cl, failed, broke)))
+            if self._past(deadline, start, slept):
                 # The round trips after the backoff (renewal, admission) ran
                 # into the deadline: no attempt starts past it.
                 if probe is not None:
@@ -102,42 +110,62 @@ class _Attempts(_Parking):
                         [self._breakers.ops.release_probe(dep, probe)],
                         "durability_release_failed", req.key.value,
                     )
-                assert failed is not None
-                failed = (failed[0], failed[1].deny_deadline())
-                return (yield from self._park_failed(req, cl, failed, None))
-            if attempt > 0:
-                # Counted and announced as it starts (never one denied after its
-                # decision: a cancellation held back until the backoff, a lease
-                # lost, a breaker opened or the deadline reached meanwhile), in
-                # this process's batch of counts, like the other counters.
-                assert failed is not None
-                announced = failed[1]
-                emit_retry_attempt(req.operation_type, announced, agent_id=req.agent_id)
-                otel.retried(  # otel hook
-                    announced.attempts, announced.delay, announced.error_code)
-                self._leave([], {"retries": 1})
+                late = (failed[0], failed[1].deny_deadline())
+                return Stopped((yield from self._park_failed(req, cl, late, None)))
+            # Counted and announced as it starts (never one denied after its
+            # decision: a cancellation held back until the backoff, a lease
+            # lost, a breaker opened or the deadline reached meanwhile), in
+            # this process's batch of counts, like the other counters.
+            announced = failed[1]
+            emit_retry_attempt(req.operation_type, announced, agent_id=req.agent_id)
+            otel.retried(  # otel hook
+                announced.attempts, announced.delay, announced.error_code)
+            self._leave([], {"retries": 1})
+            return None
+
+        def attempt(attempt: int) -> Plan[tuple[bool, Any]]:
+            nonlocal first, took_ms
             if first is not None:  # (attempt 0, run by the lean path)
-                ok, value, took_ms, first = False, first[0], first[2], None
-            else:
-                ctx = OperationContext(
-                    req.agent_id, req.operation_type, req.payload, req.key.value, cl.token,
-                    attempt, dep, req.task_id, req.phase, req.replay, cl.taken_over,
-                    req.key.caller_key,
-                )
-                began = self.clock()
-                ok, value = yield from self._attempt(req, fn, cl, permit, probe=probe, ctx=ctx)
-                if cl.pid != _fork.pid():
-                    # A child forked inside fn that returned: it records, releases
-                    # and retries nothing (its parent does); its fn's outcome is its own.
-                    if ok:
-                        return value
-                    raise value
-                took_ms = (self.clock() - began) * 1000.0
-            if ok:
-                return (yield from self._succeeded(req, cl, permit, value, took_ms))
-            exc: BaseException = value
+                exc, took_ms, first = first[0], first[2], None
+                return False, exc
+            ctx = OperationContext(
+                req.agent_id, req.operation_type, req.payload, req.key.value, cl.token,
+                attempt, dep, req.task_id, req.phase, req.replay, cl.taken_over,
+                req.key.caller_key,
+            )
+            began = self.clock()
             try:
-                decision = decide(
+                ok, value = yield Run(fn, ctx, ctx)
+            except GeneratorExit:
+                raise  # the plan abandoned (its process died, in the simulator)
+            except BaseException:
+                if cl.pid != _fork.pid():
+                    # A child forked inside fn leaving by an exception (sys.exit
+                    # is the usual way): the claim is its parent's, still running.
+                    raise
+                # Interrupted while fn ran (a cancellation, a timeout, SystemExit,
+                # KeyboardInterrupt, any BaseException not fn's ordinary error):
+                # nothing to record, but its effect may have happened. Give the
+                # probe slot back and the claim as touched (the next delivery
+                # runs with ctx.recovered), then re-raise.
+                yield from self._abandon(req, cl, permit, probe, touched=True, started=1)
+                raise
+            if not ok and cl.pid != _fork.pid():
+                # A child forked inside fn that returned: it records, releases
+                # and retries nothing (its parent does); its fn's outcome is its
+                # own (a success: on_success).
+                raise value
+            took_ms = (self.clock() - began) * 1000.0
+            return ok, value
+
+        def on_success(value: Any, _: int) -> Plan[Any]:
+            if cl.pid != _fork.pid():  # (a child forked inside fn: see attempt)
+                return value
+            return (yield from self._succeeded(req, cl, permit, value, took_ms))
+
+        def decide_(attempt: int, exc: BaseException) -> RetryDecision:
+            try:
+                return decide(
                     policy, attempt, exc, elapsed=self.clock() - start + slept, deadline=deadline,
                 )
             except Exception as bug:  # a policy's own code raised (a subclass's bug)
@@ -145,17 +173,16 @@ class _Attempts(_Parking):
                 with contextlib.suppress(Exception):
                     _log.error("durability_retry_decision_failed", agent_id=req.agent_id,
                                operation_type=req.operation_type, error=type(bug).__qualname__)
-                decision = RetryDecision(
+                return RetryDecision(
                     False, 0.0, attempt, attempt + 1, error_code(exc), EXHAUSTED,
                 )
+
+        def after_failure(
+            decision: RetryDecision, exc: BaseException
+        ) -> Plan[RetryDecision | Stopped[Any]]:
+            nonlocal failed
             if decision.stop_reason == NON_RETRYABLE:
-                # Not a dependency failure: free a probe slot without a verdict.
-                yield from self._abandon(req, cl, permit, probe, started=1, non_retryable=1)
-                emit_retry_stop(
-                    req.operation_type, decision, agent_id=req.agent_id,
-                    last_error=error_text(exc),
-                )
-                raise exc
+                return decision  # not a dependency failure: nothing reported (on_stop)
             calls: list[ScriptCall] = []
             if dep is not None:
                 calls.append(self._breakers.ops.after_call(dep, False, permit, took_ms))
@@ -170,14 +197,14 @@ class _Attempts(_Parking):
             except DurabilisError as broke:
                 if dep is not None:
                     self._breakers.forget(dep)  # a report that did not reach Redis
-                return (yield from self._park_failed(req, cl, failed, broke))
+                return Stopped((yield from self._park_failed(req, cl, failed, broke)))
             if dep is not None:
                 self._breakers.reported(dep, permit, replies[0], took_ms)  # fires; notes the cache
             if decision.retry and budget is not None:
                 try:
                     state = self._budget.decode(req.operation_type, replies[-1])
                 except DurabilisError as broke:  # foreign data at the budget's key
-                    return (yield from self._park_failed(req, cl, failed, broke))
+                    return Stopped((yield from self._park_failed(req, cl, failed, broke)))
                 if not state.allowed:
                     decision = decision.deny_budget()
             if decision.retry and self._past(deadline, start, slept, decision.delay):
@@ -186,38 +213,32 @@ class _Attempts(_Parking):
                 # stays spent: a retry charged, never run).
                 decision = decision.deny_deadline()
             failed = (exc, decision)
-            if not decision.retry:
-                return (yield from self._park_failed(req, cl, failed, None))
+            return decision
+
+        def on_stop(decision: RetryDecision, exc: BaseException) -> Plan[Any]:
+            if decision.stop_reason == NON_RETRYABLE:
+                # Not a dependency failure: free a probe slot without a verdict.
+                yield from self._abandon(req, cl, permit, probe, started=1, non_retryable=1)
+                emit_retry_stop(
+                    req.operation_type, decision, agent_id=req.agent_id,
+                    last_error=error_text(exc),
+                )
+                raise exc
+            return (yield from self._park_failed(req, cl, (exc, decision), None))
+
+        def sleep(decision: RetryDecision) -> Plan[None]:
+            nonlocal slept
             try:
                 yield Sleep(decision.delay)
             except INTERRUPTS:
                 yield from self._abandon(req, cl, None, None, touched=True, started=1)
                 raise
             slept += decision.delay if TESTING.instant else 0.0
-            attempt += 1
 
-    def _attempt(
-        self, req: _Request, fn: Callable[[OperationContext], Any], cl: _Claim,
-        permit: Permit | None, *, probe: str | None, ctx: OperationContext,
-    ) -> Plan[tuple[bool, Any]]:
-        """Run ``fn`` once: ``(True, result)`` or ``(False, its error)``."""
-        try:
-            outcome: tuple[bool, Any] = yield Run(fn, ctx, ctx)
-        except GeneratorExit:
-            raise  # the plan abandoned (its process died, in the simulator)
-        except BaseException:
-            if cl.pid != _fork.pid():
-                # A child forked inside fn leaving by an exception (sys.exit
-                # is the usual way): the claim is its parent's, still running.
-                raise
-            # Interrupted while fn ran (a cancellation, a timeout, SystemExit,
-            # KeyboardInterrupt, any BaseException not fn's ordinary error):
-            # nothing to record, but its effect may have happened. Give the
-            # probe slot back and the claim as touched (the next delivery
-            # runs with ctx.recovered), then re-raise.
-            yield from self._abandon(req, cl, permit, probe, touched=True, started=1)
-            raise
-        return outcome
+        return retry_loop(RetryHooks(
+            attempt, decide_, on_success, on_stop, before_attempt=before_attempt,
+            after_failure=after_failure, sleep=sleep,
+        ))
 
     def _past(
         self, deadline: float | None, start: float, slept: float, delay: float = 0.0
