@@ -159,7 +159,7 @@ class AutoPipeline:
     def after_fork_in_child(self) -> None:
         """The queue and the senders are the parent loop's: a forked child never
         sends what its parent queued (its store refuses it anyway, see
-        ``AsyncStore._on_home_loop``)."""
+        ``AsyncStore.check_loop``)."""
         self._queue = []
         self._senders = 0
         self._woken = False

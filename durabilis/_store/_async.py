@@ -137,7 +137,7 @@ class AsyncStore(_base.StoreBase):
         self._loading: dict[str, asyncio.Future[None]] = {}  # sha -> its SCRIPT LOAD
         self._home = _Home()
 
-    def _on_home_loop(self) -> None:
+    def check_loop(self) -> None:
         """Refuse another event loop than the store's before anything is sent.
 
         redis-py's asyncio connections (and the store's own locks and
@@ -202,7 +202,7 @@ class AsyncStore(_base.StoreBase):
 
     async def run(self, call: ScriptCall) -> Any:
         """Run one script; redis-py errors become durabilis errors."""
-        self._on_home_loop()
+        self.check_loop()
         before = _cancels()
         try:
             if self._acks_unchecked:  # (once: no coroutine per call after)
@@ -314,7 +314,7 @@ class AsyncStore(_base.StoreBase):
 
     async def run_many(self, calls: Sequence[ScriptCall]) -> list[Any]:
         """Run several scripts in ONE round trip (see :meth:`Store.run_many`)."""
-        self._on_home_loop()
+        self.check_loop()
         before = _cancels()
         try:
             if self._acks_unchecked:  # (once: no coroutine per call after)
@@ -355,7 +355,7 @@ class AsyncStore(_base.StoreBase):
         waves: Waves | None = None,
     ) -> Replies:
         """See :meth:`Store.run_step`."""
-        self._on_home_loop()
+        self.check_loop()
         n = len(calls)
         if self._acks_unchecked:  # (once: no coroutine per call after)
             await self._check_acks()
@@ -429,7 +429,7 @@ class AsyncStore(_base.StoreBase):
 
     async def command(self, *args: Any) -> Any:
         """Run a plain read-only Redis command with error mapping."""
-        self._on_home_loop()
+        self.check_loop()
         before = _cancels()
         try:
             if self.autopipe is not None:
@@ -450,7 +450,7 @@ class AsyncStore(_base.StoreBase):
         self, pattern: str, where: tuple[str, frozenset[bytes]] | None = None
     ) -> int:
         """See :meth:`Store.scan_count`."""
-        self._on_home_loop()
+        self.check_loop()
         before = _cancels()
         try:
             await self._ready()
@@ -479,7 +479,7 @@ class AsyncStore(_base.StoreBase):
         return list(await pipe.execute(raise_on_error=False))
 
     async def ping(self) -> bool:
-        self._on_home_loop()
+        self.check_loop()
         before = _cancels()
         try:
             await self._ready()
@@ -497,7 +497,7 @@ class AsyncStore(_base.StoreBase):
             WrongEventLoop: Called from another loop than the store's: its
                 connections cannot be closed from there.
         """
-        self._on_home_loop()
+        self.check_loop()
         if self.autopipe is not None:
             await self.autopipe.aclose()
         await self.client.aclose()

@@ -141,7 +141,7 @@ class AsyncDurabilityLayer(_LayerShell[AsyncStore]):
         # Before any hold or flush: a refused loop gets no keep-alive, which
         # would take (and fail to send) what the store's own loop has waiting.
         # So the layer's keep-alive only ever runs on the store's loop.
-        self.store._on_home_loop()
+        self.store.check_loop()
 
     async def execute(  # (the twin's signature, compact: DurabilityLayer.execute documents it)
         self, agent_id: str, operation_type: str, payload: Any,
