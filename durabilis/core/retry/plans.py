@@ -290,111 +290,6 @@ def _quiet(*_: Any) -> None:
     return None
 
 
-class _EngineLoop:
-    """The engines' hooks (:func:`retry_plan`): the state of one call's loop."""
-
-    __slots__ = (
-        "budget", "budget_ops", "classify", "clock", "deadline", "failed", "on_retry",
-        "on_stop", "operation_type", "policy", "rng", "skipped", "start", "step",
-    )
-
-    def __init__(
-        self,
-        operation_type: str,
-        policy: RetryPolicy | None,
-        step: Run,
-        *,
-        classify: Callable[[BaseException], str],
-        clock: Callable[[], float],
-        start: float,
-        deadline: float | None,
-        rng: Callable[[], float],
-        budget_ops: BudgetOps | None,
-        on_retry: Callable[[RetryDecision], object],
-        on_stop: Callable[[RetryDecision, Exception], object],
-        failed: Exception | None,
-    ) -> None:
-        self.operation_type, self.policy, self.step = operation_type, policy, step
-        self.classify, self.clock, self.start, self.deadline = classify, clock, start, deadline
-        self.rng, self.budget_ops, self.on_retry, self.on_stop = rng, budget_ops, on_retry, on_stop
-        self.failed = failed
-        self.budget = None if policy is None else policy.budget
-        self.skipped = 0.0  # delays not slept (TESTING.instant) still count as elapsed
-
-    def hooks(self) -> RetryHooks[RetryOutcome[Any]]:
-        charged = self.budget is not None and self.budget_ops is not None
-        return RetryHooks(
-            self.attempt, self.decide, self.succeeded, self.stopped,
-            before_first=(
-                self.count_call if self.failed is None and self.budget is not None else None
-            ),
-            after_failure=self.spend_retry if charged else None,
-            sleep=self.sleep,
-        )
-
-    def count_call(self) -> Plan[None]:
-        budget, ops = self.budget, self.budget_ops
-        assert budget is not None
-        if ops is None:
-            raise ConfigError("budget", "a retry budget is kept in Redis: give the engine a store")
-        ops.check_named(self.operation_type)
-        ops.decode(self.operation_type, (yield ops.record_call(self.operation_type, budget)))
-
-    def attempt(self, _: int) -> Plan[tuple[bool, Any]]:
-        failed = self.failed
-        if failed is not None:  # the first attempt ran before the plan
-            self.failed = None
-            return False, failed
-        reply: tuple[bool, Any] = yield self.step
-        return reply
-
-    def elapsed(self) -> float:
-        return self.clock() - self.start + self.skipped
-
-    def decide(self, attempt: int, exc: BaseException) -> RetryDecision:
-        deadline = self.deadline
-        return decide_coded(
-            self.policy, attempt, exc, self.classify(exc),
-            elapsed=self.elapsed() if deadline is not None else 0.0, deadline=deadline,
-            rng=self.rng,
-        )
-
-    def spend_retry(
-        self, decision: RetryDecision, _: BaseException
-    ) -> Plan[RetryDecision | Stopped[RetryOutcome[Any]]]:
-        if not decision.retry:
-            return decision
-        ops, budget = self.budget_ops, self.budget
-        assert ops is not None and budget is not None
-        state = ops.decode(
-            self.operation_type, (yield ops.spend_retry(self.operation_type, budget))
-        )
-        if not state.allowed:
-            return decision.deny_budget()
-        deadline = self.deadline
-        if deadline is not None and self.elapsed() + decision.delay >= deadline:
-            # The budget's round trip took time too: a retry is never slept
-            # into the deadline (it stays charged to the budget, never made).
-            return decision.deny_deadline()
-        return decision
-
-    def sleep(self, decision: RetryDecision) -> Plan[None]:
-        self.on_retry(decision)
-        if TESTING.instant:
-            self.skipped += decision.delay
-        yield Sleep(decision.delay)
-
-    def succeeded(self, value: Any, attempt: int) -> Plan[RetryOutcome[Any]]:
-        return succeeded(value, attempt + 1)
-        yield  # (a plan without steps)
-
-    def stopped(self, decision: RetryDecision, exc: BaseException) -> Plan[RetryOutcome[Any]]:
-        assert isinstance(exc, Exception)
-        self.on_stop(decision, exc)
-        return RetryOutcome.failed(decision, exc)
-        yield  # (a plan without steps)
-
-
 def retry_plan(
     operation_type: str,
     policy: RetryPolicy | None,
@@ -447,9 +342,70 @@ def retry_plan(
             its key (before anything is sent or run).
         CorruptData: Foreign data at the budget's key.
     """
-    loop = _EngineLoop(
-        operation_type, policy, attempt_step, classify=classify, clock=clock, start=start,
-        deadline=deadline, rng=rng, budget_ops=budget_ops, on_retry=on_retry, on_stop=on_stop,
-        failed=failed,
-    )
-    return retry_loop(loop.hooks())
+    budget = None if policy is None else policy.budget
+    skipped = 0.0  # delays not slept (TESTING.instant) still count as elapsed
+
+    def count_call() -> Plan[None]:
+        assert budget is not None
+        if budget_ops is None:
+            raise ConfigError("budget", "a retry budget is kept in Redis: give the engine a store")
+        budget_ops.check_named(operation_type)
+        budget_ops.decode(operation_type, (yield budget_ops.record_call(operation_type, budget)))
+
+    def attempt(_: int) -> Plan[tuple[bool, Any]]:
+        nonlocal failed
+        if failed is not None:  # the first attempt ran before the plan
+            exc, failed = failed, None
+            return False, exc
+        reply: tuple[bool, Any] = yield attempt_step
+        return reply
+
+    def elapsed() -> float:
+        return clock() - start + skipped
+
+    def decide(n: int, exc: BaseException) -> RetryDecision:
+        return decide_coded(
+            policy, n, exc, classify(exc),
+            elapsed=elapsed() if deadline is not None else 0.0, deadline=deadline, rng=rng,
+        )
+
+    def spend_retry(
+        decision: RetryDecision, _: BaseException
+    ) -> Plan[RetryDecision | Stopped[RetryOutcome[Any]]]:
+        if not decision.retry:
+            return decision
+        assert budget_ops is not None and budget is not None
+        state = budget_ops.decode(
+            operation_type, (yield budget_ops.spend_retry(operation_type, budget))
+        )
+        if not state.allowed:
+            return decision.deny_budget()
+        if deadline is not None and elapsed() + decision.delay >= deadline:
+            # The budget's round trip took time too: a retry is never slept
+            # into the deadline (it stays charged to the budget, never made).
+            return decision.deny_deadline()
+        return decision
+
+    def sleep(decision: RetryDecision) -> Plan[None]:
+        nonlocal skipped
+        on_retry(decision)
+        if TESTING.instant:
+            skipped += decision.delay
+        yield Sleep(decision.delay)
+
+    def succeeded_(value: Any, n: int) -> Plan[RetryOutcome[Any]]:
+        return succeeded(value, n + 1)
+        yield  # (a plan without steps)
+
+    def stopped(decision: RetryDecision, exc: BaseException) -> Plan[RetryOutcome[Any]]:
+        assert isinstance(exc, Exception)
+        on_stop(decision, exc)
+        return RetryOutcome.failed(decision, exc)
+        yield  # (a plan without steps)
+
+    return retry_loop(RetryHooks(
+        attempt, decide, succeeded_, stopped,
+        before_first=count_call if failed is None and budget is not None else None,
+        after_failure=spend_retry if budget is not None and budget_ops is not None else None,
+        sleep=sleep,
+    ))

@@ -134,22 +134,7 @@ class _Attempts(_Parking):
                 req.key.caller_key,
             )
             began = self.clock()
-            try:
-                ok, value = yield Run(fn, ctx, ctx)
-            except GeneratorExit:
-                raise  # the plan abandoned (its process died, in the simulator)
-            except BaseException:
-                if cl.pid != _fork.pid():
-                    # A child forked inside fn leaving by an exception (sys.exit
-                    # is the usual way): the claim is its parent's, still running.
-                    raise
-                # Interrupted while fn ran (a cancellation, a timeout, SystemExit,
-                # KeyboardInterrupt, any BaseException not fn's ordinary error):
-                # nothing to record, but its effect may have happened. Give the
-                # probe slot back and the claim as touched (the next delivery
-                # runs with ctx.recovered), then re-raise.
-                yield from self._abandon(req, cl, permit, probe, touched=True, started=1)
-                raise
+            ok, value = yield from self._attempt(req, fn, cl, permit, probe=probe, ctx=ctx)
             if not ok and cl.pid != _fork.pid():
                 # A child forked inside fn that returned: it records, releases
                 # and retries nothing (its parent does); its fn's outcome is its
@@ -239,6 +224,29 @@ class _Attempts(_Parking):
             attempt, decide_, on_success, on_stop, before_attempt=before_attempt,
             after_failure=after_failure, sleep=sleep,
         ))
+
+    def _attempt(
+        self, req: _Request, fn: Callable[[OperationContext], Any], cl: _Claim,
+        permit: Permit | None, *, probe: str | None, ctx: OperationContext,
+    ) -> Plan[tuple[bool, Any]]:
+        """Run ``fn`` once: ``(True, result)`` or ``(False, its error)``."""
+        try:
+            outcome: tuple[bool, Any] = yield Run(fn, ctx, ctx)
+        except GeneratorExit:
+            raise  # the plan abandoned (its process died, in the simulator)
+        except BaseException:
+            if cl.pid != _fork.pid():
+                # A child forked inside fn leaving by an exception (sys.exit
+                # is the usual way): the claim is its parent's, still running.
+                raise
+            # Interrupted while fn ran (a cancellation, a timeout, SystemExit,
+            # KeyboardInterrupt, any BaseException not fn's ordinary error):
+            # nothing to record, but its effect may have happened. Give the
+            # probe slot back and the claim as touched (the next delivery
+            # runs with ctx.recovered), then re-raise.
+            yield from self._abandon(req, cl, permit, probe, touched=True, started=1)
+            raise
+        return outcome
 
     def _past(
         self, deadline: float | None, start: float, slept: float, delay: float = 0.0
