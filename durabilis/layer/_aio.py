@@ -43,23 +43,16 @@ class AsyncDurabilityLayer(_LayerShell[AsyncStore]):
     breakers: AsyncCircuitBreakerRegistry
     checkpoints: AsyncCheckpointManager
     dlq: AsyncDeadLetterQueue
+    _PILLARS = (
+        AsyncIdempotencyGuard, AsyncRetryEngine, AsyncCircuitBreakerRegistry,
+        AsyncCheckpointManager, AsyncDeadLetterQueue,
+    )
 
     def __init__(self, store: AsyncStore, config: DurabilityConfig | None = None, *,
                  replica_id: str | None = None) -> None:
         super().__init__(store, config, replica_id)
         self._renewer: asyncio.Task[None] | None = None  # on the store's loop, the only one
         reset_in_child(self)
-
-    def _compose(self, store: AsyncStore, cfg: DurabilityConfig, replica_id: str | None) -> None:
-        self.idempotency = AsyncIdempotencyGuard(store, cfg.idempotency)
-        self.retry = AsyncRetryEngine.empty(store)
-        for policy in cfg.policies:
-            self.retry.upsert_policy(policy)
-        self.breakers = AsyncCircuitBreakerRegistry(
-            store, cfg.breaker_configs, replica_id=replica_id
-        )
-        self.checkpoints = AsyncCheckpointManager(store, cfg.checkpoint)
-        self.dlq = AsyncDeadLetterQueue(store, cfg.dlq, replayer_id=self.breakers.replica_id)
 
     async def __aenter__(self) -> AsyncDurabilityLayer:
         return self

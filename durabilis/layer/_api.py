@@ -77,6 +77,9 @@ class DurabilityLayer(_LayerShell[Store]):
     breakers: CircuitBreakerRegistry
     checkpoints: CheckpointManager
     dlq: DeadLetterQueue
+    _PILLARS = (
+        IdempotencyGuard, RetryEngine, CircuitBreakerRegistry, CheckpointManager, DeadLetterQueue
+    )
 
     def __init__(
         self,
@@ -90,15 +93,6 @@ class DurabilityLayer(_LayerShell[Store]):
         self._renewer_lock = threading.Lock()
         reset_in_child(self)
         _register_at_exit(self)
-
-    def _compose(self, store: Store, cfg: DurabilityConfig, replica_id: str | None) -> None:
-        self.idempotency = IdempotencyGuard(store, cfg.idempotency)
-        self.retry = RetryEngine.empty(store)
-        for policy in cfg.policies:
-            self.retry.upsert_policy(policy)
-        self.breakers = CircuitBreakerRegistry(store, cfg.breaker_configs, replica_id=replica_id)
-        self.checkpoints = CheckpointManager(store, cfg.checkpoint)
-        self.dlq = DeadLetterQueue(store, cfg.dlq, replayer_id=self.breakers.replica_id)
 
     def __enter__(self) -> DurabilityLayer:
         return self

@@ -153,8 +153,8 @@ class _CallPayload:
 class _LayerShell(Generic[S]):
     """The state both layers share, and the plans their public methods drive.
 
-    A twin builds its own pillars (:meth:`_compose`: the sync or the asyncio
-    classes) and its keep-alive (a thread or a task: :meth:`_ensure_renewer`);
+    A twin names its pillar classes (``_PILLARS``: the sync or the asyncio
+    ones, which :meth:`_compose` builds) and runs its keep-alive (a thread or a task: :meth:`_ensure_renewer`);
     the rest is here, written once.
     """
 
@@ -182,10 +182,21 @@ class _LayerShell(Generic[S]):
         self._core.on_wait = self._ensure_renewer  # (counts wait without a claim held too)
         self._closed = False
 
+    _PILLARS: tuple[Any, Any, Any, Any, Any]
+    """The twin's pillar classes: guard, retry engine, breaker registry,
+    checkpoint manager, DLQ (the sync or the asyncio ones)."""
+
     def _compose(self, store: S, cfg: DurabilityConfig, replica_id: str | None) -> None:
         """Build the pillars (``idempotency``, ``retry`` with the configured
         policies, ``breakers``, ``checkpoints``, ``dlq``) over ``store``."""
-        raise NotImplementedError
+        guard, engine, registry, manager, queue = self._PILLARS
+        self.idempotency = guard(store, cfg.idempotency)
+        self.retry = engine.empty(store)
+        for policy in cfg.policies:
+            self.retry.upsert_policy(policy)
+        self.breakers = registry(store, cfg.breaker_configs, replica_id=replica_id)
+        self.checkpoints = manager(store, cfg.checkpoint)
+        self.dlq = queue(store, cfg.dlq, replayer_id=self.breakers.replica_id)
 
     def _ensure_renewer(self) -> None:
         """Start the keep-alive if it is not running."""
