@@ -18,8 +18,6 @@ from __future__ import annotations
 import binascii
 import re
 
-from redis.crc import key_slot
-
 from durabilis.core.keyparts import escape_part as escape_part  # noqa: PLC0414  (re-exported)
 from durabilis.errors import ConfigError
 
@@ -179,8 +177,17 @@ CLUSTER_SLOTS = 16384
 
 
 def hash_slot(key: str) -> int:
-    """The Redis Cluster hash slot of ``key`` (CRC16 of its hash tag, if any)."""
-    return int(key_slot(key.encode("utf-8", "surrogatepass"), CLUSTER_SLOTS))
+    """The Redis Cluster hash slot of ``key``: the CRC16 (XMODEM) of its hash tag
+    (the first ``{...}`` with something inside), else of the whole key, as the
+    cluster spec says and ``redis.crc.key_slot`` computes (no redis import: the
+    core's plans name slots too)."""
+    raw = key.encode("utf-8", "surrogatepass")
+    start = raw.find(b"{")
+    if start > -1:
+        end = raw.find(b"}", start + 1)
+        if end > -1 and end != start + 1:
+            raw = raw[start + 1 : end]
+    return binascii.crc_hqx(raw, 0) % CLUSTER_SLOTS
 
 
 _TAG_CHARS = 5  # (on 4 characters the low nibbles reach only part of the CRC values)

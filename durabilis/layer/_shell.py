@@ -154,8 +154,8 @@ class _LayerShell(Generic[S]):
     """The state both layers share, and the plans their public methods drive.
 
     A twin names its pillar classes (``_PILLARS``: the sync or the asyncio
-    ones, which :meth:`_compose` builds) and runs its keep-alive (a thread or a task: :meth:`_ensure_renewer`);
-    the rest is here, written once.
+    ones, which :meth:`_compose` builds) and runs its keep-alive (a thread or
+    a task: :meth:`_ensure_renewer`); the rest is here, written once.
     """
 
     idempotency: IdempotencyGuard | AsyncIdempotencyGuard

@@ -64,3 +64,17 @@ def test_the_claim_fused_with_its_birth_entry_keeps_one_slot(key: str) -> None:
     bucket = KEYS.inflight_bucket(bucket_tag(hash_slot(KEYS.idem(ik.value)), CLUSTER_SLOTS))
     birth = ScriptCall("layer_note", [bucket, bucket], ["add", 1000, 1, f"{key}|n"])
     assert one_slot(fuse([birth, IDEM.claim(ik, None)], [False, True]).keys)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [*HOSTILE_KEYS, "", "{}", "{}x", "x{}{y}", "{a}{b}", "{{a}}", "a{b", "}{", "{é}", "\ud800{x}"],
+)
+def test_hash_slot_is_redis_py_s_key_slot_without_importing_it(key: str) -> None:
+    """The key space computes slots itself (the core imports no redis): the
+    cluster spec's rule (the first ``{...}`` with something inside), as redis-py's."""
+    import redis.crc
+
+    from durabilis._keys import hash_slot
+
+    assert hash_slot(key) == redis.crc.key_slot(key.encode("utf-8", "surrogatepass"))

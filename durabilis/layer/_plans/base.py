@@ -19,10 +19,10 @@ from durabilis._log import get_logger
 from durabilis._scripts import Replies, ScriptCall
 from durabilis._steps import INTERRUPTS
 from durabilis.core.breaker import BreakerBook
+from durabilis.core.dlq import ANSWERED, FINISHED, Prepared
+from durabilis.core.idempotency import IdempotencyKey
 from durabilis.core.retry import BudgetOps, RetryPolicy
-from durabilis.dlq import ANSWERED, FINISHED, Prepared
 from durabilis.errors import DurabilisError
-from durabilis.idempotency import IdempotencyKey
 from durabilis.layer._config import DurabilityConfig
 
 _log = get_logger()

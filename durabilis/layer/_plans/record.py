@@ -8,8 +8,8 @@ from typing import Any
 
 from durabilis._scripts import Replies, ScriptCall
 from durabilis.core.breaker import Permit
+from durabilis.core.dlq import DlqStatus, record_id_for
 from durabilis.core.steps import IO, Defer, Plan, Sleep
-from durabilis.dlq import DlqStatus, record_id_for
 from durabilis.errors import (
     CorruptData,
     DurabilisError,

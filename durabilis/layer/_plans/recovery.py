@@ -9,10 +9,10 @@ from typing import Any
 from durabilis import _codec
 from durabilis._keys import bucket_tag
 from durabilis._scripts import Replies, ScriptCall
+from durabilis.core.dlq import DlqStatus, Prepared
+from durabilis.core.idempotency import IdempotencyKey
 from durabilis.core.steps import IO, Plan
-from durabilis.dlq import DlqStatus, Prepared
 from durabilis.errors import ConfigError, CorruptData, DurabilisError
-from durabilis.idempotency import IdempotencyKey
 from durabilis.layer._config import WORKER_LOST
 from durabilis.layer._plans.base import (
     _REASON_ROOM,

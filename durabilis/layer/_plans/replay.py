@@ -6,9 +6,10 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from durabilis.core.dlq import ANSWERED, DlqRecord, ReplayDeclined
 from durabilis.core.dlq.plan import UNSETTLED
+from durabilis.core.idempotency import RAW_PREFIX, IdempotencyKey, payload_fingerprint
 from durabilis.core.steps import IO, Plan
-from durabilis.dlq import ANSWERED, DlqRecord, ReplayDeclined
 from durabilis.errors import (
     ConfigError,
     DurabilisError,
@@ -17,7 +18,6 @@ from durabilis.errors import (
     OutcomeUnrecorded,
     ResultNotStored,
 )
-from durabilis.idempotency import RAW_PREFIX, IdempotencyKey, payload_fingerprint
 from durabilis.layer._config import OperationContext
 from durabilis.layer._plans.base import _ReplayClaim, _Request
 from durabilis.layer._plans.lean import _LeanPath
