@@ -27,6 +27,8 @@ from typing import Any
 
 import structlog
 
+from durabilis.core import logsink
+
 __all__ = ["LOGGER_NAME", "EventLogger", "Tap", "add_tap", "get_logger", "remove_tap"]
 
 LOGGER_NAME = "durabilis"
@@ -107,3 +109,6 @@ _LOGGER = EventLogger()
 def get_logger() -> EventLogger:
     """The one event logger (stateless: the gate and the routes are read per event)."""
     return _LOGGER
+
+
+logsink.install(_LOGGER)  # the core's plans log through it too

@@ -7,12 +7,9 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from durabilis._log import get_logger
-from durabilis._retry_core import NON_RETRYABLE, RetryDecision
+from durabilis.core import logsink
+from durabilis.core.retry import NON_RETRYABLE, RetryDecision
 from durabilis.events import redact_error
-
-_log = get_logger()
-
 
 _EMIT_FAILED: set[str] = set()  # the events whose logging raised (told once each)
 
@@ -23,12 +20,12 @@ def _emit(level: str, event: str, fields: dict[str, Any]) -> None:
     logged once per event and process (``durability_event_failed``, the error's
     type only), if logging that does not raise too."""
     try:
-        getattr(_log, level)(event, **fields)
+        getattr(logsink.SINK, level)(event, **fields)
     except Exception as exc:
         if event not in _EMIT_FAILED:
             _EMIT_FAILED.add(event)
             with contextlib.suppress(Exception):
-                _log.warning(
+                logsink.SINK.warning(
                     "durability_event_failed", lost_event=event, error=type(exc).__qualname__
                 )
 

@@ -39,7 +39,7 @@ import re
 from collections.abc import Generator, Mapping
 from typing import Any, Protocol
 
-from durabilis._log import get_logger
+from durabilis.core import logsink
 from durabilis.errors import CircuitOpen, OperationInProgress, RetryExhausted
 
 try:
@@ -96,7 +96,6 @@ class _Choice:
 
 
 _CHOICE = _Choice()
-_log = get_logger()
 _FAILED: set[str] = set()  # the hooks whose OpenTelemetry call raised (logged once each)
 
 
@@ -106,7 +105,7 @@ def _failed(hook: str, exc: Exception) -> None:
     text may quote what it was handed)."""
     if hook not in _FAILED:
         _FAILED.add(hook)
-        _log.warning("durability_otel_failed", hook=hook, error=type(exc).__qualname__)
+        logsink.SINK.warning("durability_otel_failed", hook=hook, error=type(exc).__qualname__)
 _READ_GLOBAL = (
     _trace is not None and hasattr(_trace, "_TRACER_PROVIDER")
     and "OTEL_PYTHON_TRACER_PROVIDER" not in os.environ

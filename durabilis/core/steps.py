@@ -153,6 +153,7 @@ class Log(Protocol):
     def debug(self, event: str, **fields: Any) -> Any: ...
     def info(self, event: str, **fields: Any) -> Any: ...
     def warning(self, event: str, **fields: Any) -> Any: ...
+    def error(self, event: str, **fields: Any) -> Any: ...
     def exception(self, event: str, **fields: Any) -> Any: ...
 
 
@@ -162,7 +163,7 @@ class SilentLog:
     def debug(self, event: str, **fields: Any) -> None:
         return None
 
-    info = warning = exception = debug
+    info = warning = error = exception = debug
 
 
 def answered(plan: Plan[T], replies: Sequence[Any]) -> tuple[list[Any], T]:

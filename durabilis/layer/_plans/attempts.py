@@ -18,13 +18,14 @@ from durabilis._retry_core import (
 )
 from durabilis._scripts import Replies, ScriptCall
 from durabilis._steps import INTERRUPTS
+from durabilis.core import logsink
 from durabilis.core.breaker import Permit
 from durabilis.core.retry import RetryHooks, RetryPolicy, Stopped, retry_loop
 from durabilis.core.steps import IO, Plan, Run, Sleep
 from durabilis.errors import CircuitOpen, DurabilisError, LeaseLost
 from durabilis.events import error_text
 from durabilis.layer._config import CIRCUIT_OPEN, OperationContext
-from durabilis.layer._plans.base import _Claim, _log, _renewed, _Request
+from durabilis.layer._plans.base import _Claim, _renewed, _Request
 from durabilis.layer._plans.park import _Parking
 from durabilis.retry import emit_retry_attempt, emit_retry_stop
 
@@ -156,7 +157,7 @@ class _Attempts(_Parking):
             except Exception as bug:  # a policy's own code raised (a subclass's bug)
                 # An attempt ran: park it (never hold the claim for the lease).
                 with contextlib.suppress(Exception):
-                    _log.error("durability_retry_decision_failed", agent_id=req.agent_id,
+                    logsink.SINK.error("durability_retry_decision_failed", agent_id=req.agent_id,
                                operation_type=req.operation_type, error=type(bug).__qualname__)
                 return RetryDecision(
                     False, 0.0, attempt, attempt + 1, error_code(exc), EXHAUSTED,

@@ -15,17 +15,15 @@ from typing import Any, Protocol
 from durabilis import _fork
 from durabilis._fork import reset_in_child
 from durabilis._keys import CLUSTER_SLOTS, KeySpace
-from durabilis._log import get_logger
 from durabilis._scripts import Replies, ScriptCall
 from durabilis._steps import INTERRUPTS
+from durabilis.core import logsink
 from durabilis.core.breaker import BreakerBook
 from durabilis.core.dlq import ANSWERED, FINISHED, Prepared
 from durabilis.core.idempotency import IdempotencyKey
 from durabilis.core.retry import BudgetOps, RetryPolicy
 from durabilis.errors import DurabilisError
 from durabilis.layer._config import DurabilityConfig
-
-_log = get_logger()
 
 
 class StoreShape(Protocol):
@@ -158,7 +156,7 @@ def _log_guard_refusal(key: str, reply: Any) -> None:
     """``durability_parking_dropped`` (a warning): the operation completed, or
     another delivery holds it."""
     tag = _tag(reply)
-    _log.warning("durability_parking_dropped", idempotency_key=key, refusal=tag,
+    logsink.SINK.warning("durability_parking_dropped", idempotency_key=key, refusal=tag,
                  reason=_GUARD_REFUSALS.get(str(tag), "?"))
 
 

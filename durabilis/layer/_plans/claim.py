@@ -9,6 +9,7 @@ from typing import Any
 from durabilis import otel
 from durabilis._scripts import Replies, ScriptCall, fuse
 from durabilis._steps import INTERRUPTS
+from durabilis.core import logsink
 from durabilis.core.breaker import Permit
 from durabilis.core.idempotency import Duplicate, IdempotencyKey, New
 from durabilis.core.retry import RetryPolicy
@@ -30,7 +31,6 @@ from durabilis.layer._plans.base import (
     _Claim,
     _claim_refused,
     _had_previous,
-    _log,
     _Request,
     _unwrap_born_claim,
 )
@@ -201,7 +201,9 @@ class _Claims(_Attempts):
             try:
                 self._budget.decode(req.operation_type, replies[at["budget"]])
             except CorruptData:
-                _log.exception("durability_retry_budget_corrupt", operation_type=req.operation_type)
+                logsink.SINK.exception(
+                    "durability_retry_budget_corrupt", operation_type=req.operation_type
+                )
         return (yield from self._attempts(req, fn, policy, cl, permit))
 
     def _admission(
@@ -246,7 +248,7 @@ class _Claims(_Attempts):
             try:  # Cluster: at once (one failing never holds back the other)
                 done = yield IO(first, shield=True, waves=[0] * len(first))
             except DurabilisError as exc:  # what is left is settled by recovery
-                _log.error("durability_claim_undo_failed", idempotency_key=req.key.value,
+                logsink.SINK.error("durability_claim_undo_failed", idempotency_key=req.key.value,
                            error=f"{type(exc).__name__}: {exc}")
                 return
             if claimed and done[0] == 2:

@@ -10,6 +10,7 @@ from typing import Any
 from durabilis import _fork, otel
 from durabilis._scripts import Replies
 from durabilis._steps import INTERRUPTS
+from durabilis.core import logsink
 from durabilis.core.breaker import Permit
 from durabilis.core.retry import RetryPolicy
 from durabilis.core.steps import IO, Hold, Plan, Run
@@ -22,7 +23,6 @@ from durabilis.layer._plans.base import (
     _Claim,
     _claim_refused,
     _ClaimAgain,
-    _log,
     _record_refused,
     _Request,
     _unknown,
@@ -280,7 +280,7 @@ class _LeanPath(_Claims):
             self._breakers.reported(dep, record.permit, done[1], record.took_ms)
         self._leave([record.claim.member], {"started": 1, "succeeded": 1})
         if record.not_stored:
-            _log.error(
+            logsink.SINK.error(
                 "durability_result_not_stored", idempotency_key=req.key.value,
                 operation_type=req.operation_type, reason=record.not_stored,
             )

@@ -9,6 +9,7 @@ from typing import Any
 from durabilis import _codec
 from durabilis._scripts import Replies, ScriptCall
 from durabilis._steps import Deferred, LeaseBook
+from durabilis.core import logsink
 from durabilis.core.breaker import Permit
 from durabilis.core.steps import IO, Batch, Plan
 from durabilis.errors import CorruptData, DurabilisError, StorageUnavailable
@@ -17,7 +18,6 @@ from durabilis.layer._plans.base import (
     _STOPPED,
     DUPLICATES_FLUSH_SECONDS,
     PUT_BACK_WITHIN_SECONDS,
-    _log,
     _log_guard_refusal,
     _renewed,
 )
@@ -182,7 +182,7 @@ class _Notes(_Requests):
                 try:
                     replies: Sequence[Any] | None = yield Batch(calls)
                 except DurabilisError as exc:
-                    _log.warning("durability_lease_renew_failed",
+                    logsink.SINK.warning("durability_lease_renew_failed",
                                  error=f"{type(exc).__name__}: {exc}")
                     # What the others replied: those renewed still go back.
                     replies = exc.partial
@@ -191,7 +191,9 @@ class _Notes(_Requests):
                 if replies is not None and (back := self.reindex_calls(held, replies)):
                     yield Batch(back)
         except DurabilisError as exc:
-            _log.warning("durability_lease_renew_failed", error=f"{type(exc).__name__}: {exc}")
+            logsink.SINK.warning(
+                "durability_lease_renew_failed", error=f"{type(exc).__name__}: {exc}"
+            )
         # The deferred outcomes, one step each, for half a renew_interval at most
         # (one at least): a node that hangs costs each of its outcomes a socket
         # timeout, and the next renewal waits for the tick to end. The rest go at
@@ -344,12 +346,12 @@ class _Notes(_Requests):
             # A record refused: the claim was taken over (its new owner records).
             # An enqueue refused ("miss": the operation's record is another): the
             # claim lapses and recovery parks it there.
-            _log.warning(
+            logsink.SINK.warning(
                 "durability_outcome_refused_late", idempotency_key=item.step.key,
                 status=replies.status, then="the claim's new owner, or recovery, settles it",
             )
             return
-        _log.warning(
+        logsink.SINK.warning(
             "durability_outcome_recorded_late", idempotency_key=item.step.key,
             status=replies.status,
         )
@@ -358,7 +360,7 @@ class _Notes(_Requests):
         """A deferred outcome did not land this time; give up once its time ran out."""
         if isinstance(exc, CorruptData) or time.monotonic() >= item.until:
             leases.settle(item)
-            _log.error(
+            logsink.SINK.error(
                 "durability_outcome_abandoned", idempotency_key=item.step.key,
                 error=f"{type(exc).__name__}: {exc}",
             )
@@ -379,7 +381,7 @@ class _Notes(_Requests):
         try:
             yield IO(calls, gates or {}, shield=True, waves=waves)
         except DurabilisError as exc:
-            _log.error(event, idempotency_key=key, error=f"{type(exc).__name__}: {exc}")
+            logsink.SINK.error(event, idempotency_key=key, error=f"{type(exc).__name__}: {exc}")
             return False
         return True
 

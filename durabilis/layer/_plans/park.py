@@ -7,6 +7,7 @@ from typing import Any
 from durabilis import otel
 from durabilis._retry_core import RetryDecision
 from durabilis._scripts import ScriptCall
+from durabilis.core import logsink
 from durabilis.core.breaker import Permit
 from durabilis.core.steps import IO, Plan
 from durabilis.errors import (
@@ -21,7 +22,6 @@ from durabilis.layer._config import WORKER_LOST
 from durabilis.layer._plans.base import (
     _Claim,
     _ClaimAgain,
-    _log,
     _missed,
     _Request,
     _Unsent,
@@ -41,7 +41,7 @@ class _Parking(_Records):
         reply: only a new record is a new operation parked (not one merged into
         the operation's pending record)."""
         dlq_id = dlq_id_for(req.key.value, nonce)
-        _log.warning("durability_orphan_recovered", idempotency_key=req.key.value,
+        logsink.SINK.warning("durability_orphan_recovered", idempotency_key=req.key.value,
                      dlq_id=dlq_id, operation_type=req.operation_type, agent_id=req.agent_id)
         calls = [
             self._dlq.enqueue_prepared(
@@ -57,7 +57,7 @@ class _Parking(_Records):
         try:
             out = yield IO(calls, {0: _missed}, shield=True)
         except DurabilisError as exc:
-            _log.error("durability_claim_undo_failed", idempotency_key=req.key.value,
+            logsink.SINK.error("durability_claim_undo_failed", idempotency_key=req.key.value,
                        error=f"{type(exc).__name__}: {exc}")
             return
         if out.status[0] != "c":
@@ -65,7 +65,7 @@ class _Parking(_Records):
         try:
             made = self._dlq.decode_enqueue(calls[0], out[0])
         except DurabilisError as exc:  # (CorruptData: nothing to count)
-            _log.error("durability_claim_undo_failed", idempotency_key=req.key.value,
+            logsink.SINK.error("durability_claim_undo_failed", idempotency_key=req.key.value,
                        error=f"{type(exc).__name__}: {exc}")
             return
         if made.new_record:
@@ -238,7 +238,7 @@ class _Parking(_Records):
             yield from self._defer(req, cl, unsent)
             raise OutcomeUnrecorded(req.key.value, succeeded=False) from unsent.cause
         except DurabilisError as exc:
-            _log.error(
+            logsink.SINK.error(
                 "durability_park_failed", idempotency_key=req.key.value,
                 operation_type=req.operation_type, error=f"{type(exc).__name__}: {exc}",
             )

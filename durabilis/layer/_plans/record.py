@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from durabilis._scripts import Replies, ScriptCall
+from durabilis.core import logsink
 from durabilis.core.breaker import Permit
 from durabilis.core.dlq import DlqStatus, record_id_for
 from durabilis.core.steps import IO, Defer, Plan, Sleep
@@ -26,7 +27,6 @@ from durabilis.layer._plans.base import (
     _VOID,
     _Claim,
     _guard_refused,
-    _log,
     _log_guard_refusal,
     _record_refused,
     _Request,
@@ -135,7 +135,7 @@ class _Records(_Notes):
                     raise _Unsent(exc, [pending[n] for n in names], {
                         i: gates[n] for i, n in enumerate(names) if n in gates
                     }, guarded="guard" in pending) from exc
-                _log.warning(
+                logsink.SINK.warning(
                     "durability_record_retry", idempotency_key=key,
                     error=f"{type(exc).__name__}: {exc}", delay_seconds=round(delay, 3),
                 )
@@ -256,7 +256,7 @@ class _Records(_Notes):
                     # Refused for good (foreign data at a checkpoint key): the
                     # outcome is recorded all the same, without its checkpoint
                     # (a gated refusal wrote nothing; the record is sent again alone).
-                    _log.error(
+                    logsink.SINK.error(
                         "durability_checkpoint_not_saved", idempotency_key=req.key.value,
                         task_id=req.task_id, error=f"{type(exc).__name__}: {exc}",
                     )
@@ -304,21 +304,21 @@ class _Records(_Notes):
                 req.key.value, succeeded=True, result=result
             ) from unsent.cause
         except DurabilisError as exc:  # foreign data at a key: nothing to retry
-            _log.error(
+            logsink.SINK.error(
                 "durability_outcome_unrecorded", idempotency_key=req.key.value,
                 operation_type=req.operation_type, error=f"{type(exc).__name__}: {exc}",
             )
             raise OutcomeUnrecorded(req.key.value, succeeded=True, result=result) from exc
         if lost:
             # The index entry stays (see _attempts): recovery settles it.
-            _log.error(
+            logsink.SINK.error(
                 "durability_lease_lost", idempotency_key=req.key.value,
                 operation_type=req.operation_type,
             )
             raise LeaseLost(req.key.value)
         self._leave([cl.member] if cl.member else [], counts)
         if not_stored:
-            _log.error(
+            logsink.SINK.error(
                 "durability_result_not_stored", idempotency_key=req.key.value,
                 operation_type=req.operation_type, reason=not_stored,
             )
@@ -361,14 +361,14 @@ class _Records(_Notes):
             if own and req.replay_claim is not None:
                 req.replay_claim.finished = True
             else:
-                _log.info("durability_dlq_settled", idempotency_key=merge_key,
+                logsink.SINK.info("durability_dlq_settled", idempotency_key=merge_key,
                           operation_type=req.operation_type)
         return None
 
     def _defer(self, req: _Request, cl: _Claim, unsent: _Unsent) -> Plan[None]:
         """Leave what could not be recorded to the process's keep-alive: it keeps the
         claim and sends it until it lands (an outcome recorded late beats a re-run)."""
-        _log.error(
+        logsink.SINK.error(
             "durability_outcome_unrecorded", idempotency_key=req.key.value,
             operation_type=req.operation_type,
             error=f"{type(unsent.cause).__name__}: {unsent.cause}",

@@ -9,6 +9,7 @@ from typing import Any
 from durabilis import _codec
 from durabilis._keys import bucket_tag
 from durabilis._scripts import Replies, ScriptCall
+from durabilis.core import logsink
 from durabilis.core.dlq import DlqStatus, Prepared
 from durabilis.core.idempotency import IdempotencyKey
 from durabilis.core.steps import IO, Plan
@@ -19,7 +20,6 @@ from durabilis.layer._plans.base import (
     _WALK,
     _WALK_KEEP_MS,
     _WALK_PER_PASS,
-    _log,
     _missed,
     _not_released,
     _tag,
@@ -86,7 +86,7 @@ class _Recovery(_Parking):
             try:
                 replies = yield IO(calls, waves=[0] * len(chunk))
             except DurabilisError as exc:
-                _log.warning("durability_birth_index_unread", buckets=len(chunk),
+                logsink.SINK.warning("durability_birth_index_unread", buckets=len(chunk),
                              error=f"{type(exc).__name__}: {exc}")
                 replies = exc.partial or Replies([None] * len(chunk), "?" * len(chunk))
             for i, index in enumerate(chunk):
@@ -115,7 +115,7 @@ class _Recovery(_Parking):
             member = ""
         key, sep, nonce = member.rpartition("|")
         if not sep or not key or not nonce:  # foreign data in the index: drop it
-            _log.error("durability_orphan_index_corrupt", member=repr(raw)[:200])
+            logsink.SINK.error("durability_orphan_index_corrupt", member=repr(raw)[:200])
             yield IO(self._entry_note(index, "rem", [raw]))
             return None
         rkey = self._keys.idem(key)
@@ -128,7 +128,7 @@ class _Recovery(_Parking):
                 yield IO(self._entry_note(index, "at", [member], at=at))
                 return None
             if why == "corrupt":
-                _log.error("durability_orphan_record_corrupt", idempotency_key=key)
+                logsink.SINK.error("durability_orphan_record_corrupt", idempotency_key=key)
             yield IO(self._entry_note(index, "rem", [member]))
             return None
         token = _codec.as_text(reply[1], key=rkey, field="tok")
@@ -141,7 +141,7 @@ class _Recovery(_Parking):
         except CorruptData:
             # Parked without it, saying why: a replay must never run fn with a
             # payload it made up (None, under the original key).
-            _log.exception("durability_orphan_payload_unreadable", idempotency_key=key)
+            logsink.SINK.exception("durability_orphan_payload_unreadable", idempotency_key=key)
             if len(reply) > 5 and reply[5]:  # kept apart from it: the parked record's
                 # fingerprint, so the operation's later parkings fill that record in
                 with contextlib.suppress(CorruptData):
@@ -197,7 +197,7 @@ class _Recovery(_Parking):
             self._leave([], {"recovered": 1, "parkings": 1, **parked})
         elif parked:
             self._leave([], parked)
-        _log.warning(
+        logsink.SINK.warning(
             "durability_orphan_recovered", idempotency_key=key, dlq_id=dlq_id,
             operation_type=prepared.operation_type, agent_id=prepared.agent_id,
         )
@@ -227,7 +227,7 @@ class _Recovery(_Parking):
             except DurabilisError as exc:
                 # Written by an older config or another version: park it
                 # anyway, saying why its payload is missing.
-                _log.error("durability_orphan_payload_not_parkable", idempotency_key=key,
+                logsink.SINK.error("durability_orphan_payload_not_parkable", idempotency_key=key,
                            error=f"{type(exc).__name__}: {exc}")
                 missing = type(exc).__name__
         note = {"idempotency_key": key, "payload_error": missing}
