@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
-from durabilis import _codec
+from durabilis import _codec, otel
 from durabilis._log import get_logger
-from durabilis._steps import LeaseBook
+from durabilis._steps import INTERRUPTS, LeaseBook
 from durabilis._store import AsyncStore, Store
 from durabilis.breaker import AsyncCircuitBreakerRegistry, CircuitBreakerRegistry
 from durabilis.checkpoint import AsyncCheckpointManager, CheckpointManager
@@ -22,12 +22,27 @@ from durabilis.dlq import AsyncDeadLetterQueue, DeadLetterQueue, ReplayResult, R
 from durabilis.errors import DurabilisError
 from durabilis.idempotency import AsyncIdempotencyGuard, IdempotencyGuard
 from durabilis.layer._config import DurabilityConfig, LayerStats, OperationContext
-from durabilis.layer._plans import DUPLICATES_FLUSH_SECONDS, _LayerCore
-from durabilis.retry import AsyncRetryEngine, RetryEngine
+from durabilis.layer._plans import DUPLICATES_FLUSH_SECONDS, Runtime, _LayerCore
+from durabilis.retry import AsyncRetryEngine, RetryEngine, error_code
 
 _log = get_logger()
 
 S = TypeVar("S", Store, AsyncStore)
+
+
+class _OtelHooks:
+    """:mod:`durabilis.otel`'s hooks, as the plans' ``Tracing``."""
+
+    __slots__ = ()
+    begin = staticmethod(otel.begin)
+    retried = staticmethod(otel.retried)
+    answered_duplicate = staticmethod(otel.answered_duplicate)
+    parking_fields = staticmethod(otel.parking_fields)
+
+
+RUNTIME = Runtime(INTERRUPTS, error_code, _OtelHooks())
+"""What the plans take from the process: its interruptions, its error
+classification, its tracing hooks."""
 
 
 class _Ticks:
@@ -176,7 +191,7 @@ class _LayerShell(Generic[S]):
         self._compose(store, cfg, replica_id)
         self._core = _LayerCore(
             store, cfg, self.idempotency.ops, self.retry, self.breakers,
-            self.checkpoints.ops, self.dlq.ops, new_lock=threading.Lock,
+            self.checkpoints.ops, self.dlq.ops, new_lock=threading.Lock, runtime=RUNTIME,
         )
         self._leases = LeaseBook(on_hold=self._ensure_renewer)
         self._core.on_wait = self._ensure_renewer  # (counts wait without a claim held too)

@@ -23,6 +23,7 @@ from durabilis.core.steps import IO, Batch, Defer, Hold, answered
 from durabilis.errors import CorruptData, StorageUnavailable
 from durabilis.layer import DurabilityConfig
 from durabilis.layer._plans import _LayerCore
+from durabilis.layer._shell import RUNTIME
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class Shape:
 def core(*, fuses: bool) -> _LayerCore:
     return _LayerCore(
         Shape(KeySpace("ka"), fuses), DurabilityConfig(), None, None,  # type: ignore[arg-type]
-        None, None, None, new_lock=threading.Lock,  # type: ignore[arg-type]
+        None, None, None, new_lock=threading.Lock, runtime=RUNTIME,  # type: ignore[arg-type]
     )
 
 

@@ -7,27 +7,28 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from durabilis import _fork, otel
-from durabilis._retry_core import (
+from durabilis import _fork
+from durabilis._retry_events import emit_retry_attempt, emit_retry_stop
+from durabilis._scripts import Replies, ScriptCall
+from durabilis.core import logsink
+from durabilis.core.breaker import Permit
+from durabilis.core.retry import (
     EXHAUSTED,
     NON_RETRYABLE,
     TESTING,
     RetryDecision,
-    decide,
-    error_code,
+    RetryHooks,
+    RetryPolicy,
+    Stopped,
+    decide_coded,
+    retry_loop,
 )
-from durabilis._scripts import Replies, ScriptCall
-from durabilis._steps import INTERRUPTS
-from durabilis.core import logsink
-from durabilis.core.breaker import Permit
-from durabilis.core.retry import RetryHooks, RetryPolicy, Stopped, retry_loop
 from durabilis.core.steps import IO, Plan, Run, Sleep
 from durabilis.errors import CircuitOpen, DurabilisError, LeaseLost
 from durabilis.events import error_text
 from durabilis.layer._config import CIRCUIT_OPEN, OperationContext
 from durabilis.layer._plans.base import _Claim, _renewed, _Request
 from durabilis.layer._plans.park import _Parking
-from durabilis.retry import emit_retry_attempt, emit_retry_stop
 
 
 class _Attempts(_Parking):
@@ -69,7 +70,7 @@ class _Attempts(_Parking):
                 # worker, who may have completed the operation meanwhile.
                 try:
                     held = yield IO([self._idem.renew(req.key, cl.token, self._lease_ms)])
-                except INTERRUPTS:
+                except self.interrupts:
                     yield from self._abandon(req, cl, None, None, touched=attempt > 0, started=1)
                     raise
                 except DurabilisError as broke:
@@ -93,7 +94,7 @@ class _Attempts(_Parking):
                         req, cl, attempts=attempt, error=CIRCUIT_OPEN, reason=CIRCUIT_OPEN,
                         cause=refused, started=1,
                     )))
-                except INTERRUPTS:
+                except self.interrupts:
                     yield from self._abandon(req, cl, None, probe, touched=True, started=1)
                     raise
                 except DurabilisError as broke:
@@ -119,7 +120,7 @@ class _Attempts(_Parking):
             # this process's batch of counts, like the other counters.
             announced = failed[1]
             emit_retry_attempt(req.operation_type, announced, agent_id=req.agent_id)
-            otel.retried(  # otel hook
+            self.tracing.retried(  # otel hook
                 announced.attempts, announced.delay, announced.error_code)
             self._leave([], {"retries": 1})
             return None
@@ -151,8 +152,9 @@ class _Attempts(_Parking):
 
         def decide_(attempt: int, exc: BaseException) -> RetryDecision:
             try:
-                return decide(
-                    policy, attempt, exc, elapsed=self.clock() - start + slept, deadline=deadline,
+                return decide_coded(
+                    policy, attempt, exc, self.classify(exc),
+                    elapsed=self.clock() - start + slept, deadline=deadline,
                 )
             except Exception as bug:  # a policy's own code raised (a subclass's bug)
                 # An attempt ran: park it (never hold the claim for the lease).
@@ -160,7 +162,7 @@ class _Attempts(_Parking):
                     logsink.SINK.error("durability_retry_decision_failed", agent_id=req.agent_id,
                                operation_type=req.operation_type, error=type(bug).__qualname__)
                 return RetryDecision(
-                    False, 0.0, attempt, attempt + 1, error_code(exc), EXHAUSTED,
+                    False, 0.0, attempt, attempt + 1, self.classify(exc), EXHAUSTED,
                 )
 
         def after_failure(
@@ -177,7 +179,7 @@ class _Attempts(_Parking):
             failed = (exc, decision)
             try:  # the report and the budget are independent: at once
                 replies = (yield IO(calls, waves=[0] * len(calls))) if calls else Replies([], "")
-            except INTERRUPTS:
+            except self.interrupts:
                 yield from self._abandon(req, cl, permit, probe, touched=True, started=1)
                 raise
             except DurabilisError as broke:
@@ -216,7 +218,7 @@ class _Attempts(_Parking):
             nonlocal slept
             try:
                 yield Sleep(decision.delay)
-            except INTERRUPTS:
+            except self.interrupts:
                 yield from self._abandon(req, cl, None, None, touched=True, started=1)
                 raise
             slept += decision.delay if TESTING.instant else 0.0

@@ -16,7 +16,6 @@ from durabilis import _fork
 from durabilis._fork import reset_in_child
 from durabilis._keys import CLUSTER_SLOTS, KeySpace
 from durabilis._scripts import Replies, ScriptCall
-from durabilis._steps import INTERRUPTS
 from durabilis.core import logsink
 from durabilis.core.breaker import BreakerBook
 from durabilis.core.dlq import ANSWERED, FINISHED, Prepared
@@ -45,8 +44,33 @@ class Policies(Protocol):
     def get_policy(self, operation_type: str) -> RetryPolicy | None: ...
 
 
-_STOPPED: tuple[type[BaseException], ...] = (DurabilisError, *INTERRUPTS)
-"""A step failed, or the plan was interrupted: nothing more will run."""
+class Tracing(Protocol):
+    """The tracing hooks the plans call (:mod:`durabilis.otel` is one: the shells
+    hand it in; each is a no-op while tracing is off)."""
+
+    def begin(self, call: Any) -> Any: ...  # a traced call's wrapper, None when off
+    def retried(self, attempts: int, delay: float, error_code: str) -> None: ...
+    def answered_duplicate(self) -> None: ...
+    def parking_fields(self, room: int | None = None) -> dict[str, str]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    """What the plans take from the process, handed in by the shells (the core
+    imports no asyncio, threading or logging).
+
+    Attributes:
+        interrupts: What a plan treats as "stop now": compensate, re-raise
+            (``durabilis._steps.INTERRUPTS``: asyncio's cancellation among them).
+        classify: An exception's error code (``durabilis.retry.error_code``:
+            the process's registrations and class cache).
+        tracing: The tracing hooks (``durabilis.otel``).
+    """
+
+    interrupts: tuple[type[BaseException], ...]
+    classify: Callable[[BaseException], str]
+    tracing: Tracing
+
 _CLAIM_AGAIN = object()
 _SETTLED_BY = "a later delivery"  # who finished a parked record its operation completed
 _GIVE_UP = object()
@@ -276,8 +300,14 @@ class _Base:
         dlq_ops: Any,
         *,
         new_lock: Callable[[], AbstractContextManager[Any]],
+        runtime: Runtime,
     ) -> None:
         self.config = config
+        self.interrupts = runtime.interrupts
+        # A step failed, or the plan was interrupted: nothing more will run.
+        self.stopped_by: tuple[type[BaseException], ...] = (DurabilisError, *runtime.interrupts)
+        self.classify = runtime.classify
+        self.tracing = runtime.tracing
         self.fuses = store.fuses
         self.clock: Callable[[], float] = time.monotonic
         # What waits in the process (counts, Cluster index removals) goes by this

@@ -6,9 +6,7 @@ import random
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from durabilis import otel
 from durabilis._scripts import Replies, ScriptCall, fuse
-from durabilis._steps import INTERRUPTS
 from durabilis.core import logsink
 from durabilis.core.breaker import Permit
 from durabilis.core.idempotency import Duplicate, IdempotencyKey, New
@@ -135,7 +133,7 @@ class _Claims(_Attempts):
                 self._unsent(*gone)  # not surely removed: again later, alone
             yield from self._undo_begin(req, nonce, member, probe, exc.partial or unknown, at)
             raise
-        except INTERRUPTS:
+        except self.interrupts:
             if "gone" in at:
                 self._unsent(*gone)
             yield from self._undo_begin(req, nonce, member, probe, unknown, at)
@@ -343,7 +341,7 @@ class _Claims(_Attempts):
                     yield Sleep(random.uniform(0.0, 0.05))
                 return _CLAIM_AGAIN  # released or its worker died: claim it ourselves
             dup = seen
-        otel.answered_duplicate()  # otel hook: the answer is the record's, nothing ran
+        self.tracing.answered_duplicate()  # otel hook: the answer is the record's, nothing ran
         if dup.not_stored:
             raise ResultNotStored(req.key.value, dup.not_stored)
         return dup.original_result

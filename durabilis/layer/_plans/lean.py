@@ -7,9 +7,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from durabilis import _fork, otel
+from durabilis import _fork
 from durabilis._scripts import Replies
-from durabilis._steps import INTERRUPTS
 from durabilis.core import logsink
 from durabilis.core.breaker import Permit
 from durabilis.core.retry import RetryPolicy
@@ -51,18 +50,18 @@ class _LeanPath(_Claims):
 
     def execute_plan(self, req: _Request, fn: Callable[[OperationContext], Any]) -> Plan[Any]:
         # otel hook (start and end of a call): the plan, run inside the call's span
-        # when tracing is on (otel.begin is None when it is off: the plan as is).
-        traced = otel.begin(req)
+        # when tracing is on (tracing.begin is None when it is off: the plan as is).
+        traced = self.tracing.begin(req)
         plan = self._execute_plan(req, fn)
         return plan if traced is None else traced.run(plan)
 
     def lean_entry(self, req: _Request) -> tuple[RetryPolicy | None, float | None] | None:
         """``(policy, wait_until)`` when ``req`` takes the lean path (see
-        :meth:`_lean`) and no trace is taken (``otel.begin`` is ``None``), else
+        :meth:`_lean`) and no trace is taken (``tracing.begin`` is ``None``), else
         ``None``: then it runs as :meth:`execute_plan`'s plan."""
         wait_until = None if req.wait is None else self.clock() + req.wait
         policy = self._retry.get_policy(req.operation_type)
-        if self._lean(req, policy) and otel.begin(req) is None:
+        if self._lean(req, policy) and self.tracing.begin(req) is None:
             return policy, wait_until
         return None
 
@@ -125,7 +124,7 @@ class _LeanPath(_Claims):
         except DurabilisError as exc:
             yield from self.lean_undo(req, begin, exc.partial)
             raise
-        except INTERRUPTS:
+        except self.interrupts:
             yield from self.lean_undo(req, begin, None)
             raise
         cl = self.lean_claimed(req, begin, replies)

@@ -15,7 +15,6 @@ from durabilis.core.steps import IO, Batch, Plan
 from durabilis.errors import CorruptData, DurabilisError, StorageUnavailable
 from durabilis.layer._config import LayerStats
 from durabilis.layer._plans.base import (
-    _STOPPED,
     DUPLICATES_FLUSH_SECONDS,
     PUT_BACK_WITHIN_SECONDS,
     _log_guard_refusal,
@@ -151,7 +150,7 @@ class _Notes(_Requests):
                 continue
             try:  # not shielded: an interruption goes through at once (removals wait)
                 yield IO([call])
-            except _STOPPED:
+            except self.stopped_by:
                 self._unsent(gone, counts)  # may have landed: apart
                 for never, was_unsure in batches[i + 1:]:  # not sent: wait as they did
                     if was_unsure:

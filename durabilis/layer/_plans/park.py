@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from durabilis import otel
-from durabilis._retry_core import RetryDecision
+from durabilis._retry_events import emit_retry_stop
 from durabilis._scripts import ScriptCall
 from durabilis.core import logsink
 from durabilis.core.breaker import Permit
+from durabilis.core.retry import RetryDecision
 from durabilis.core.steps import IO, Plan
 from durabilis.errors import (
     CorruptData,
@@ -28,7 +28,6 @@ from durabilis.layer._plans.base import (
     dlq_id_for,
 )
 from durabilis.layer._plans.record import _Records
-from durabilis.retry import emit_retry_stop
 
 
 class _Parking(_Records):
@@ -187,7 +186,7 @@ class _Parking(_Records):
             record, meta = self._park_record(req), {"reason": reason, "claim": cl.nonce}
             # otel hook: the call's trace context kept with the record, in the bytes
             # the payload cap leaves it ({}: off, or no room)
-            meta.update(otel.parking_fields(self._dlq.room(record, meta)))
+            meta.update(self.tracing.parking_fields(self._dlq.room(record, meta)))
             calls["enqueue"] = self._dlq.enqueue_prepared(
                 record, attempts, error, dlq_id=dlq_id, metadata=meta,
                 merge_key=self._merge_key(req.key.value),

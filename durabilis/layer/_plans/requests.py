@@ -8,11 +8,11 @@ from typing import Any
 
 from durabilis import _codec
 from durabilis._keys import bucket_tag, hash_slot
-from durabilis._retry_core import MAX_DEADLINE_MS
 from durabilis._scripts import ScriptCall
 from durabilis.core.checkpoint import part
 from durabilis.core.dlq import Prepared
 from durabilis.core.idempotency import IdempotencyKey, content_digest
+from durabilis.core.retry import MAX_DEADLINE_MS
 from durabilis.errors import ConfigError, DurabilisError
 from durabilis.layer._plans.base import _KNOWN_PAIRS, _REASON_ROOM, _Base, _Request
 
