@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from durabilis import _fork
 from durabilis._fork import reset_in_child
@@ -22,7 +22,9 @@ from durabilis.core.dlq import ANSWERED, FINISHED, Prepared
 from durabilis.core.idempotency import IdempotencyKey
 from durabilis.core.retry import BudgetOps, RetryPolicy
 from durabilis.errors import DurabilisError
-from durabilis.layer._config import DurabilityConfig
+
+if TYPE_CHECKING:  # (the config's model imports the pillars' shells)
+    from durabilis.config._layer import DurabilityConfig
 
 
 class StoreShape(Protocol):

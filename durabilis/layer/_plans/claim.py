@@ -10,6 +10,7 @@ from durabilis._scripts import Replies, ScriptCall, fuse
 from durabilis.core import logsink
 from durabilis.core.breaker import Permit
 from durabilis.core.idempotency import Duplicate, IdempotencyKey, New
+from durabilis.core.layer.types import CIRCUIT_OPEN, OperationContext
 from durabilis.core.retry import RetryPolicy
 from durabilis.core.steps import IO, Hold, Plan, Sleep
 from durabilis.errors import (
@@ -19,7 +20,6 @@ from durabilis.errors import (
     OperationInProgress,
     ResultNotStored,
 )
-from durabilis.layer._config import CIRCUIT_OPEN, OperationContext
 from durabilis.layer._plans import base as _base
 from durabilis.layer._plans.attempts import _Attempts
 from durabilis.layer._plans.base import (

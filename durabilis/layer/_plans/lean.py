@@ -11,10 +11,10 @@ from durabilis import _fork
 from durabilis._scripts import Replies
 from durabilis.core import logsink
 from durabilis.core.breaker import Permit
+from durabilis.core.layer.types import OperationContext
 from durabilis.core.retry import RetryPolicy
 from durabilis.core.steps import IO, Hold, Plan, Run
 from durabilis.errors import DurabilisError, ResultNotStored
-from durabilis.layer._config import OperationContext
 from durabilis.layer._plans import base as _base
 from durabilis.layer._plans.base import (
     _CLAIM_AGAIN,

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from durabilis import _codec
 from durabilis._scripts import Replies, ScriptCall
-from durabilis._steps import Deferred, LeaseBook
 from durabilis.core import logsink
 from durabilis.core.breaker import Permit
+from durabilis.core.layer.types import LayerStats
 from durabilis.core.steps import IO, Batch, Plan
 from durabilis.errors import CorruptData, DurabilisError, StorageUnavailable
-from durabilis.layer._config import LayerStats
 from durabilis.layer._plans.base import (
     DUPLICATES_FLUSH_SECONDS,
     PUT_BACK_WITHIN_SECONDS,
@@ -21,6 +20,9 @@ from durabilis.layer._plans.base import (
     _renewed,
 )
 from durabilis.layer._plans.requests import _Requests
+
+if TYPE_CHECKING:  # (the lease book is the driver's, handed in)
+    from durabilis._steps import Deferred, LeaseBook
 
 
 def _landed(partial: Replies | None) -> int:

@@ -8,6 +8,7 @@ from durabilis._retry_events import emit_retry_stop
 from durabilis._scripts import ScriptCall
 from durabilis.core import logsink
 from durabilis.core.breaker import Permit
+from durabilis.core.layer.types import WORKER_LOST
 from durabilis.core.retry import RetryDecision
 from durabilis.core.steps import IO, Plan
 from durabilis.errors import (
@@ -18,7 +19,6 @@ from durabilis.errors import (
     RetryExhausted,
 )
 from durabilis.events import error_text
-from durabilis.layer._config import WORKER_LOST
 from durabilis.layer._plans.base import (
     _Claim,
     _ClaimAgain,

@@ -12,9 +12,9 @@ from durabilis._scripts import Replies, ScriptCall
 from durabilis.core import logsink
 from durabilis.core.dlq import DlqStatus, Prepared
 from durabilis.core.idempotency import IdempotencyKey
+from durabilis.core.layer.types import WORKER_LOST
 from durabilis.core.steps import IO, Plan
 from durabilis.errors import ConfigError, CorruptData, DurabilisError
-from durabilis.layer._config import WORKER_LOST
 from durabilis.layer._plans.base import (
     _REASON_ROOM,
     _WALK,

@@ -9,6 +9,7 @@ from typing import Any
 from durabilis.core.dlq import ANSWERED, DlqRecord, ReplayDeclined
 from durabilis.core.dlq.plan import UNSETTLED
 from durabilis.core.idempotency import RAW_PREFIX, IdempotencyKey, payload_fingerprint
+from durabilis.core.layer.types import OperationContext
 from durabilis.core.steps import IO, Plan
 from durabilis.errors import (
     ConfigError,
@@ -18,7 +19,6 @@ from durabilis.errors import (
     OutcomeUnrecorded,
     ResultNotStored,
 )
-from durabilis.layer._config import OperationContext
 from durabilis.layer._plans.base import _ReplayClaim, _Request
 from durabilis.layer._plans.lean import _LeanPath
 
