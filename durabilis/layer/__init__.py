@@ -16,7 +16,7 @@
    :class:`~durabilis.RetryExhausted`; a non-retryable error releases the claim
    and is raised as is.
 
-The logic is written once, as plans of steps (the ``_plans`` package); the
+The logic is written once, as plans of steps (:mod:`durabilis.core.layer`); the
 sync and async layers (``_api.py``, ``_aio.py``, over ``_shell.py``) only
 drive them (``durabilis._steps``). On standalone Redis each
 step is one atomic Lua script: the happy path is exactly two round trips.

@@ -1,5 +1,5 @@
 """The sync layer's lean path without a plan: the steps of
-:meth:`~durabilis.layer._plans.lean._LeanPath._lean_plan`, performed in place.
+:meth:`~durabilis.core.layer.lean._LeanPath._lean_plan`, performed in place.
 
 The common case (standalone, a new key, ``fn`` succeeds) is most of a gateway's
 calls; driving it as a plan (generators four deep, the driver's loop and
@@ -29,12 +29,12 @@ from durabilis import _fork, _steps
 from durabilis._signal_gate import GATE, HandlerRaised
 from durabilis._steps import INTERRUPTS, LeaseBook, drive, drive_rest
 from durabilis._store import Store
+from durabilis.core.layer import CLAIM_AGAIN, ClaimAgain, LayerCore, Request
+from durabilis.core.layer.lean import lean_child
 from durabilis.core.retry import RetryPolicy
 from durabilis.core.steps import Plan, Run
 from durabilis.errors import DurabilisError, StorageUnavailable
 from durabilis.layer._config import OperationContext
-from durabilis.layer._plans import CLAIM_AGAIN, ClaimAgain, Request, _LayerCore
-from durabilis.layer._plans.lean import lean_child
 
 T = TypeVar("T")
 
@@ -88,11 +88,11 @@ class _Driver:
 
 
 def run_lean(  # noqa: PLR0917  (the call, and where it runs)
-    core: _LayerCore, req: Request, fn: Callable[[OperationContext], Any],
+    core: LayerCore, req: Request, fn: Callable[[OperationContext], Any],
     policy: RetryPolicy | None, wait_until: float | None, store: Store, leases: LeaseBook,
 ) -> Any:
     """Run one lean operation to its end (what ``drive(core.execute_plan(req, fn))``
-    does for it: :meth:`~durabilis.layer._plans.lean._LeanPath.lean_entry`)."""
+    does for it: :meth:`~durabilis.core.layer.lean._LeanPath.lean_entry`)."""
     held: list[Any] = []
     entered: bool | None = None
     try:
@@ -111,7 +111,7 @@ def run_lean(  # noqa: PLR0917  (the call, and where it runs)
 
 
 def lean_call(  # noqa: PLR0917  (the call, and its port)
-    core: _LayerCore, req: Request, fn: Callable[[OperationContext], Any],
+    core: LayerCore, req: Request, fn: Callable[[OperationContext], Any],
     policy: RetryPolicy | None, wait_until: float | None, port: Port,
 ) -> Any:
     """One lean operation through ``port``: what ``_execute_plan`` does for it."""
@@ -125,7 +125,7 @@ def lean_call(  # noqa: PLR0917  (the call, and its port)
 
 
 def _lean(  # noqa: PLR0912, PLR0917  (the lean plan, step by step; lean_call's arguments)
-    core: _LayerCore, req: Request, fn: Callable[[OperationContext], Any],
+    core: LayerCore, req: Request, fn: Callable[[OperationContext], Any],
     policy: RetryPolicy | None, wait_until: float | None, port: Port,
 ) -> Any:
     """The steps of ``_lean_plan``, in its order (see there for each one's why)."""

@@ -17,12 +17,12 @@ from durabilis._steps import INTERRUPTS, LeaseBook
 from durabilis._store import AsyncStore, Store
 from durabilis.breaker import AsyncCircuitBreakerRegistry, CircuitBreakerRegistry
 from durabilis.checkpoint import AsyncCheckpointManager, CheckpointManager
+from durabilis.core.layer import DUPLICATES_FLUSH_SECONDS, LayerCore, Runtime
 from durabilis.core.steps import Plan
 from durabilis.dlq import AsyncDeadLetterQueue, DeadLetterQueue, ReplayResult, ReplaySummary
 from durabilis.errors import DurabilisError
 from durabilis.idempotency import AsyncIdempotencyGuard, IdempotencyGuard
 from durabilis.layer._config import DurabilityConfig, LayerStats, OperationContext
-from durabilis.layer._plans import DUPLICATES_FLUSH_SECONDS, Runtime, _LayerCore
 from durabilis.retry import AsyncRetryEngine, RetryEngine, error_code
 
 _log = get_logger()
@@ -76,7 +76,7 @@ class _Ticks:
         self._next = self._began + self.every
 
 
-def _keep_alive_ends(leases: LeaseBook, core: _LayerCore, closed: bool) -> bool:
+def _keep_alive_ends(leases: LeaseBook, core: LayerCore, closed: bool) -> bool:
     """Idle (nothing held, nothing waiting) or closed with nothing held, the
     keep-alive ends: a layer left unclosed keeps no thread (or task). A claim
     held or a count waiting after it ended starts another."""
@@ -189,7 +189,7 @@ class _LayerShell(Generic[S]):
         self.store: S = store
         _check_lease(store, cfg)
         self._compose(store, cfg, replica_id)
-        self._core = _LayerCore(
+        self._core = LayerCore(
             store, cfg, self.idempotency.ops, self.retry, self.breakers,
             self.checkpoints.ops, self.dlq.ops, new_lock=threading.Lock, runtime=RUNTIME,
         )

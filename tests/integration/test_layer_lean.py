@@ -121,7 +121,8 @@ def _steps_of(monkeypatch: pytest.MonkeyPatch, layer: DurabilityLayer, call: Any
     """The steps one call yields (calls normalised: its nonce, key and timings
     named, not valued), under the lean path or the plans alone."""
     from durabilis import _steps
-    from durabilis.layer import _direct, _plans
+    from durabilis.core import layer as _plans
+    from durabilis.layer import _direct
 
     seen: list[Any] = []
     marks: dict[str, str] = {tag: "<tag>", layer.breakers.replica_id: "<replica>"}

@@ -18,8 +18,8 @@ import redis.connection
 import durabilis
 import durabilis._store._sync
 from durabilis import IdempotencyConfig
+from durabilis.core.layer import DUPLICATES_FLUSH_SECONDS
 from durabilis.layer import DurabilityLayer
-from durabilis.layer._plans import DUPLICATES_FLUSH_SECONDS
 from tests.integration._layer_support import Counter, fast_config
 
 pytestmark = pytest.mark.topologies("cluster")

@@ -117,10 +117,11 @@ from durabilis._steps import (
 )
 from durabilis._store import _waves as _store_waves
 from durabilis.checkpoint import _RunPlan
+from durabilis.core import layer as _plans
+from durabilis.core.layer import base as _plans_base
 from durabilis.dlq import DlqConfig, DlqStatus
-from durabilis.layer import DurabilityConfig, DurabilityLayer, OperationContext, _plans
+from durabilis.layer import DurabilityConfig, DurabilityLayer, OperationContext
 from durabilis.layer._direct import lean_call
-from durabilis.layer._plans import base as _plans_base
 from durabilis.retry import RetryBudget
 from durabilis.testing import offset_server_clock
 from tests.sim.threaded import Threads, threaded_plan

@@ -19,10 +19,10 @@ from structlog.testing import capture_logs
 from durabilis._keys import KeySpace
 from durabilis._scripts import Replies, ScriptCall
 from durabilis._steps import LeaseBook
+from durabilis.core.layer import _LayerCore
 from durabilis.core.steps import IO, Batch, Defer, Hold, answered
 from durabilis.errors import CorruptData, StorageUnavailable
 from durabilis.layer import DurabilityConfig
-from durabilis.layer._plans import _LayerCore
 from durabilis.layer._shell import RUNTIME
 
 
@@ -197,7 +197,7 @@ def test_an_owner_s_removal_marks_its_members_settled_on_cluster_only(mode: str)
 def test_a_put_back_decided_late_is_not_sent_the_next_tick_puts_back() -> None:
     """Renewals that took longer than PUT_BACK_WITHIN_SECONDS (a node that hung)
     send no put-back: it could land after the removal marks that refuse it end."""
-    from durabilis.layer._plans.base import PUT_BACK_WITHIN_SECONDS
+    from durabilis.core.layer.base import PUT_BACK_WITHIN_SECONDS
 
     now = [100.0]
     ka = core(fuses=False)

@@ -20,10 +20,10 @@ import pytest
 
 import durabilis
 from durabilis import CircuitBreakerConfig, DlqConfig
+from durabilis.core.layer.base import _Claim, _Request
 from durabilis.core.steps import IO, Defer
 from durabilis.errors import StorageUnavailable
 from durabilis.layer import DurabilityConfig, DurabilityLayer
-from durabilis.layer._plans.base import _Claim, _Request
 
 CAP = 2048  # the DLQ record's payload cap here (1 MiB by default)
 OPTIONS: dict[str, Any] = dict(

@@ -18,7 +18,7 @@ Appendix, "Retry execute"):
 ``Sleep``, the budget's ``ScriptCall``), which
 :class:`~durabilis.retry.RetryEngine` and
 :class:`~durabilis.retry.AsyncRetryEngine` drive; the composed layer drives the
-same loop with its own hooks (``durabilis.layer._plans.attempts``: the claim's
+same loop with its own hooks (``durabilis.core.layer.attempts``: the claim's
 lease, the breaker's admission and report, the DLQ).
 
 - :mod:`durabilis.core.retry.types`: policy, budget, decision, outcome, ``TESTING``.

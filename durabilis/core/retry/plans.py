@@ -208,7 +208,7 @@ class RetryHooks(Generic[T]):
     hook is a sub-plan (a generator of steps) unless said otherwise; the
     optional ones left ``None`` do nothing (``sleep``: one ``Sleep`` of the
     delay). The engines' hooks are :func:`retry_plan`'s; the composed layer's
-    (claim, lease, breaker, DLQ) are built by ``durabilis.layer._plans``.
+    (claim, lease, breaker, DLQ) are built by ``durabilis.core.layer``.
 
     Attributes:
         attempt: ``attempt(n)``: run attempt ``n`` (from 0): ``(True, value)`` or

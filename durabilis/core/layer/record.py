@@ -10,16 +10,7 @@ from durabilis._scripts import Replies, ScriptCall
 from durabilis.core import logsink
 from durabilis.core.breaker import Permit
 from durabilis.core.dlq import DlqStatus, record_id_for
-from durabilis.core.steps import IO, Defer, Plan, Sleep
-from durabilis.errors import (
-    CorruptData,
-    DurabilisError,
-    LeaseLost,
-    OutcomeUnrecorded,
-    ResultNotStored,
-)
-from durabilis.events import exception_str
-from durabilis.layer._plans.base import (
+from durabilis.core.layer.base import (
     _GIVE_UP,
     _LATE_TRIES,
     _RECORD_BACKOFF,
@@ -35,7 +26,16 @@ from durabilis.layer._plans.base import (
     _tag,
     _Unsent,
 )
-from durabilis.layer._plans.notes import _Notes
+from durabilis.core.layer.notes import _Notes
+from durabilis.core.steps import IO, Defer, Plan, Sleep
+from durabilis.errors import (
+    CorruptData,
+    DurabilisError,
+    LeaseLost,
+    OutcomeUnrecorded,
+    ResultNotStored,
+)
+from durabilis.events import exception_str
 
 
 def _guarded(

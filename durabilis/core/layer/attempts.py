@@ -12,6 +12,8 @@ from durabilis._retry_events import emit_retry_attempt, emit_retry_stop
 from durabilis._scripts import Replies, ScriptCall
 from durabilis.core import logsink
 from durabilis.core.breaker import Permit
+from durabilis.core.layer.base import _Claim, _renewed, _Request
+from durabilis.core.layer.park import _Parking
 from durabilis.core.layer.types import CIRCUIT_OPEN, OperationContext
 from durabilis.core.retry import (
     EXHAUSTED,
@@ -27,8 +29,6 @@ from durabilis.core.retry import (
 from durabilis.core.steps import IO, Plan, Run, Sleep
 from durabilis.errors import CircuitOpen, DurabilisError, LeaseLost
 from durabilis.events import error_text
-from durabilis.layer._plans.base import _Claim, _renewed, _Request
-from durabilis.layer._plans.park import _Parking
 
 
 class _Attempts(_Parking):

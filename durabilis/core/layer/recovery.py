@@ -12,10 +12,7 @@ from durabilis._scripts import Replies, ScriptCall
 from durabilis.core import logsink
 from durabilis.core.dlq import DlqStatus, Prepared
 from durabilis.core.idempotency import IdempotencyKey
-from durabilis.core.layer.types import WORKER_LOST
-from durabilis.core.steps import IO, Plan
-from durabilis.errors import ConfigError, CorruptData, DurabilisError
-from durabilis.layer._plans.base import (
+from durabilis.core.layer.base import (
     _REASON_ROOM,
     _WALK,
     _WALK_KEEP_MS,
@@ -25,7 +22,10 @@ from durabilis.layer._plans.base import (
     _tag,
     dlq_id_for,
 )
-from durabilis.layer._plans.park import _Parking
+from durabilis.core.layer.park import _Parking
+from durabilis.core.layer.types import WORKER_LOST
+from durabilis.core.steps import IO, Plan
+from durabilis.errors import ConfigError, CorruptData, DurabilisError
 
 
 class _Recovery(_Parking):

@@ -12,9 +12,9 @@ from durabilis._scripts import ScriptCall
 from durabilis.core.checkpoint import part
 from durabilis.core.dlq import Prepared
 from durabilis.core.idempotency import IdempotencyKey, content_digest
+from durabilis.core.layer.base import _KNOWN_PAIRS, _REASON_ROOM, _Base, _Request
 from durabilis.core.retry import MAX_DEADLINE_MS
 from durabilis.errors import ConfigError, DurabilisError
-from durabilis.layer._plans.base import _KNOWN_PAIRS, _REASON_ROOM, _Base, _Request
 
 
 def _size(text: str) -> int:

@@ -9,6 +9,8 @@ from typing import Any
 from durabilis.core.dlq import ANSWERED, DlqRecord, ReplayDeclined
 from durabilis.core.dlq.plan import UNSETTLED
 from durabilis.core.idempotency import RAW_PREFIX, IdempotencyKey, payload_fingerprint
+from durabilis.core.layer.base import _ReplayClaim, _Request
+from durabilis.core.layer.lean import _LeanPath
 from durabilis.core.layer.types import OperationContext
 from durabilis.core.steps import IO, Plan
 from durabilis.errors import (
@@ -19,8 +21,6 @@ from durabilis.errors import (
     OutcomeUnrecorded,
     ResultNotStored,
 )
-from durabilis.layer._plans.base import _ReplayClaim, _Request
-from durabilis.layer._plans.lean import _LeanPath
 
 
 class _Replays(_LeanPath):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from durabilis.layer._plans.recovery import _Recovery
-from durabilis.layer._plans.replay import _Replays
+from durabilis.core.layer.recovery import _Recovery
+from durabilis.core.layer.replay import _Replays
 
 
 class _LayerCore(_Replays, _Recovery):

@@ -11,12 +11,8 @@ from durabilis import _fork
 from durabilis._scripts import Replies
 from durabilis.core import logsink
 from durabilis.core.breaker import Permit
-from durabilis.core.layer.types import OperationContext
-from durabilis.core.retry import RetryPolicy
-from durabilis.core.steps import IO, Hold, Plan, Run
-from durabilis.errors import DurabilisError, ResultNotStored
-from durabilis.layer._plans import base as _base
-from durabilis.layer._plans.base import (
+from durabilis.core.layer import base as _base
+from durabilis.core.layer.base import (
     _CLAIM_AGAIN,
     _breaker_refused,
     _Claim,
@@ -26,7 +22,11 @@ from durabilis.layer._plans.base import (
     _Request,
     _unknown,
 )
-from durabilis.layer._plans.claim import _Claims
+from durabilis.core.layer.claim import _Claims
+from durabilis.core.layer.types import OperationContext
+from durabilis.core.retry import RetryPolicy
+from durabilis.core.steps import IO, Hold, Plan, Run
+from durabilis.errors import DurabilisError, ResultNotStored
 
 # The lean path's claim step (the in-flight entry, then the claim, gated) and
 # its record step: as _claim_and_run and _succeeded build them for its case.

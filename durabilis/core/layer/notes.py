@@ -10,16 +10,16 @@ from durabilis import _codec
 from durabilis._scripts import Replies, ScriptCall
 from durabilis.core import logsink
 from durabilis.core.breaker import Permit
-from durabilis.core.layer.types import LayerStats
-from durabilis.core.steps import IO, Batch, Plan
-from durabilis.errors import CorruptData, DurabilisError, StorageUnavailable
-from durabilis.layer._plans.base import (
+from durabilis.core.layer.base import (
     DUPLICATES_FLUSH_SECONDS,
     PUT_BACK_WITHIN_SECONDS,
     _log_guard_refusal,
     _renewed,
 )
-from durabilis.layer._plans.requests import _Requests
+from durabilis.core.layer.requests import _Requests
+from durabilis.core.layer.types import LayerStats
+from durabilis.core.steps import IO, Batch, Plan
+from durabilis.errors import CorruptData, DurabilisError, StorageUnavailable
 
 if TYPE_CHECKING:  # (the lease book is the driver's, handed in)
     from durabilis._steps import Deferred, LeaseBook

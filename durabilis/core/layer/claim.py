@@ -10,6 +10,18 @@ from durabilis._scripts import Replies, ScriptCall, fuse
 from durabilis.core import logsink
 from durabilis.core.breaker import Permit
 from durabilis.core.idempotency import Duplicate, IdempotencyKey, New
+from durabilis.core.layer import base as _base
+from durabilis.core.layer.attempts import _Attempts
+from durabilis.core.layer.base import (
+    _CLAIM_AGAIN,
+    _born_claim_refused,
+    _breaker_refused,
+    _Claim,
+    _claim_refused,
+    _had_previous,
+    _Request,
+    _unwrap_born_claim,
+)
 from durabilis.core.layer.types import CIRCUIT_OPEN, OperationContext
 from durabilis.core.retry import RetryPolicy
 from durabilis.core.steps import IO, Hold, Plan, Sleep
@@ -19,18 +31,6 @@ from durabilis.errors import (
     DurabilisError,
     OperationInProgress,
     ResultNotStored,
-)
-from durabilis.layer._plans import base as _base
-from durabilis.layer._plans.attempts import _Attempts
-from durabilis.layer._plans.base import (
-    _CLAIM_AGAIN,
-    _born_claim_refused,
-    _breaker_refused,
-    _Claim,
-    _claim_refused,
-    _had_previous,
-    _Request,
-    _unwrap_born_claim,
 )
 
 

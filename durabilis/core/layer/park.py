@@ -8,6 +8,15 @@ from durabilis._retry_events import emit_retry_stop
 from durabilis._scripts import ScriptCall
 from durabilis.core import logsink
 from durabilis.core.breaker import Permit
+from durabilis.core.layer.base import (
+    _Claim,
+    _ClaimAgain,
+    _missed,
+    _Request,
+    _Unsent,
+    dlq_id_for,
+)
+from durabilis.core.layer.record import _Records
 from durabilis.core.layer.types import WORKER_LOST
 from durabilis.core.retry import RetryDecision
 from durabilis.core.steps import IO, Plan
@@ -19,15 +28,6 @@ from durabilis.errors import (
     RetryExhausted,
 )
 from durabilis.events import error_text
-from durabilis.layer._plans.base import (
-    _Claim,
-    _ClaimAgain,
-    _missed,
-    _Request,
-    _Unsent,
-    dlq_id_for,
-)
-from durabilis.layer._plans.record import _Records
 
 
 class _Parking(_Records):
