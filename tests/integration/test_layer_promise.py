@@ -1639,6 +1639,39 @@ def test_a_decision_that_raises_parks_the_operation_instead_of_holding_its_claim
     layer.close()
 
 
+class _PolicyThatExits(RetryPolicy):
+    """A policy whose own code raises SystemExit while the layer decides."""
+
+    def is_retryable(self, code: str) -> bool:
+        raise SystemExit("the policy's own code exits")
+
+
+@pytest.mark.parametrize("guarded", [False, True], ids=["no-breaker", "breaker"])
+def test_a_decision_that_raises_system_exit_gives_the_claim_back_touched(
+    store: durabilis.Store, guarded: bool,
+) -> None:
+    """An interruption raised by the policy's code, not by a step: no step is
+    running to compensate, yet the claim goes back at once (touched: the next
+    delivery runs with ``recovered``), not held for its lease."""
+    policy = _PolicyThatExits("job", 3, 1, 2, jitter=False)
+    layer = layer_on(
+        store, retry_policies=(policy,), dependencies={"job": "svc"} if guarded else {},
+    )
+    with pytest.raises(SystemExit):
+        layer.execute("a1", "job", "p", Counter(["NETWORK_TIMEOUT"]))
+    state = layer.idempotency.check(IdempotencyKey.new("a1", "job", "p"))
+    assert state is None or not state.in_progress  # given back, not held for the lease
+    seen: list[bool] = []
+
+    def again(ctx: OperationContext) -> str:
+        seen.append(ctx.recovered)
+        return "done"
+
+    assert layer.execute("a1", "job", "p", again) == "done"
+    assert seen == [True]  # fn had run: the next delivery knows
+    layer.close()
+
+
 def test_a_logging_filter_that_raises_on_the_retry_event_never_holds_the_claim(
     store: durabilis.Store,
 ) -> None:

@@ -59,6 +59,7 @@ class _Attempts(_Parking):
         slept = 0.0
         probe: str | None = None  # this attempt's breaker probe, when it was admitted as one
         took_ms = 0.0
+        stop_now: BaseException | None = None  # SystemExit & co. raised by the policy's own code
 
         def before_attempt(attempt: int) -> Plan[Stopped[Any] | None]:
             nonlocal confirmed, permit, probe
@@ -151,6 +152,7 @@ class _Attempts(_Parking):
             return (yield from self._succeeded(req, cl, permit, value, took_ms))
 
         def decide_(attempt: int, exc: BaseException) -> RetryDecision:
+            nonlocal stop_now
             try:
                 return decide_coded(
                     policy, attempt, exc, self.classify(exc),
@@ -161,16 +163,20 @@ class _Attempts(_Parking):
                 with contextlib.suppress(Exception):
                     logsink.SINK.error("durability_retry_decision_failed", agent_id=req.agent_id,
                                operation_type=req.operation_type, error=type(bug).__qualname__)
-                return RetryDecision(
-                    False, 0.0, attempt, attempt + 1, self.classify(exc), EXHAUSTED,
-                )
+            except BaseException as stop:  # (SystemExit, KeyboardInterrupt, ...)
+                # Raised by the policy's own code (sys.exit in is_retryable): no
+                # step is running to compensate, so on_stop does, then raises it.
+                stop_now = stop
+            return RetryDecision(
+                False, 0.0, attempt, attempt + 1, self.classify(exc), EXHAUSTED,
+            )
 
         def after_failure(
             decision: RetryDecision, exc: BaseException
         ) -> Plan[RetryDecision | Stopped[Any]]:
             nonlocal failed
-            if decision.stop_reason == NON_RETRYABLE:
-                return decision  # not a dependency failure: nothing reported (on_stop)
+            if decision.stop_reason == NON_RETRYABLE or stop_now is not None:
+                return decision  # not a dependency failure, or stopping: nothing reported (on_stop)
             calls: list[ScriptCall] = []
             if dep is not None:
                 calls.append(self._breakers.ops.after_call(dep, False, permit, took_ms))
@@ -204,6 +210,11 @@ class _Attempts(_Parking):
             return decision
 
         def on_stop(decision: RetryDecision, exc: BaseException) -> Plan[Any]:
+            if stop_now is not None:
+                # As an interruption after fn: the claim goes back touched, the
+                # probe slot freed without a verdict; then the policy's exception.
+                yield from self._abandon(req, cl, permit, probe, touched=True, started=1)
+                raise stop_now
             if decision.stop_reason == NON_RETRYABLE:
                 # Not a dependency failure: free a probe slot without a verdict.
                 yield from self._abandon(req, cl, permit, probe, started=1, non_retryable=1)
