@@ -42,8 +42,10 @@ so that a run without them is the run it was before them):
   switch to (S2, previous S1), later all (step 2, a rolling deploy: a replica
   switches at its next plan, a restart). Checks are per *logical operation*
   (a content key under each secret is one operation); at the end every record
-  still parked is replayed once without faults, so that a record parked under
-  one key of an operation completed under another must be settled;
+  still parked is replayed without faults (again, up to three rounds, while a
+  replay's own failures opened the breaker and deferred the others: as an
+  operator would), so that a record parked under one key of an operation
+  completed under another must be settled;
 - **outcomes left to the keep-alive**: a record or park step that fails once
   is handed to the process's keep-alive at once (an ``OutcomeUnrecorded``
   for its caller, as after a whole lease without Redis), and while the run
@@ -191,6 +193,13 @@ class Submission:
     runs: int = 0  # how many times its fn started
     faulted: bool = False  # a fault was injected while it ran
     stalled: bool = False  # its process was paused past its lease
+
+
+def _kept(plan: Any, into: list[Any]) -> Any:
+    """``plan``, its returned value also appended to ``into`` (no step added)."""
+    value = yield from plan
+    into.append(value)
+    return value
 
 
 @dataclass
@@ -558,25 +567,35 @@ class Simulation:
                 self._replay_all()
 
     def _replay_all(self) -> None:
-        """Rotation runs: what is still parked is replayed once, without faults,
+        """Rotation runs: what is still parked is replayed without faults (again
+        while the breaker, reopened by a replay's failures, deferred some),
         by a replica on the final secrets (a record parked under one key of an
         operation completed under another is settled by its replay: docs/
         production.md, "Rotating the key secret"); then recovery again."""
-        if self.knobs.breaker:  # (an operator's forced open would defer every replay)
-            self.actors[0].layer.breakers.force_close(DEP)
-        rep = Actor("final-rep", "replayer", self._layer("final-rep"), "sync")
-        rep.queue.append(lambda: self._requeue_pass(rep))  # the fleet's pass first
-        rep.queue.append(lambda: rep.layer.dlq._ops.replay_pending_steps(
-            None, None, None, rep.layer._core.replay_plan(self._fn(rep))))
-        self.actors.append(rep)
-        self.log("-- final replay of what is parked")
-        limit = self.step_no + 2000
-        while self.step_no < limit:
-            if not self._tick(events=False):
+        for rounds in range(3):
+            if self.knobs.breaker:  # (an operator's forced open would defer every replay)
+                self.actors[0].layer.breakers.force_close(DEP)
+            name = "final-rep" if not rounds else f"final-rep{rounds + 1}"
+            rep = Actor(name, "replayer", self._layer(name), "sync")
+            summaries: list[Any] = []
+            if not rounds:
+                rep.queue.append(lambda rep=rep: self._requeue_pass(rep))  # the fleet's first
+            rep.queue.append(lambda rep=rep, into=summaries: _kept(
+                rep.layer.dlq._ops.replay_pending_steps(
+                    None, None, None, rep.layer._core.replay_plan(self._fn(rep))), into))
+            self.actors.append(rep)
+            self.log("-- final replay of what is parked" + (" (again)" if rounds else ""))
+            limit = self.step_no + 2000
+            while self.step_no < limit:
+                if not self._tick(events=False):
+                    break
+            else:
+                self.violations.append("stuck: the final replay did not finish (2000 steps)")
+            self._flush(rep)
+            # A replay's own failures can open the breaker again, deferring the
+            # records after it (as an operator would, close it and replay again).
+            if not (summaries and summaries[-1].breakers_open and summaries[-1].deferred):
                 break
-        else:
-            self.violations.append("stuck: the final replay did not finish (2000 steps)")
-        self._flush(rep)
         self._advance(LEASE * 2.5)
         self._recover_all()
 
