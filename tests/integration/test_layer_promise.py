@@ -1646,19 +1646,35 @@ class _PolicyThatExits(RetryPolicy):
         raise SystemExit("the policy's own code exits")
 
 
+class _ExitingCode(Exception):
+    """An error whose ``code`` property exits: its classification raises SystemExit."""
+
+    @property
+    def code(self) -> str:
+        raise SystemExit("the error's own code property exits")
+
+
 @pytest.mark.parametrize("guarded", [False, True], ids=["no-breaker", "breaker"])
+@pytest.mark.parametrize("source", ["policy", "classification"])
 def test_a_decision_that_raises_system_exit_gives_the_claim_back_touched(
-    store: durabilis.Store, guarded: bool,
+    store: durabilis.Store, guarded: bool, source: str,
 ) -> None:
-    """An interruption raised by the policy's code, not by a step: no step is
-    running to compensate, yet the claim goes back at once (touched: the next
-    delivery runs with ``recovered``), not held for its lease."""
-    policy = _PolicyThatExits("job", 3, 1, 2, jitter=False)
+    """An interruption raised while the layer decides (by the policy's code, or
+    by the failed attempt's error as it is classified), not by a step: no step
+    is running to compensate, yet the claim goes back at once (touched: the
+    next delivery runs with ``recovered``), not held for its lease."""
+    policy = (_PolicyThatExits if source == "policy" else RetryPolicy)("job", 3, 1, 2, jitter=False)
     layer = layer_on(
         store, retry_policies=(policy,), dependencies={"job": "svc"} if guarded else {},
     )
+
+    def failing(ctx: OperationContext) -> str:
+        if source == "policy":
+            raise OperationError("NETWORK_TIMEOUT", "down")
+        raise _ExitingCode("down")
+
     with pytest.raises(SystemExit):
-        layer.execute("a1", "job", "p", Counter(["NETWORK_TIMEOUT"]))
+        layer.execute("a1", "job", "p", failing)
     state = layer.idempotency.check(IdempotencyKey.new("a1", "job", "p"))
     assert state is None or not state.in_progress  # given back, not held for the lease
     seen: list[bool] = []

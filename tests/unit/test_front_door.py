@@ -212,3 +212,18 @@ def test_durabilis_config_is_reachable_after_import_durabilis_as_in_0_1() -> Non
         capture_output=True, text=True, timeout=120, check=False,
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_the_layer_s_values_pickle_by_the_name_their_users_import() -> None:
+    """``OperationContext`` and ``LayerStats`` moved into the core; a pickle (a
+    multiprocessing pool's) names them as ``durabilis.layer`` does, which every
+    version has, so it loads on the versions before and after the move."""
+    import pickle
+
+    from durabilis.layer import LayerStats, OperationContext
+
+    ctx = OperationContext("a", "op", {"x": 1}, "k", "1", 0)
+    for value in (ctx, LayerStats(started=3)):
+        data = pickle.dumps(value)
+        assert b"durabilis.layer" in data and b"durabilis.core" not in data
+        assert pickle.loads(data) == value

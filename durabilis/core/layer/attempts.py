@@ -153,9 +153,11 @@ class _Attempts(_Parking):
 
         def decide_(attempt: int, exc: BaseException) -> RetryDecision:
             nonlocal stop_now
+            code = "Exception"  # (if the classification itself is what raised)
             try:
+                code = self.classify(exc)
                 return decide_coded(
-                    policy, attempt, exc, self.classify(exc),
+                    policy, attempt, exc, code,
                     elapsed=self.clock() - start + slept, deadline=deadline,
                 )
             except Exception as bug:  # a policy's own code raised (a subclass's bug)
@@ -167,9 +169,7 @@ class _Attempts(_Parking):
                 # Raised by the policy's own code (sys.exit in is_retryable): no
                 # step is running to compensate, so on_stop does, then raises it.
                 stop_now = stop
-            return RetryDecision(
-                False, 0.0, attempt, attempt + 1, self.classify(exc), EXHAUSTED,
-            )
+            return RetryDecision(False, 0.0, attempt, attempt + 1, code, EXHAUSTED)
 
         def after_failure(
             decision: RetryDecision, exc: BaseException
