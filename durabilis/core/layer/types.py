@@ -59,10 +59,6 @@ class OperationContext:
             that keeps each agent's keys apart itself (one account per agent).
     """
 
-    # Pickled (a multiprocessing pool) by the name its users import, the same
-    # before and after it moved here: a pickle loads on either version.
-    __module__ = "durabilis.layer"
-
     agent_id: str
     operation_type: str
     payload: Any
@@ -102,8 +98,6 @@ class LayerStats:
             ``recover_orphans`` parks or drops them. Never counted in flight:
             a crashed process cannot leave ``in_flight`` wrong past one lease.
     """
-
-    __module__ = "durabilis.layer"  # (pickled by its users' name: see OperationContext)
 
     started: int = 0
     succeeded: int = 0
