@@ -552,12 +552,7 @@ class Simulation:
                     break
             self.faults = False
             self.log("-- quiesce: the survivors finish without faults")
-            limit = self.step_no + 2000
-            while self.step_no < limit:
-                if not self._tick(events=False):
-                    break
-            else:
-                self.violations.append("stuck: live actors did not finish (2000 steps)")
+            self._until_idle("live actors did not finish")
             for a in self.actors:  # the survivors close; the dead lost what waited in them
                 if not a.crashed:
                     self._flush(a)
@@ -585,12 +580,7 @@ class Simulation:
                     None, None, None, rep.layer._core.replay_plan(self._fn(rep))), into))
             self.actors.append(rep)
             self.log("-- final replay of what is parked" + (" (again)" if rounds else ""))
-            limit = self.step_no + 2000
-            while self.step_no < limit:
-                if not self._tick(events=False):
-                    break
-            else:
-                self.violations.append("stuck: the final replay did not finish (2000 steps)")
+            self._until_idle("the final replay did not finish")
             self._flush(rep)
             # A replay's own failures can open the breaker again, deferring the
             # records after it (as an operator would, close it and replay again).
@@ -598,6 +588,14 @@ class Simulation:
                 break
         self._advance(LEASE * 2.5)
         self._recover_all()
+
+    def _until_idle(self, what: str) -> None:
+        """Steps without faults until no actor is left, at most 2,000 (else stuck)."""
+        limit = self.step_no + 2000
+        while self.step_no < limit:
+            if not self._tick(events=False):
+                return
+        self.violations.append(f"stuck: {what} (2000 steps)")
 
     def _tick(self, *, events: bool = True) -> bool:
         self.step_no += 1
