@@ -1654,15 +1654,26 @@ class _ExitingCode(Exception):
         raise SystemExit("the error's own code property exits")
 
 
+class _ExitingText(Exception):
+    """A retryable error whose ``__str__`` exits: writing it down for the DLQ
+    (once the retries ran out) raises SystemExit."""
+
+    code = "NETWORK_TIMEOUT"
+
+    def __str__(self) -> str:
+        raise SystemExit("the error's own __str__ exits")
+
+
 @pytest.mark.parametrize("guarded", [False, True], ids=["no-breaker", "breaker"])
-@pytest.mark.parametrize("source", ["policy", "classification"])
+@pytest.mark.parametrize("source", ["policy", "classification", "text"])
 def test_a_decision_that_raises_system_exit_gives_the_claim_back_touched(
     store: durabilis.Store, guarded: bool, source: str,
 ) -> None:
-    """An interruption raised while the layer decides (by the policy's code, or
-    by the failed attempt's error as it is classified), not by a step: no step
-    is running to compensate, yet the claim goes back at once (touched: the
-    next delivery runs with ``recovered``), not held for its lease."""
+    """An interruption raised while the layer decides or writes the failure
+    down (by the policy's code, or by the failed attempt's error as it is
+    classified or turned into text), not by a step: no step is running to
+    compensate, yet the claim goes back at once (touched: the next delivery
+    runs with ``recovered``), not held for its lease."""
     policy = (_PolicyThatExits if source == "policy" else RetryPolicy)("job", 3, 1, 2, jitter=False)
     layer = layer_on(
         store, retry_policies=(policy,), dependencies={"job": "svc"} if guarded else {},
@@ -1671,7 +1682,7 @@ def test_a_decision_that_raises_system_exit_gives_the_claim_back_touched(
     def failing(ctx: OperationContext) -> str:
         if source == "policy":
             raise OperationError("NETWORK_TIMEOUT", "down")
-        raise _ExitingCode("down")
+        raise _ExitingCode("down") if source == "classification" else _ExitingText()
 
     with pytest.raises(SystemExit):
         layer.execute("a1", "job", "p", failing)

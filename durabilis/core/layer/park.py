@@ -154,7 +154,12 @@ class _Parking(_Records):
             yield from self._abandon(req, cl, None, None)
             raise broke
         exc, decision = failed
-        text = error_text(exc)
+        try:
+            text = error_text(exc)
+        except BaseException:  # (the error's own __str__ raised SystemExit & co.)
+            # As an interruption after fn: the claim goes back touched, then it.
+            yield from self._abandon(req, cl, None, None, touched=True, started=1)
+            raise
         error = text if text.startswith(decision.error_code) else f"{decision.error_code}: {text}"
         reason = (
             str(decision.stop_reason) if broke is None
