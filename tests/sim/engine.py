@@ -569,6 +569,7 @@ class Simulation:
         production.md, "Rotating the key secret"); then recovery again."""
         for rounds in range(3):
             if self.knobs.breaker:  # (an operator's forced open would defer every replay)
+                self.violations += [v for v in self._held_probes() if v not in self.violations]
                 self.actors[0].layer.breakers.force_close(DEP)
             name = "final-rep" if not rounds else f"final-rep{rounds + 1}"
             rep = Actor(name, "replayer", self._layer(name), "sync")
@@ -1474,8 +1475,15 @@ class Simulation:
         for rkey in self.raw.scan_iter(match=keys.idem_pattern(), count=1000):
             if self.raw.type(rkey) == b"hash" and self.raw.hget(rkey, "s") == b"p":
                 out.append(f"claim {rkey!r} still in progress after recovery")
+        out += self._held_probes()
+        return out
+
+    def _held_probes(self) -> list[str]:
+        """Probe slots still held by plans that ended unfaulted (read before each
+        forced close too: closing a breaker deletes its probe slots)."""
+        out: list[str] = []
         if self.knobs.breaker:
-            for probe in self.raw.hkeys(keys.breaker_probes(DEP)):
+            for probe in self.raw.hkeys(self.store.keys.breaker_probes(DEP)):
                 nonce = probe.decode().split(".", 1)[0]
                 owner = self.probe_owner.get(nonce)
                 actor = next((a for a in self.actors if owner and a.name == owner[0]), None)
