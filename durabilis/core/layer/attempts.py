@@ -163,8 +163,10 @@ class _Attempts(_Parking):
             except Exception as bug:  # a policy's own code raised (a subclass's bug)
                 # An attempt ran: park it (never hold the claim for the lease).
                 with contextlib.suppress(Exception):
-                    logsink.SINK.error("durability_retry_decision_failed", agent_id=req.agent_id,
-                               operation_type=req.operation_type, error=type(bug).__qualname__)
+                    logsink.SINK.error(
+                        "durability_retry_decision_failed", agent_id=req.agent_id,
+                        operation_type=req.operation_type, error=type(bug).__qualname__,
+                    )
             except BaseException as stop:  # (SystemExit, KeyboardInterrupt, ...)
                 # Raised by the policy's own code (sys.exit in is_retryable): no
                 # step is running to compensate, so on_stop does, then raises it.

@@ -183,7 +183,7 @@ def _log_guard_refusal(key: str, reply: Any) -> None:
     another delivery holds it."""
     tag = _tag(reply)
     logsink.SINK.warning("durability_parking_dropped", idempotency_key=key, refusal=tag,
-                 reason=_GUARD_REFUSALS.get(str(tag), "?"))
+                         reason=_GUARD_REFUSALS.get(str(tag), "?"))
 
 
 def _not_released(reply: Any) -> bool:

@@ -247,7 +247,7 @@ class _Claims(_Attempts):
                 done = yield IO(first, shield=True, waves=[0] * len(first))
             except DurabilisError as exc:  # what is left is settled by recovery
                 logsink.SINK.error("durability_claim_undo_failed", idempotency_key=req.key.value,
-                           error=f"{type(exc).__name__}: {exc}")
+                                   error=f"{type(exc).__name__}: {exc}")
                 return
             if claimed and done[0] == 2:
                 yield from self._park_inherited(req, nonce, member if listed else "")

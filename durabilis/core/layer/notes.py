@@ -184,7 +184,7 @@ class _Notes(_Requests):
                     replies: Sequence[Any] | None = yield Batch(calls)
                 except DurabilisError as exc:
                     logsink.SINK.warning("durability_lease_renew_failed",
-                                 error=f"{type(exc).__name__}: {exc}")
+                                         error=f"{type(exc).__name__}: {exc}")
                     # What the others replied: those renewed still go back.
                     replies = exc.partial
                 if self.clock() - began > PUT_BACK_WITHIN_SECONDS:

@@ -40,8 +40,10 @@ class _Parking(_Records):
         reply: only a new record is a new operation parked (not one merged into
         the operation's pending record)."""
         dlq_id = dlq_id_for(req.key.value, nonce)
-        logsink.SINK.warning("durability_orphan_recovered", idempotency_key=req.key.value,
-                     dlq_id=dlq_id, operation_type=req.operation_type, agent_id=req.agent_id)
+        logsink.SINK.warning(
+            "durability_orphan_recovered", idempotency_key=req.key.value, dlq_id=dlq_id,
+            operation_type=req.operation_type, agent_id=req.agent_id,
+        )
         calls = [
             self._dlq.enqueue_prepared(
                 self._park_record(req), 0, WORKER_LOST, dlq_id=dlq_id,
@@ -57,7 +59,7 @@ class _Parking(_Records):
             out = yield IO(calls, {0: _missed}, shield=True)
         except DurabilisError as exc:
             logsink.SINK.error("durability_claim_undo_failed", idempotency_key=req.key.value,
-                       error=f"{type(exc).__name__}: {exc}")
+                               error=f"{type(exc).__name__}: {exc}")
             return
         if out.status[0] != "c":
             return
@@ -65,7 +67,7 @@ class _Parking(_Records):
             made = self._dlq.decode_enqueue(calls[0], out[0])
         except DurabilisError as exc:  # (CorruptData: nothing to count)
             logsink.SINK.error("durability_claim_undo_failed", idempotency_key=req.key.value,
-                       error=f"{type(exc).__name__}: {exc}")
+                               error=f"{type(exc).__name__}: {exc}")
             return
         if made.new_record:
             self._leave([], {"parked": 1})

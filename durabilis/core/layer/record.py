@@ -362,7 +362,7 @@ class _Records(_Notes):
                 req.replay_claim.finished = True
             else:
                 logsink.SINK.info("durability_dlq_settled", idempotency_key=merge_key,
-                          operation_type=req.operation_type)
+                                  operation_type=req.operation_type)
         return None
 
     def _defer(self, req: _Request, cl: _Claim, unsent: _Unsent) -> Plan[None]:

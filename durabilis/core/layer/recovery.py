@@ -87,7 +87,7 @@ class _Recovery(_Parking):
                 replies = yield IO(calls, waves=[0] * len(chunk))
             except DurabilisError as exc:
                 logsink.SINK.warning("durability_birth_index_unread", buckets=len(chunk),
-                             error=f"{type(exc).__name__}: {exc}")
+                                     error=f"{type(exc).__name__}: {exc}")
                 replies = exc.partial or Replies([None] * len(chunk), "?" * len(chunk))
             for i, index in enumerate(chunk):
                 if replies.status[i] != "c":
@@ -228,7 +228,7 @@ class _Recovery(_Parking):
                 # Written by an older config or another version: park it
                 # anyway, saying why its payload is missing.
                 logsink.SINK.error("durability_orphan_payload_not_parkable", idempotency_key=key,
-                           error=f"{type(exc).__name__}: {exc}")
+                                   error=f"{type(exc).__name__}: {exc}")
                 missing = type(exc).__name__
         note = {"idempotency_key": key, "payload_error": missing}
         if env.get("fingerprint"):
