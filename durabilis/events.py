@@ -147,7 +147,7 @@ def exception_str(exc: BaseException) -> str:
     down after ``fn`` ran must not fail on it (the outcome would go unrecorded)."""
     try:
         return str(exc)
-    except Exception:
+    except BaseException:  # (SystemExit & co. raised by its own __str__, too)
         return f"<{type(exc).__name__}: str() failed>"
 
 
@@ -163,7 +163,7 @@ def error_text(exc: BaseException) -> str:
     text = exception_str(exc).strip()
     try:
         code = getattr(exc, "code", None)
-    except Exception:  # a property of the user's that raises
+    except BaseException:  # a property of the user's that raises (SystemExit & co. too)
         code = None
     if isinstance(code, str):
         code = str.__str__(code)  # a plain copy: a str subclass's own methods never run

@@ -107,9 +107,22 @@ class _UnreadableDict(dict[str, int]):
         raise KeyError(_Unprintable())
 
 
+class _ExitingDict(dict[str, int]):
+    """A result whose items raise SystemExit as they are read (its own code)."""
+
+    def keys(self) -> Any:
+        raise SystemExit("the result's own keys() exits")
+
+    def __iter__(self) -> Any:
+        raise SystemExit("the result's own __iter__ exits")
+
+    def items(self) -> Any:
+        raise SystemExit("the result's own items() exits")
+
+
 @pytest.mark.parametrize(
-    "result", [object(), b"x" * 4096, _UnreadableDict(a=1)],
-    ids=["not encodable", "over the cap", "its error unprintable"],
+    "result", [object(), b"x" * 4096, _UnreadableDict(a=1), _ExitingDict(a=1)],
+    ids=["not encodable", "over the cap", "its error unprintable", "its code exits"],
 )
 def test_an_unstorable_result_is_recorded_as_completed_and_never_run_again(
     redis_url: str, namespace: str, raw: Any, result: Any
@@ -1665,15 +1678,14 @@ class _ExitingText(Exception):
 
 
 @pytest.mark.parametrize("guarded", [False, True], ids=["no-breaker", "breaker"])
-@pytest.mark.parametrize("source", ["policy", "classification", "text"])
+@pytest.mark.parametrize("source", ["policy", "classification"])
 def test_a_decision_that_raises_system_exit_gives_the_claim_back_touched(
     store: durabilis.Store, guarded: bool, source: str,
 ) -> None:
-    """An interruption raised while the layer decides or writes the failure
-    down (by the policy's code, or by the failed attempt's error as it is
-    classified or turned into text), not by a step: no step is running to
-    compensate, yet the claim goes back at once (touched: the next delivery
-    runs with ``recovered``), not held for its lease."""
+    """An interruption raised while the layer decides (by the policy's code, or
+    by the failed attempt's error as it is classified), not by a step: no step
+    is running to compensate, yet the claim goes back at once (touched: the
+    next delivery runs with ``recovered``), not held for its lease."""
     policy = (_PolicyThatExits if source == "policy" else RetryPolicy)("job", 3, 1, 2, jitter=False)
     layer = layer_on(
         store, retry_policies=(policy,), dependencies={"job": "svc"} if guarded else {},
@@ -1682,7 +1694,7 @@ def test_a_decision_that_raises_system_exit_gives_the_claim_back_touched(
     def failing(ctx: OperationContext) -> str:
         if source == "policy":
             raise OperationError("NETWORK_TIMEOUT", "down")
-        raise _ExitingCode("down") if source == "classification" else _ExitingText()
+        raise _ExitingCode("down")
 
     with pytest.raises(SystemExit):
         layer.execute("a1", "job", "p", failing)
@@ -1696,6 +1708,19 @@ def test_a_decision_that_raises_system_exit_gives_the_claim_back_touched(
 
     assert layer.execute("a1", "job", "p", again) == "done"
     assert seen == [True]  # fn had run: the next delivery knows
+    layer.close()
+
+
+def test_a_failure_whose_str_exits_is_parked_not_held(store: durabilis.Store) -> None:
+    """An error whose ``__str__`` raises SystemExit, once the retries ran out:
+    written down by its type, parked in the DLQ, its claim not held."""
+    layer = layer_on(store, dependencies={})
+    with pytest.raises(RetryExhausted) as info:
+        layer.execute("a1", "job", "p", lambda ctx: (_ for _ in ()).throw(_ExitingText()))
+    record = layer.dlq.get(info.value.dlq_id)
+    assert record is not None and "_ExitingText" in (record.last_error or "")
+    state = layer.idempotency.check(IdempotencyKey.new("a1", "job", "p"))
+    assert state is None or not state.in_progress
     layer.close()
 
 

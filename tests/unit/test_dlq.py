@@ -403,14 +403,17 @@ def test_error_text_keeps_codes_and_names_plain_exceptions() -> None:
     assert error_text(TimeoutError()) == "TimeoutError"
 
 
-def test_error_text_never_raises_on_an_exception_that_cannot_be_printed() -> None:
+@pytest.mark.parametrize("raised", [RuntimeError, SystemExit, KeyboardInterrupt])
+def test_error_text_never_raises_on_an_exception_that_cannot_be_printed(
+    raised: type[BaseException],
+) -> None:
     class Unprintable(Exception):
         @property
         def code(self) -> str:
-            raise RuntimeError("no code")
+            raise raised("no code")
 
         def __str__(self) -> str:
-            raise RuntimeError("no str")
+            raise raised("no str")
 
     assert error_text(Unprintable()) == "Unprintable: <Unprintable: str() failed>"
 

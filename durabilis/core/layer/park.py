@@ -156,12 +156,7 @@ class _Parking(_Records):
             yield from self._abandon(req, cl, None, None)
             raise broke
         exc, decision = failed
-        try:
-            text = error_text(exc)
-        except BaseException:  # (the error's own __str__ raised SystemExit & co.)
-            # As an interruption after fn: the claim goes back touched, then it.
-            yield from self._abandon(req, cl, None, None, touched=True, started=1)
-            raise
+        text = error_text(exc)  # (never raises: a __str__ that exits is named by its type)
         error = text if text.startswith(decision.error_code) else f"{decision.error_code}: {text}"
         reason = (
             str(decision.stop_reason) if broke is None

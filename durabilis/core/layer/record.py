@@ -161,7 +161,7 @@ class _Records(_Notes):
             save = None
             if req.task_id is not None and req.phase is not None:
                 save = self._ckpt.save(req.task_id, req.agent_id, req.phase, result)
-        except Exception as exc:
+        except BaseException as exc:  # (a result whose own code raises SystemExit & co., too)
             return b"", None, f"{type(exc).__name__}: {exception_str(exc)}"[:500]
         return packed, save, ""
 
